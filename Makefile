@@ -1,0 +1,19 @@
+# The two README commands. `make pipeline` installs and runs the main job; `make test` installs and runs the tests.
+PY ?= python3.11
+VENV ?= .venv
+
+$(VENV)/.installed: requirements/cpu.lock.txt requirements/test.lock.txt pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(VENV)/bin/pip install -q --no-deps -r requirements/cpu.lock.txt -r requirements/test.lock.txt
+	$(VENV)/bin/pip install -q --no-deps --no-build-isolation -e .
+	touch $@
+
+install: $(VENV)/.installed
+
+pipeline: install
+	$(VENV)/bin/recsys-alibi pipeline --config configs/default.yaml
+
+test: install
+	$(VENV)/bin/python -m pytest
+
+.PHONY: install pipeline test

@@ -1,0 +1,1 @@
+"""Job layer: the recsys-alibi command and the scheduled pipeline."""

@@ -1,0 +1,1 @@
+"""Prepared data: ingest, cleaning, sequences, splits, loaders."""

@@ -1,0 +1,1 @@
+"""Offline full-catalog ranking evaluation."""

@@ -1,0 +1,1 @@
+"""The ranker: ALiBi slopes and bias, attention backends, transformer, embeddings."""

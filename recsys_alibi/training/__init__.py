@@ -1,0 +1,1 @@
+"""Lightning training: module, data module, losses, callbacks."""

@@ -1,0 +1,1 @@
+"""Batch scoring job: sequences in, top-K rankings Parquet out."""
