@@ -115,6 +115,7 @@ class EvaluateConfig(_Section):
     batch_size: int = Field(256, ge=1)
     context_lengths: list[int] = []  # extra context-length sweep (items); empty: none
     history_buckets: list[int] = [20, 50, 200, 1000]  # bucket upper edges, items
+    ties: Literal["optimistic", "pessimistic"] = "optimistic"  # target tied with items: ahead of / behind them
 
 
 class ScoreConfig(_Section):

@@ -1,0 +1,192 @@
+"""The ``recsys-alibi`` command: ``main(argv)`` parses, builds a typed config and runs one job.
+
+Every subcommand takes ``--config PATH`` and repeated ``--set dotted.key=value``; its own flags
+override the config. User errors (bad config, bad input, unknown model URI) end with a one-line
+``error: ...`` on stderr and exit code 2; heavy imports happen only in the subcommand that needs
+them, so ``--help`` and ``prepare`` start fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import warnings
+from pathlib import Path
+from typing import Callable, Sequence
+
+from recsys_alibi.config import ConfigError, JobConfig, load_config
+
+log = logging.getLogger("recsys_alibi")
+
+EXIT_USER_ERROR = 2
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", type=Path, default=None, help="YAML job config")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a config key, e.g. --set model.n_layers=4 (repeatable)")
+    parser.add_argument("--quiet", action="store_true", help="no progress bars")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of every subcommand (flags per CONTRACT.md)."""
+    parser = argparse.ArgumentParser(prog="recsys-alibi", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("generate", help="write the synthetic behaviour log (embedded default data)")
+    _common(p)
+    p.add_argument("--output", type=Path, help="events Parquet path")
+    p.add_argument("--users", type=int)
+    p.add_argument("--items", type=int)
+    p.add_argument("--seed", type=int)
+
+    p = sub.add_parser("prepare", help="events -> cleaned events, vocabulary, sequences, rejects")
+    _common(p)
+    p.add_argument("--input", help="events: Parquet file/dir/glob, CSV/TSV, NDJSON, MovieLens, SASRec, S3-Rec (.gz ok)")
+    p.add_argument("--format", choices=["parquet", "csv", "ndjson", "movielens", "sasrec", "s3rec"])
+    p.add_argument("--output", type=Path, help="prepared directory")
+
+    p = sub.add_parser("train", help="train the ranker; logs to MLflow and prints mlflow_run_id")
+    _common(p)
+    p.add_argument("--prepared", type=Path, help="prepared directory")
+
+    p = sub.add_parser("evaluate", help="full-catalog ranking evaluation of a model or baseline")
+    _common(p)
+    p.add_argument("--prepared", type=Path)
+    group = p.add_mutually_exclusive_group(required=True)
+    group.add_argument("--model-uri")
+    group.add_argument("--baseline", choices=["popularity"])
+    p.add_argument("--output", type=Path, help="report directory")
+
+    p = sub.add_parser("score", help="batch top-K rankings per user to Parquet")
+    _common(p)
+    p.add_argument("--model-uri", required=True)
+    p.add_argument("--input", type=Path, help="prepared dir or sequences Parquet")
+    p.add_argument("--output", type=Path, help="rankings directory")
+    p.add_argument("--k", type=int)
+
+    p = sub.add_parser("pipeline", help="generate -> prepare -> train -> evaluate -> register -> score")
+    _common(p)
+    p.add_argument("--output", type=Path, help="output directory of every step")
+
+    p = sub.add_parser("diagnose", help="ALiBi numerics per head, dtype and length")
+    _common(p)
+    p.add_argument("--heads", type=int)
+    p.add_argument("--max-len", type=int)
+    p.add_argument("--dtype", choices=["float16", "bfloat16", "float32"], default="bfloat16")
+    p.add_argument("--model-uri")
+    p.add_argument("--output", type=Path, help="JSON path")
+    return parser
+
+
+def _flag_overrides(args: argparse.Namespace) -> list[str]:
+    """Turn flags that mirror config keys into ``--set`` overrides."""
+    pairs = {
+        "users": "generate.users", "items": "generate.items", "seed": "seed",
+        "format": "data.format", "k": "score.k", "heads": "model.n_heads", "max_len": "model.max_len",
+    }
+    found = [f"{key}={getattr(args, flag)}" for flag, key in pairs.items() if getattr(args, flag, None) is not None]
+    if args.command == "pipeline" and args.output is not None:
+        found.append(f"output={args.output}")
+    return found
+
+
+def _default_prepared(config: JobConfig, given: Path | None) -> Path:
+    return given or Path(config.output) / "prepared"
+
+
+def _cmd_generate(config: JobConfig, args) -> str:
+    from pipelines.data_steps import run_generate
+
+    return run_generate(config, args.output or Path(config.output) / "events.parquet").summary()
+
+
+def _cmd_prepare(config: JobConfig, args) -> str:
+    from pipelines.data_steps import run_prepare
+
+    return run_prepare(config, args.input, _default_prepared(config, args.output)).summary()
+
+
+def _cmd_train(config: JobConfig, args) -> str:
+    from pipelines.train import run_train
+
+    result = run_train(config, _default_prepared(config, args.prepared), progress=not args.quiet)
+    return f"{result.summary()}\nmlflow_run_id: {result.run_id}"
+
+
+def _cmd_evaluate(config: JobConfig, args) -> str:
+    from pipelines.evaluate import run_evaluate
+    from recsys_alibi.evaluation.report import format_metrics_table
+
+    job = run_evaluate(config, _default_prepared(config, args.prepared), model_uri=args.model_uri,
+                       baseline=args.baseline, output_dir=args.output)
+    return f"{format_metrics_table({job.name: job.result}, config.evaluate.ks)}\n{job.summary()}"
+
+
+def _cmd_score(config: JobConfig, args) -> str:
+    from serving.score import run_score
+
+    result = run_score(config, args.model_uri, args.input or _default_prepared(config, None),
+                       args.output or Path(config.output) / "rankings", progress=not args.quiet)
+    return result.summary()
+
+
+def _cmd_pipeline(config: JobConfig, args) -> str:
+    from pipelines.pipeline import run_pipeline
+
+    return run_pipeline(config, progress=not args.quiet).summary()
+
+
+def _cmd_diagnose(config: JobConfig, args) -> str:
+    from pipelines.diagnose import run_diagnose
+
+    return run_diagnose(config, dtype=args.dtype, model_uri=args.model_uri, output=args.output).summary()
+
+
+COMMANDS: dict[str, Callable[[JobConfig, argparse.Namespace], str]] = {
+    "generate": _cmd_generate,
+    "prepare": _cmd_prepare,
+    "train": _cmd_train,
+    "evaluate": _cmd_evaluate,
+    "score": _cmd_score,
+    "pipeline": _cmd_pipeline,
+    "diagnose": _cmd_diagnose,
+}
+
+
+def quiet_third_party_noise() -> None:
+    """Silence the known, harmless warnings of pinned dependencies (ENVIRONMENT.md), nothing else."""
+    for pattern in (r".*noload.*", r".*distutils.*", r".*LeafSpec.*", r".*litlogger.*", r".*is_fx_tracing.*"):
+        warnings.filterwarnings("ignore", message=pattern)
+    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric", "torch.fx._symbolic_trace"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    logging.getLogger("mlflow").setLevel(logging.WARNING)
+    logging.getLogger("alembic").setLevel(logging.WARNING)
+
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+    from recsys_alibi.data.ingest import DataError
+    from recsys_alibi.tracking import ModelUriError
+
+    return (ConfigError, DataError, ModelUriError, FileNotFoundError, ValueError)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one subcommand; returns the process exit code (0 ok, 2 user error)."""
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    quiet_third_party_noise()
+    try:
+        config = load_config(args.config, [*args.overrides, *_flag_overrides(args)])
+        summary = COMMANDS[args.command](config, args)
+    except _user_errors() as err:
+        message = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        print(f"error: {message}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    print(summary)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

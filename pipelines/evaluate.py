@@ -1,0 +1,133 @@
+"""``recsys-alibi evaluate``: full-catalog ranking evaluation of a model or a baseline.
+
+Writes ``report.json`` (contract schema), ``report.md`` and PNG plots; a model's report is also
+logged to the MLflow run that produced the model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import polars as pl
+
+from recsys_alibi.config import JobConfig
+from recsys_alibi.data.prepare import read_items, read_sequences
+from recsys_alibi.data.splits import default_cutoff, leave_one_out, temporal_split
+from recsys_alibi.evaluation.baselines import PopularityScorer
+from recsys_alibi.evaluation.evaluator import EvaluationResult, evaluate
+from recsys_alibi.evaluation.report import write_report
+from recsys_alibi.tracking import metric_key
+
+BASELINES = {"popularity": PopularityScorer}
+
+
+@dataclass(frozen=True)
+class EvaluateJobResult:
+    """The evaluation result of one scorer and where its report went."""
+
+    name: str
+    result: EvaluationResult
+    report_dir: Path
+
+    def summary(self) -> str:
+        m = self.result.metrics
+        return (
+            f"{self.name}: {self.result.protocol} on {self.result.n_users} users, HR@10 {m.get('HR@10', float('nan')):.4f} "
+            f"NDCG@10 {m.get('NDCG@10', float('nan')):.4f} MRR {m.get('MRR', float('nan')):.4f}; report {self.report_dir}"
+        )
+
+
+def test_examples(config: JobConfig, sequences: pl.DataFrame) -> pl.DataFrame:
+    """The held-out examples of the configured protocol: ``user_id``, ``history``, ``targets``."""
+    if config.evaluate.protocol == "temporal":
+        cutoff = config.evaluate.temporal_cutoff or default_cutoff(sequences)
+        return temporal_split(sequences, cutoff)
+    return leave_one_out(sequences, "test")
+
+
+def baseline_scorer(name: str, examples: pl.DataFrame, n_items: int):
+    """A fitted baseline scorer by name (``BASELINES``), fitted on the examples' histories.
+
+    Raises:
+        ValueError: unknown baseline name.
+    """
+    if name not in BASELINES:
+        raise ValueError(f"unknown baseline '{name}'; choose one of {sorted(BASELINES)}")
+    return BASELINES[name].fit(examples.get_column("history"), n_items)
+
+
+def evaluate_scorer(
+    config: JobConfig,
+    scorer,
+    examples: pl.DataFrame,
+    n_items: int,
+    output_dir: Path,
+    baselines: dict[str, EvaluationResult] | None = None,
+) -> EvaluateJobResult:
+    """Evaluate one scorer on ``examples`` and write its report to ``output_dir``."""
+    sweep = config.evaluate.context_lengths
+    result = evaluate(
+        scorer, examples, n_items, config.evaluate,
+        protocol_name=config.evaluate.protocol,
+        context_lengths=[*sweep, None] if sweep else (),
+    )
+    write_report(result, output_dir, baselines=baselines, title=f"Evaluation: {scorer.name}")
+    return EvaluateJobResult(name=scorer.name, result=result, report_dir=output_dir)
+
+
+def check_same_vocabulary(model_items: pl.DataFrame, items: pl.DataFrame, model_uri: str, prepared_dir: Path) -> None:
+    """Raise ValueError unless the model's item vocabulary equals the prepared one (same ids, same order)."""
+    if not model_items.get_column("item_id").equals(items.get_column("item_id")):
+        raise ValueError(
+            f"model '{model_uri}' was trained on another item vocabulary ({model_items.height} items) than "
+            f"{prepared_dir} ({items.height} items): evaluate on the prepared data the model was trained on"
+        )
+
+
+def log_report_to_run(run_id: str, job: EvaluateJobResult, prefix: str = "test") -> None:
+    """Attach the report files and test metrics to an existing MLflow run."""
+    import mlflow
+
+    client = mlflow.MlflowClient()
+    for name, value in job.result.metrics.items():
+        client.log_metric(run_id, metric_key(f"{prefix}/{name}"), float(value))
+    client.log_artifacts(run_id, str(job.report_dir), artifact_path="evaluation")
+
+
+def run_evaluate(
+    config: JobConfig,
+    prepared_dir: str | Path,
+    *,
+    model_uri: str | None = None,
+    baseline: str | None = None,
+    output_dir: str | Path | None = None,
+) -> EvaluateJobResult:
+    """Evaluate ``model_uri`` or ``baseline`` on the test protocol of ``prepared_dir``.
+
+    Raises:
+        ValueError: neither or both of ``model_uri`` and ``baseline`` given, or an unknown baseline.
+        ModelUriError: the model URI does not resolve.
+        DataError: the prepared directory is missing or malformed.
+    """
+    if (model_uri is None) == (baseline is None):
+        raise ValueError("evaluate needs exactly one of --model-uri URI or --baseline popularity")
+    prepared_dir = Path(prepared_dir)
+    examples = test_examples(config, read_sequences(prepared_dir))
+    items = read_items(prepared_dir)
+    n_items = items.height
+    output_dir = Path(output_dir or Path(config.output) / "report")
+    if baseline is not None:
+        return evaluate_scorer(config, baseline_scorer(baseline, examples, n_items), examples, n_items, output_dir)
+
+    from recsys_alibi.model.scorer import RankerScorer
+    from recsys_alibi.tracking import load_ranker, setup_tracking
+
+    setup_tracking(config.tracking)
+    loaded = load_ranker(model_uri)
+    check_same_vocabulary(loaded.items, items, model_uri, prepared_dir)
+    scorer = RankerScorer(loaded.model, name=loaded.model.cfg.position)
+    job = evaluate_scorer(config, scorer, examples, n_items, output_dir)
+    if loaded.run_id:
+        log_report_to_run(loaded.run_id, job)
+    return job

@@ -1,0 +1,115 @@
+"""Arrow-backed sequence datasets and right-padded batches for training and scoring.
+
+Histories are kept as one flat int64 array of item indices plus (U + 1,) offsets (the Arrow
+list layout), so a dataset of a billion events is two arrays, not a billion Python objects.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import polars as pl
+import torch
+from torch.utils.data import Dataset
+
+
+@dataclass(frozen=True)
+class FlatSequences:
+    """U variable-length int sequences: ``values[offsets[u]:offsets[u + 1]]`` is sequence u.
+
+    values: (total events,) int64; offsets: (U + 1,) int64, non-decreasing, offsets[0] == 0.
+    """
+
+    values: np.ndarray
+    offsets: np.ndarray
+
+    @classmethod
+    def from_series(cls, series: pl.Series) -> "FlatSequences":
+        """From a Polars ``list<int>`` column without materialising Python lists."""
+        arrow = series.to_arrow()
+        if hasattr(arrow, "combine_chunks"):
+            arrow = arrow.combine_chunks()
+        offsets = arrow.offsets.to_numpy().astype(np.int64)
+        values = arrow.values.to_numpy(zero_copy_only=False).astype(np.int64)
+        return cls(values=values[offsets[0] : offsets[-1]], offsets=offsets - offsets[0])
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def lengths(self) -> np.ndarray:
+        """(U,) int64 length of each sequence."""
+        return np.diff(self.offsets)
+
+    def get(self, u: int, last: int | None = None) -> np.ndarray:
+        """Sequence u, or its last ``last`` elements."""
+        start, end = self.offsets[u], self.offsets[u + 1]
+        if last is not None:
+            start = max(start, end - last)
+        return self.values[start:end]
+
+
+def pad_right(rows: list[np.ndarray], length: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stack 1-D int arrays into a right-padded (B, L) int64 tensor and (B,) int64 lengths.
+
+    L is ``length`` or the longest row. Rows longer than L raise ValueError.
+    """
+    lengths = torch.tensor([len(r) for r in rows], dtype=torch.int64)
+    width = int(lengths.max()) if length is None and len(rows) else (length or 0)
+    if len(rows) and int(lengths.max()) > width:
+        raise ValueError(f"a row of {int(lengths.max())} items does not fit the padded length {width}")
+    out = torch.zeros((len(rows), width), dtype=torch.int64)
+    for b, row in enumerate(rows):
+        out[b, : len(row)] = torch.from_numpy(np.asarray(row, dtype=np.int64))
+    return out, lengths
+
+
+class NextItemWindows(Dataset):
+    """Training samples: the last ``max_len + 1`` events of each history, shifted by one.
+
+    Item i of a sample is the input at position t and the target at position t - 1 (SASRec's
+    all-positions next-item objective). Histories shorter than 2 events yield nothing.
+    """
+
+    def __init__(self, histories: FlatSequences, max_len: int) -> None:
+        self.histories = histories
+        self.max_len = max_len
+        self.users = np.flatnonzero(histories.lengths() >= 2)
+
+    def __len__(self) -> int:
+        return len(self.users)
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        return self.histories.get(int(self.users[i]), last=self.max_len + 1)
+
+
+def collate_next_item(samples: list[np.ndarray]) -> dict[str, torch.Tensor]:
+    """Windows -> ``inputs`` (B, L) int64, ``targets`` (B, L) int64 (0 = no target), ``lengths`` (B,)."""
+    tokens, lengths = pad_right(samples)  # (B, L + 1)
+    valid = torch.arange(tokens.shape[1] - 1)[None, :] < (lengths - 1)[:, None]  # (B, L)
+    inputs = tokens[:, :-1] * valid  # each row's last event is only a target
+    return {"inputs": inputs, "targets": tokens[:, 1:], "lengths": lengths - 1}
+
+
+class HistoryTargets(Dataset):
+    """Evaluation samples: (last ``max_len`` events of a history, its held-out target item)."""
+
+    def __init__(self, histories: FlatSequences, targets: np.ndarray, max_len: int | None) -> None:
+        keep = histories.lengths() >= 1
+        self.histories = histories
+        self.rows = np.flatnonzero(keep)
+        self.targets = np.asarray(targets, dtype=np.int64)
+        self.max_len = max_len
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, i: int) -> tuple[np.ndarray, int]:
+        u = int(self.rows[i])
+        return self.histories.get(u, last=self.max_len), int(self.targets[u])
+
+
+def collate_history_targets(samples: list[tuple[np.ndarray, int]]) -> dict[str, torch.Tensor]:
+    """-> ``history`` (B, L) int64 right-padded, ``lengths`` (B,), ``targets`` (B,) int64."""
+    history, lengths = pad_right([s[0] for s in samples])
+    return {"history": history, "lengths": lengths, "targets": torch.tensor([s[1] for s in samples])}

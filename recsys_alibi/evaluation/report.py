@@ -1,0 +1,221 @@
+"""Evaluation report files: report.json (CONTRACT shape), report.md and PNG plots.
+
+Every file is written to a temporary name in the output directory and moved into place with
+``os.replace``, so a reader never sees a half-written report.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402  (backend chosen first)
+from matplotlib.figure import Figure  # noqa: E402
+
+from recsys_alibi.evaluation.evaluator import FULL, EvaluationResult  # noqa: E402
+
+__all__ = ["format_metrics_table", "headline_k", "write_report"]
+
+REPORT_JSON = "report.json"
+REPORT_MD = "report.md"
+CONTEXT_PLOT = "context_length.png"
+HISTORY_PLOT = "history_length.png"
+
+
+def _atomic_write(path: Path, write: Callable[[str], None]) -> Path:
+    """Call ``write(tmp_path)`` on a temporary file next to ``path``, then rename it onto ``path``."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+def _write_text(path: Path, text: str) -> Path:
+    return _atomic_write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+
+
+def _write_figure(path: Path, fig: Figure) -> Path:
+    try:
+        return _atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=120, bbox_inches="tight"))
+    finally:
+        plt.close(fig)
+
+
+def _ks(result: EvaluationResult) -> list[int]:
+    if result.ks:
+        return list(result.ks)
+    return [int(name.split("@")[1]) for name in result.metrics if name.startswith("HR@")]
+
+
+def headline_k(ks: Sequence[int]) -> int:
+    """The K shown in slices and plots: 10 when evaluated, else the middle K."""
+    ks = list(ks)
+    return 10 if 10 in ks else sorted(ks)[len(ks) // 2]
+
+
+def _fmt(value: float | None) -> str:
+    return "—" if value is None else f"{value:.4f}"
+
+
+def _context_order(keys: Sequence[str]) -> list[str]:
+    """Numeric context lengths ascending, then "full"."""
+    return sorted(keys, key=lambda k: (k == FULL, int(k) if k != FULL else 0))
+
+
+def _md_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _markdown(results: dict[str, EvaluationResult], title: str) -> str:
+    main = next(iter(results.values()))
+    names = list(results)
+    k = headline_k(_ks(main))
+    focus = [f"HR@{k}", f"NDCG@{k}"]
+    out = [f"# {title}", ""]
+    out.append(f"Protocol: `{main.protocol}` · users: {main.n_users} · full-catalog ranking · ties: {main.ties}")
+    out += ["", "## Metrics", ""]
+    metric_rows = [[m] + [_fmt(r.metrics.get(m)) for r in results.values()] for m in main.metrics]
+    out.append(_md_table(["metric", *names], metric_rows))
+
+    out += ["", f"## By history length ({', '.join(focus)})", ""]
+    buckets = list(main.history_bucket_sizes) or list(main.by_history_length)
+    header = ["history length", "users"] + [f"{n} {m}" for n in names for m in focus]
+    rows = []
+    for b in buckets:
+        size = main.history_bucket_sizes.get(b)
+        cells = [b, "—" if size is None else str(size)]
+        for r in results.values():
+            cells += [_fmt(r.by_history_length.get(b, {}).get(m)) for m in focus]
+        rows.append(cells)
+    out.append(_md_table(header, rows))
+
+    keys = _context_order({key for r in results.values() for key in r.by_context_length})
+    if keys:
+        out += ["", f"## By context length ({', '.join(focus)})", ""]
+        out.append("The model sees only the last L events; seen items are still masked from the whole history.")
+        out.append("— marks a context longer than the scorer accepts (its max_context).")
+        out.append("")
+        header = ["context"] + [f"{n} {m}" for n in names for m in focus]
+        rows = [
+            [key] + [_fmt(r.by_context_length.get(key, {}).get(m)) for r in results.values() for m in focus]
+            for key in keys
+        ]
+        out.append(_md_table(header, rows))
+
+    notes = [f"{n}: {note}" for n, r in results.items() for note in r.notes]
+    notes += [f"{n}: {r.tied_share:.2%} of users had a target tied with another item" for n, r in results.items()]
+    out += ["", "## Notes", ""] + [f"- {note}" for note in notes]
+    return "\n".join(out) + "\n"
+
+
+def _context_figure(results: dict[str, EvaluationResult], metric: str) -> Figure | None:
+    keys = _context_order({key for r in results.values() for key in r.by_context_length})
+    if not keys:
+        return None
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    xs = list(range(len(keys)))
+    for name, r in results.items():
+        ys = [r.by_context_length.get(key, {}).get(metric) for key in keys]
+        ax.plot(xs, [float("nan") if y is None else y for y in ys], marker="o", label=name)
+    ax.set_xticks(xs, keys)
+    ax.set_xlabel("context length (last L events)")
+    ax.set_ylabel(metric)
+    ax.set_title(f"{metric} vs context length")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    return fig
+
+
+def _history_figure(results: dict[str, EvaluationResult], metric: str) -> Figure | None:
+    main = next(iter(results.values()))
+    buckets = list(main.history_bucket_sizes) or list(main.by_history_length)
+    buckets = [b for b in buckets if any(b in r.by_history_length for r in results.values())]
+    if not buckets:
+        return None
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    width = 0.8 / len(results)
+    for i, (name, r) in enumerate(results.items()):
+        ys = [r.by_history_length.get(b, {}).get(metric, float("nan")) for b in buckets]
+        ax.bar([j + (i - (len(results) - 1) / 2) * width for j in range(len(buckets))], ys, width, label=name)
+    ax.set_xticks(range(len(buckets)), buckets)
+    ax.set_xlabel("history length (events)")
+    ax.set_ylabel(metric)
+    ax.set_title(f"{metric} by history length")
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend()
+    return fig
+
+
+def write_report(
+    result: EvaluationResult,
+    output_dir: str | os.PathLike[str],
+    *,
+    baselines: dict[str, EvaluationResult] | None = None,
+    title: str = "Ranking evaluation",
+) -> dict[str, Path]:
+    """Write report.json, report.md and the plots into ``output_dir`` (created if needed).
+
+    Args:
+        result: the evaluated model; report.json holds exactly its ``to_json()``.
+        output_dir: destination directory.
+        baselines: name -> result shown beside the model in report.md and the plots.
+        title: Markdown heading.
+
+    Returns:
+        {"json": ..., "markdown": ..., "context_plot": ..., "history_plot": ...}; a plot is left
+        out when there is nothing to draw (no sweep, no bucket).
+    """
+    out_dir = Path(output_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    results = {result.scorer or "model": result}
+    for name, r in (baselines or {}).items():
+        results[name if name not in results else f"{name} (baseline)"] = r
+    metric = f"NDCG@{headline_k(_ks(result))}"
+
+    paths = {
+        "json": _write_text(out_dir / REPORT_JSON, json.dumps(result.to_json(), indent=2) + "\n"),
+        "markdown": _write_text(out_dir / REPORT_MD, _markdown(results, title)),
+    }
+    fig = _context_figure(results, metric)
+    if fig is not None:
+        paths["context_plot"] = _write_figure(out_dir / CONTEXT_PLOT, fig)
+    fig = _history_figure(results, metric)
+    if fig is not None:
+        paths["history_plot"] = _write_figure(out_dir / HISTORY_PLOT, fig)
+    return paths
+
+
+def format_metrics_table(results: dict[str, EvaluationResult], ks: Sequence[int] | None = None) -> str:
+    """Plain-text table for the terminal: one row per scorer, HR@K / NDCG@K per K, then MRR.
+
+    Args:
+        results: name -> result.
+        ks: cut-offs shown (default: those of the first result).
+    """
+    if not results:
+        return ""
+    ks = list(ks) if ks is not None else _ks(next(iter(results.values())))
+    columns = [m for k in ks for m in (f"HR@{k}", f"NDCG@{k}")] + ["MRR"]
+    rows = [[name] + [_fmt(r.metrics.get(c)) for c in columns] for name, r in results.items()]
+    header = ["scorer", *columns]
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+
+    def line(cells: Sequence[str]) -> str:
+        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+
+    return "\n".join([line(header), line(["-" * w for w in widths]), *map(line, rows)])

@@ -1,0 +1,176 @@
+"""Which keys each query may see, and the additive ALiBi mask built from it.
+
+One definition of visibility shared by the eager and SDPA backends and by the flex block-mask
+builder (the flex ``mask_mod`` in :mod:`recsys_alibi.model.flex` restates it element-wise;
+tests hold the two against an independent reference).
+
+Positions: keys sit at ``0 .. Lk - 1`` and the queries are the LAST ``Lq`` of them (KV-cache
+decoding). Query at position ``i`` sees key ``j`` when all of these hold:
+
+- causal: ``j <= i``;
+- lengths (right padding): ``i < length[b]`` and ``j < length[b]``;
+- seq_ids (packed rows): ``seq[b, i] == seq[b, j] != 0`` (id 0 is padding);
+- window: ``i - j < window`` (``|i - j| < window`` when not causal), unless ``j`` is one of
+  the first ``sinks`` positions of its sequence (StreamingLLM sinks, Xiao et al. 2023).
+
+A packed sequence must occupy one contiguous run of its row (that is what
+:mod:`recsys_alibi.model.packing` produces); its first position is where its run starts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+__all__ = ["MaskSpec", "positions_in_sequence"]
+
+
+def positions_in_sequence(seq_ids: Tensor) -> Tensor:
+    """Index of each position within its run of equal sequence ids.
+
+    Args:
+        seq_ids: (B, L) integer.
+
+    Returns:
+        (B, L) int64: 0 at the first position of every run, then 1, 2, ...
+    """
+    _, length = seq_ids.shape
+    idx = torch.arange(length, device=seq_ids.device).expand_as(seq_ids)
+    start = torch.ones_like(seq_ids, dtype=torch.bool)
+    start[:, 1:] = seq_ids[:, 1:] != seq_ids[:, :-1]
+    run_start = torch.where(start, idx, torch.zeros_like(idx)).cummax(dim=1).values
+    return idx - run_start
+
+
+@dataclass(frozen=True)
+class MaskSpec:
+    """Visibility rules of one attention call (see the module docstring).
+
+    Attributes:
+        q_len: Lq. k_len: Lk >= Lq.
+        causal, window (>= 1 or None), sinks (>= 0).
+        lengths: (B,) int64 or None. seq_ids: (B, Lk) int64 or None.
+        pos_in_seq: (B, Lk) int64 from :func:`positions_in_sequence`, set when seq_ids is.
+    """
+
+    q_len: int
+    k_len: int
+    causal: bool = True
+    window: int | None = None
+    sinks: int = 0
+    lengths: Tensor | None = None
+    seq_ids: Tensor | None = None
+    pos_in_seq: Tensor | None = None
+
+    @property
+    def q_offset(self) -> int:
+        """Position of the first query among the keys, ``Lk - Lq``."""
+        return self.k_len - self.q_len
+
+    @property
+    def has_batch_data(self) -> bool:
+        """Whether visibility differs between batch rows at all."""
+        return self.lengths is not None or self.seq_ids is not None
+
+    @property
+    def needs_batch_mask(self) -> bool:
+        """Whether the rows that are not zeroed need a per-batch-row mask.
+
+        Under causal masking with right padding a real query never reaches a padded key, so
+        one (1, H, Lq, Lk) mask serves the batch; only seq_ids or non-causal padding need B.
+        """
+        return self.seq_ids is not None or (self.lengths is not None and not self.causal)
+
+    def q_positions(self, device: torch.device) -> Tensor:
+        """(Lq,) int64 positions of the queries among the keys."""
+        return torch.arange(self.q_offset, self.k_len, device=device)
+
+    def visible(self, q_pos: Tensor, k_pos: Tensor, *, batch: bool = True) -> Tensor:
+        """Visibility of keys ``k_pos`` from queries ``q_pos``.
+
+        Args:
+            q_pos: (lq,) int64 query positions. k_pos: (lk,) int64 key positions.
+            batch: apply the per-row rules (lengths, seq_ids). ``batch=False`` is exact for
+                the rows that are not zeroed only when ``not needs_batch_mask``.
+
+        Returns:
+            (B, 1, lq, lk) bool when per-row rules apply, else (1, 1, lq, lk).
+        """
+        if not batch and self.seq_ids is not None:
+            raise ValueError("seq_ids make visibility depend on the batch row")
+        d = q_pos.to(torch.int32)[:, None] - k_pos.to(torch.int32)[None, :]  # (lq, lk)
+        vis = d >= 0 if self.causal else torch.ones_like(d, dtype=torch.bool)
+        if self.window is not None:
+            dist = d if self.causal else d.abs()
+            in_window = dist < self.window  # (lq, lk)
+            if self.sinks > 0:
+                if self.pos_in_seq is not None:
+                    is_sink = self.pos_in_seq[:, k_pos] < self.sinks  # (B, lk)
+                    in_window = in_window[None] | is_sink[:, None, :]  # (B, lq, lk)
+                else:
+                    in_window = in_window | (k_pos < self.sinks)[None, :]
+            vis = vis & in_window
+        vis = vis.reshape(-1, 1, len(q_pos), len(k_pos))  # (1 | B, 1, lq, lk)
+        if batch and self.lengths is not None:
+            n = self.lengths[:, None]  # (B, 1)
+            vis = vis & ((q_pos[None, :] < n)[:, None, :, None] & (k_pos[None, :] < n)[:, None, None, :])
+        if batch and self.seq_ids is not None:
+            qs = self.seq_ids[:, q_pos]  # (B, lq)
+            ks = self.seq_ids[:, k_pos]  # (B, lk)
+            same = (qs[:, :, None] == ks[:, None, :]) & (qs != 0)[:, :, None]  # (B, lq, lk)
+            vis = vis & same[:, None]
+        return vis
+
+    def zero_rows(self, q_pos: Tensor) -> Tensor | None:
+        """Query rows whose output is zero by definition (padding), or None.
+
+        Returns:
+            (B, 1, lq, 1) bool, or None when no per-row rule applies.
+        """
+        zero = None
+        if self.lengths is not None:
+            zero = q_pos[None, :] >= self.lengths[:, None]  # (B, lq)
+        if self.seq_ids is not None:
+            pad = self.seq_ids[:, q_pos] == 0
+            zero = pad if zero is None else zero | pad
+        return None if zero is None else zero[:, None, :, None]
+
+    def additive_mask(
+        self,
+        slopes: Tensor,
+        q_pos: Tensor,
+        k_pos: Tensor,
+        *,
+        bias_clamp: float | None,
+        batch: bool,
+        dtype: torch.dtype,
+    ) -> tuple[Tensor, Tensor]:
+        """ALiBi bias with ``-inf`` at invisible keys; rows with no visible key get zeros.
+
+        Args:
+            slopes: (H,) floating; the mask is differentiable with respect to it.
+            q_pos, k_pos, batch: as in :meth:`visible`.
+            bias_clamp: ``bias = max(-slope * dist, -bias_clamp)`` when set.
+            dtype: dtype of the returned mask.
+
+        Returns:
+            mask: (1 | B, H, lq, lk) ``dtype``; finite everywhere in a row with no visible key.
+            empty: (1 | B, 1, lq, 1) bool, the rows with no visible key (their output must be
+            zeroed by the caller).
+        """
+        vis = self.visible(q_pos, k_pos, batch=batch)  # (Bm, 1, lq, lk)
+        empty = ~vis.any(dim=-1, keepdim=True)  # (Bm, 1, lq, 1)
+        vis = vis | empty  # keep softmax finite; the caller zeroes these rows
+        ct = torch.promote_types(dtype, torch.float32)  # bias computed in >= float32
+        dist = (q_pos.to(ct)[:, None] - k_pos.to(ct)[None, :]).abs_()  # (lq, lk)
+        bias = dist * (-slopes.to(ct))[:, None, None]  # (H, lq, lk)
+        if bias_clamp is not None:
+            bias = bias.clamp(min=-bias_clamp)
+        bias = bias.to(dtype)[None]  # (1, H, lq, lk)
+        if vis.shape[0] == 1 and not bias.requires_grad:
+            mask = bias.masked_fill_(~vis, float("-inf"))
+        else:
+            mask = torch.where(vis, bias, float("-inf"))  # (Bm, H, lq, lk)
+        return mask, empty

@@ -1,0 +1,189 @@
+"""The ranker: item embeddings -> causal transformer with ALiBi -> tied scoring head.
+
+A SASRec-style next-item model (Kang & McAuley, ICDM 2018) whose only position signal is ALiBi
+(Press, Smith & Lewis, ICLR 2022). ``position="learned"`` adds SASRec's table of ``max_len``
+position vectors instead (the baseline, same code); ``position="none"`` has no position signal.
+Blocks are pre-LayerNorm. The output logits are dot products with the item table (tied), so the
+padding column 0 is never ranked by callers that mask it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from recsys_alibi.config import ModelConfig
+from recsys_alibi.model.alibi import AlibiSlopes
+from recsys_alibi.model.attention import alibi_attention, eager_attention
+from recsys_alibi.model.embeddings import ItemEmbeddings
+
+
+class CausalSelfAttention(nn.Module):
+    """Multi-head causal self-attention whose scores carry the ALiBi bias.
+
+    Args:
+        cfg: model config (``d_model``, ``n_heads``, backend, window, sinks, bias clamp).
+    """
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model)
+        self.out = nn.Linear(cfg.d_model, cfg.d_model)
+
+    def _heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        batch, length, _ = x.shape
+        qkv = self.qkv(x).view(batch, length, 3, self.cfg.n_heads, -1)  # (B, L, 3, H, D/H)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4)  # each (B, H, L, D/H)
+        return q, k, v
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        slopes: torch.Tensor,
+        lengths: torch.Tensor | None,
+        seq_ids: torch.Tensor | None = None,
+        backend: str | None = None,
+    ) -> torch.Tensor:
+        """(B, L, D) float -> (B, L, D); ``slopes`` (H,) float32 (zeros: no bias)."""
+        q, k, v = self._heads(x)
+        attended = alibi_attention(
+            q, k, v, slopes,
+            causal=True,
+            lengths=lengths if seq_ids is None else None,
+            seq_ids=seq_ids,
+            window=self.cfg.window,
+            sinks=self.cfg.sinks,
+            bias_clamp=self.cfg.bias_clamp,
+            backend=backend or self.cfg.attention_backend,
+        )  # (B, H, L, D/H)
+        batch, _, length, _ = attended.shape
+        return self.out(attended.transpose(1, 2).reshape(batch, length, -1))
+
+    def weights(self, x: torch.Tensor, slopes: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """Attention weights (B, H, L, L) float32 from the eager reference (diagnostics only)."""
+        q, k, v = self._heads(x)
+        _, weights = eager_attention(
+            q, k, v, slopes, causal=True, lengths=lengths, window=self.cfg.window,
+            sinks=self.cfg.sinks, bias_clamp=self.cfg.bias_clamp, return_weights=True,
+        )
+        return weights
+
+
+class TransformerBlock(nn.Module):
+    """Pre-LN block: x + Attn(LN(x)), then x + FFN(LN(x)); GELU feed-forward of width ffn_mult*D."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.attn_norm = nn.LayerNorm(cfg.d_model)
+        self.attn = CausalSelfAttention(cfg)
+        self.ffn_norm = nn.LayerNorm(cfg.d_model)
+        self.ffn = nn.Sequential(
+            nn.Linear(cfg.d_model, cfg.ffn_mult * cfg.d_model),
+            nn.GELU(),
+            nn.Dropout(cfg.dropout),
+            nn.Linear(cfg.ffn_mult * cfg.d_model, cfg.d_model),
+        )
+        self.dropout = nn.Dropout(cfg.dropout)
+
+    def forward(self, x, slopes, lengths, seq_ids=None, backend=None) -> torch.Tensor:
+        """(B, L, D) -> (B, L, D)."""
+        x = x + self.dropout(self.attn(self.attn_norm(x), slopes, lengths, seq_ids, backend))
+        return x + self.dropout(self.ffn(self.ffn_norm(x)))
+
+
+class AlibiRanker(nn.Module):
+    """Next-item ranker over a catalog of N items (indices 1..N; 0 = padding).
+
+    Args:
+        cfg: the model config.
+        n_items: catalog size N.
+
+    Shapes: histories are right-padded (B, L) int64 with (B,) lengths; ``encode`` returns
+    (B, L, D); ``score`` returns (B, N + 1) float32 logits for the next item after each history.
+
+    Example:
+        >>> model = AlibiRanker(ModelConfig(d_model=16, n_heads=2, n_layers=1), n_items=50)
+        >>> model.score(torch.tensor([[3, 7, 0]]), torch.tensor([2])).shape  # (B=1, N+1=51)
+        torch.Size([1, 51])
+    """
+
+    def __init__(self, cfg: ModelConfig, n_items: int) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.n_items = n_items
+        self.items = ItemEmbeddings(n_items, cfg.d_model)
+        self.slopes = AlibiSlopes(cfg.n_heads, cfg.max_bias, learnable=cfg.learnable_slopes)
+        self.positions = nn.Embedding(cfg.max_len, cfg.d_model) if cfg.position == "learned" else None
+        self.input_dropout = nn.Dropout(cfg.dropout)
+        self.blocks = nn.ModuleList(TransformerBlock(cfg) for _ in range(cfg.n_layers))
+        self.final_norm = nn.LayerNorm(cfg.d_model)
+
+    @property
+    def max_context(self) -> int | None:
+        """Longest history the model accepts (items): ``max_len`` for learned positions, else None."""
+        return self.cfg.max_len if self.positions is not None else None
+
+    def _head_slopes(self) -> torch.Tensor:
+        slopes = self.slopes()  # (H,)
+        return slopes if self.cfg.position == "alibi" else torch.zeros_like(slopes)
+
+    def _embed(self, item_idx: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        x = self.items(item_idx, lengths) * math.sqrt(self.cfg.d_model)  # (B, L, D)
+        if self.positions is not None:
+            length = item_idx.shape[1]
+            if length > self.cfg.max_len:
+                raise ValueError(
+                    f"learned positions cover {self.cfg.max_len} items; got a history of {length}: "
+                    "truncate to model.max_len or use model.position=alibi"
+                )
+            x = x + self.positions.weight[:length]  # (L, D) broadcast over B
+        return self.input_dropout(x)
+
+    def encode(
+        self,
+        item_idx: torch.Tensor,
+        lengths: torch.Tensor,
+        seq_ids: torch.Tensor | None = None,
+        backend: str | None = None,
+    ) -> torch.Tensor:
+        """Hidden states (B, L, D) float32 of right-padded rows.
+
+        Args:
+            item_idx: (B, L) int64, right-padded with 0.
+            lengths: (B,) int64 non-padding positions per row.
+            seq_ids: optional (B, L) int64 for packed rows (several users per row, 0 = padding).
+            backend: overrides ``cfg.attention_backend`` (e.g. ``"eager"``).
+        """
+        slopes = self._head_slopes()
+        x = self._embed(item_idx, lengths)
+        for block in self.blocks:
+            x = block(x, slopes, lengths, seq_ids, backend)
+        return self.final_norm(x)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """(..., D) hidden states -> (..., N + 1) scores against the tied item table."""
+        return hidden @ self.items.weight.T
+
+    def last_hidden(self, item_idx: torch.Tensor, lengths: torch.Tensor, backend: str | None = None) -> torch.Tensor:
+        """(B, D) hidden state at each row's last event (position ``lengths - 1``)."""
+        hidden = self.encode(item_idx, lengths, backend=backend)  # (B, L, D)
+        rows = torch.arange(hidden.shape[0], device=hidden.device)
+        return hidden[rows, (lengths - 1).clamp(min=0)]
+
+    def score(self, item_idx: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """(B, N + 1) float32 next-item scores for right-padded histories (B, L)."""
+        return self.logits(self.last_hidden(item_idx, lengths)).float()
+
+    @torch.no_grad()
+    def attention_weights(self, item_idx: torch.Tensor, lengths: torch.Tensor) -> list[torch.Tensor]:
+        """Per layer, the (B, H, L, L) attention weights from the eager reference backend."""
+        slopes = self._head_slopes()
+        x = self._embed(item_idx, lengths)
+        weights = []
+        for block in self.blocks:
+            weights.append(block.attn.weights(block.attn_norm(x), slopes, lengths))
+            x = block(x, slopes, lengths, None, "eager")
+        return weights

@@ -1,0 +1,182 @@
+"""MLflow helpers: where runs go, flattened params, logging and loading the ranker.
+
+The default store is embedded: ``sqlite:///<cwd>/mlflow.db`` with artifacts under
+``<cwd>/mlruns``. ``MLFLOW_TRACKING_URI`` overrides ``tracking.uri``. The ranker is logged with
+``mlflow.pytorch`` with explicit pip requirements (inferring them takes ~15 s and drops the
+``+cpu`` torch build) and with the item vocabulary beside it, so a model URI alone is enough to
+score: ``runs:/RUN_ID/model``, ``models:/NAME/VERSION`` or ``models:/NAME@ALIAS``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from recsys_alibi.config import JobConfig, TrackingConfig
+
+log = logging.getLogger(__name__)
+
+ITEMS_ARTIFACT = "items.parquet"
+CONFIG_ARTIFACT = "job_config.json"
+_PIP_REQUIREMENTS = [
+    "torch==2.13.0",
+    "torchrec==1.8.0",
+    "fbgemm-gpu-cpu==1.8.0",
+    "lightning==2.6.6",
+    "polars==2.1.0",
+    "pyarrow==25.0.1",
+]
+
+
+class ModelUriError(ValueError):
+    """A model URI that MLflow cannot resolve; the message names the URI and the fix."""
+
+
+def tracking_uri(cfg: TrackingConfig) -> str:
+    """``MLFLOW_TRACKING_URI`` if set, else ``cfg.uri``, else the embedded SQLite store under the cwd."""
+    return os.environ.get("MLFLOW_TRACKING_URI") or cfg.uri or f"sqlite:///{Path.cwd() / 'mlflow.db'}"
+
+
+def setup_tracking(cfg: TrackingConfig) -> str:
+    """Point MLflow at the store and make sure the experiment exists; returns the experiment id.
+
+    A new experiment on a local store keeps its artifacts under ``<cwd>/mlruns``.
+    """
+    import mlflow
+
+    uri = tracking_uri(cfg)
+    mlflow.set_tracking_uri(uri)
+    experiment = mlflow.get_experiment_by_name(cfg.experiment)
+    if experiment is not None:
+        experiment_id = experiment.experiment_id
+    else:
+        artifacts = (Path.cwd() / "mlruns").as_uri() if uri.startswith("sqlite:") else None
+        experiment_id = mlflow.create_experiment(cfg.experiment, artifact_location=artifacts)
+    mlflow.set_experiment(experiment_id=experiment_id)
+    return experiment_id
+
+
+def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}`` (lists kept as their string form)."""
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat.update(flatten(value, f"{name}."))
+        else:
+            flat[name] = value
+    return flat
+
+
+def metric_key(name: str) -> str:
+    """An MLflow-safe metric name: ``"NDCG@10"`` -> ``"NDCG_at_10"``."""
+    return re.sub(r"[^\w./\- :]", "_", name.replace("@", "_at_"))
+
+
+def log_config(config: JobConfig) -> None:
+    """Log the resolved job config as run params and as a JSON artifact."""
+    import mlflow
+
+    tree = config.model_dump()
+    mlflow.log_params({k: str(v)[:500] for k, v in flatten(tree).items()})
+    mlflow.log_dict(tree, CONFIG_ARTIFACT)
+
+
+def log_ranker(model, items: pl.DataFrame, registered_name: str | None, workdir: Path) -> "LoggedModel":
+    """Log the ranker (a torch ``nn.Module``) with its item vocabulary into the active run.
+
+    Returns the logged model's URI and, when ``registered_name`` is given, the new registry version.
+    """
+    import mlflow
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    items_path = workdir / ITEMS_ARTIFACT
+    items.write_parquet(items_path)
+    info = mlflow.pytorch.log_model(
+        model.cpu(),
+        name="model",
+        pip_requirements=_PIP_REQUIREMENTS,
+        extra_files=[str(items_path)],
+        registered_model_name=registered_name,
+    )
+    version = getattr(info, "registered_model_version", None)
+    return LoggedModel(uri=info.model_uri, run_id=info.run_id, version=None if version is None else str(version))
+
+
+@dataclass(frozen=True)
+class LoggedModel:
+    """Where a logged ranker lives: its URI, its run, and its registry version (if registered)."""
+
+    uri: str
+    run_id: str
+    version: str | None
+
+
+@dataclass(frozen=True)
+class LoadedRanker:
+    """A ranker loaded from a model URI, its vocabulary and the run it was logged in."""
+
+    model: Any  # AlibiRanker
+    items: pl.DataFrame  # item_idx int32, item_id raw, count int64
+    run_id: str | None
+
+
+def load_ranker(model_uri: str) -> LoadedRanker:
+    """Load a logged ranker and its item vocabulary from any MLflow model URI.
+
+    Raises:
+        ModelUriError: the URI does not resolve to a model logged by recsys-alibi.
+    """
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    try:
+        local = Path(mlflow.artifacts.download_artifacts(artifact_uri=model_uri))
+        model = mlflow.pytorch.load_model(str(local), map_location="cpu")
+    except (MlflowException, OSError) as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ModelUriError(
+            f"cannot load model '{model_uri}' ({first}); use runs:/RUN_ID/model or models:/NAME/VERSION "
+            "from `recsys-alibi train` and check MLFLOW_TRACKING_URI / tracking.uri"
+        ) from None
+    found = list(local.rglob(ITEMS_ARTIFACT))
+    if not found:
+        raise ModelUriError(f"model '{model_uri}' has no item vocabulary ({ITEMS_ARTIFACT}): not a recsys-alibi model")
+    model.eval()
+    return LoadedRanker(model=model, items=pl.read_parquet(found[0]), run_id=model_run_id(model_uri))
+
+
+def model_run_id(model_uri: str) -> str | None:
+    """The run that logged the model behind ``runs:/``, ``models:/NAME/VERSION`` or ``models:/NAME@ALIAS``."""
+    import mlflow
+
+    if model_uri.startswith("runs:/"):
+        return model_uri[len("runs:/") :].split("/")[0]
+    if model_uri.startswith("models:/"):
+        client = mlflow.MlflowClient()
+        spec = model_uri[len("models:/") :]
+        if "@" in spec:
+            name, alias = spec.split("@", 1)
+            return client.get_model_version_by_alias(name, alias).run_id
+        name, _, version = spec.partition("/")
+        if version.isdigit():
+            return client.get_model_version(name, version).run_id
+        try:
+            return mlflow.get_logged_model(spec).source_run_id
+        except Exception:  # noqa: BLE001 - a logged-model id that is not a registry name
+            return None
+    return None
+
+
+def write_json(path: Path, payload: dict) -> None:
+    """Write JSON atomically (temp file in the same directory, then rename)."""
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(payload, indent=2, sort_keys=False))
+    os.replace(tmp, path)

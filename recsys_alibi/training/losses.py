@@ -1,0 +1,113 @@
+"""Next-item losses over the catalog, chosen by ``train.loss`` from the ``LOSSES`` registry.
+
+Every loss takes the hidden states at the T supervised positions, their target items and the
+tied item table, and returns a scalar:
+
+    loss(hidden (T, D) float, targets (T,) int64 in 1..N, table (N + 1, D) float) -> () float
+
+- ``softmax``: full softmax cross-entropy over the catalog (Klenitskiy & Vasilev, "Turning Dross
+  Into Gold Loss: is BERT4Rec really better than SASRec?", RecSys 2023).
+- ``sampled_softmax``: in-batch plus uniform negatives with logQ correction (Yi et al., "Sampling-
+  bias-corrected neural modeling", RecSys 2019); for catalogs too large for a full softmax.
+- ``bce``: one uniform negative per position, binary cross-entropy (the original SASRec).
+- ``gbce``: generalised BCE with k negatives and calibrated positive probability (Petrov &
+  Macdonald, "gSASRec", RecSys 2023).
+Column 0 (padding) is never a candidate.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from recsys_alibi.config import TrainConfig
+
+
+class FullSoftmaxLoss(nn.Module):
+    """Cross-entropy over all N items (padding column masked)."""
+
+    def __init__(self, cfg: TrainConfig, item_counts: torch.Tensor) -> None:
+        super().__init__()
+
+    def forward(self, hidden: torch.Tensor, targets: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+        logits = hidden @ table.T  # (T, N + 1)
+        logits[:, 0] = float("-inf")
+        return F.cross_entropy(logits.float(), targets)
+
+
+class SampledSoftmaxLoss(nn.Module):
+    """Softmax over the positive, the batch's other targets and ``num_negatives`` uniform items.
+
+    Each negative's logit is corrected by ``-log q``, q its expected sampling rate: in-batch
+    items are drawn by popularity (``T * count / total``), uniform ones at ``M / N``.
+    ``item_counts``: (N + 1,) int64 training-event counts per item.
+    """
+
+    def __init__(self, cfg: TrainConfig, item_counts: torch.Tensor) -> None:
+        super().__init__()
+        self.num_negatives = cfg.num_negatives
+        probs = item_counts.double() / item_counts.sum().clamp(min=1)
+        self.register_buffer("popularity", probs.float(), persistent=False)  # (N + 1,)
+
+    def forward(self, hidden: torch.Tensor, targets: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+        n_items = table.shape[0] - 1
+        uniform = torch.randint(1, n_items + 1, (self.num_negatives,), device=targets.device)
+        candidates = torch.cat([targets, uniform])  # (T + M,)
+        rate = targets.numel() * self.popularity[candidates] + self.num_negatives / n_items
+        negatives = hidden @ table[candidates].T - torch.log(rate)  # (T, T + M)
+        negatives = negatives.masked_fill(candidates[None, :] == targets[:, None], float("-inf"))
+        positives = (hidden * table[targets]).sum(-1, keepdim=True)  # (T, 1)
+        logits = torch.cat([positives, negatives], dim=1).float()
+        return F.cross_entropy(logits, torch.zeros_like(targets))
+
+
+class BinaryCrossEntropyLoss(nn.Module):
+    """BCE with one uniform negative per position (SASRec, Kang & McAuley 2018)."""
+
+    def __init__(self, cfg: TrainConfig, item_counts: torch.Tensor) -> None:
+        super().__init__()
+
+    def forward(self, hidden: torch.Tensor, targets: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+        negatives = torch.randint(1, table.shape[0], targets.shape, device=targets.device)
+        pos = (hidden * table[targets]).sum(-1).float()
+        neg = (hidden * table[negatives]).sum(-1).float()
+        return -(F.logsigmoid(pos) + F.logsigmoid(-neg)).mean()
+
+
+class GeneralisedBCELoss(nn.Module):
+    """gBCE: k uniform negatives; the positive's log-sigmoid is scaled by beta.
+
+    ``beta = alpha * (t * (1 - 1/alpha) + 1/alpha)`` with ``alpha = k / (N - 1)`` the negative
+    sampling rate and ``t = train.gbce_t`` the calibration (Petrov & Macdonald 2023, eq. 9).
+    """
+
+    def __init__(self, cfg: TrainConfig, item_counts: torch.Tensor) -> None:
+        super().__init__()
+        self.num_negatives = cfg.num_negatives
+        self.t = cfg.gbce_t
+
+    def forward(self, hidden: torch.Tensor, targets: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+        n_items = table.shape[0] - 1
+        alpha = min(1.0, self.num_negatives / max(n_items - 1, 1))
+        beta = alpha * (self.t * (1 - 1 / alpha) + 1 / alpha)
+        negatives = torch.randint(1, n_items + 1, (targets.numel(), self.num_negatives), device=targets.device)
+        pos = (hidden * table[targets]).sum(-1).float()  # (T,)
+        neg = torch.einsum("td,tkd->tk", hidden, table[negatives]).float()  # (T, k)
+        neg = neg.masked_fill(negatives == targets[:, None], -math.inf)
+        return -(beta * F.logsigmoid(pos) + F.logsigmoid(-neg).sum(-1)).mean()
+
+
+LOSSES: dict[str, type[nn.Module]] = {
+    "softmax": FullSoftmaxLoss,
+    "sampled_softmax": SampledSoftmaxLoss,
+    "bce": BinaryCrossEntropyLoss,
+    "gbce": GeneralisedBCELoss,
+}
+
+
+def build_loss(cfg: TrainConfig, item_counts: torch.Tensor) -> nn.Module:
+    """Instantiate ``LOSSES[cfg.loss]``; ``item_counts`` (N + 1,) int64 training counts per item."""
+    return LOSSES[cfg.loss](cfg, item_counts)
