@@ -105,6 +105,7 @@ def log_ranker(model, items: pl.DataFrame, registered_name: str | None, workdir:
         pip_requirements=_PIP_REQUIREMENTS,
         extra_files=[str(items_path)],
         registered_model_name=registered_name,
+        serialization_format="pickle",  # the whole module; code is importable where it loads
     )
     version = getattr(info, "registered_model_version", None)
     return LoggedModel(uri=info.model_uri, run_id=info.run_id, version=None if version is None else str(version))

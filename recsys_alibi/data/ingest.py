@@ -12,8 +12,9 @@ Two steps, both lazy:
 Rules (docs/data.md has the full table):
 
 * ids keep their source type: integer columns become Int64, string columns stay String. Text
-  formats are read as strings; an id column is integer when its first ``INFER_ROWS`` values all
-  look like integers, and a later value that does not parse is rejected (``bad_user_id``).
+  formats are read as strings; with ``data.id_type: auto`` an id column is integer when its
+  first ``INFER_ROWS`` non-empty values all are integers without leading zeros (``int``/``str``
+  force it); a value that does not parse as the chosen type is rejected (``bad_user_id``).
 * timestamps: integers are seconds, or by ``data.timestamp_unit``; with ``auto`` a value above
   1e11 is milliseconds (above 1e14 microseconds, above 1e17 nanoseconds), decided per value;
   strings are integers or ISO-8601 (``2024-01-02``, ``2024-01-02 03:04:05``, ``...T...``,
@@ -261,6 +262,9 @@ def _read_csv(cfg: DataConfig, paths: list[Path]) -> tuple[pl.LazyFrame, dict[st
         truncate_ragged_lines=True,
         raise_if_empty=True,
     )
+    if not cfg.has_header:  # name columns column_1, column_2, ... whatever the polars version
+        names = lf.collect_schema().names()
+        lf = lf.rename({old: f"column_{i}" for i, old in enumerate(names, start=1)})
     return _with_row(lf), _mapped(cfg), True
 
 
@@ -338,10 +342,10 @@ def _looks_integer(source: Source, raw: str) -> bool:
         .collect()
         .to_series()
     )
-    return sample.len() > 0 and bool(sample.str.contains(r"^[+-]?\d+$").all())
+    return sample.len() > 0 and bool(sample.str.contains(r"^-?(0|[1-9]\d*)$").all())
 
 
-def _id_expr(source: Source, raw: str, dtype: pl.DataType) -> tuple[pl.Expr, pl.Expr]:
+def _id_expr(source: Source, raw: str, dtype: pl.DataType, id_type: str) -> tuple[pl.Expr, pl.Expr]:
     """(canonical id, is-missing) for one id column; an unparseable id gives a null id."""
     col = pl.col(raw)
     if isinstance(dtype, (pl.Categorical, pl.Enum)):
@@ -349,7 +353,7 @@ def _id_expr(source: Source, raw: str, dtype: pl.DataType) -> tuple[pl.Expr, pl.
     if dtype == pl.String:
         stripped = col.str.strip_chars()
         missing = stripped.is_null() | (stripped == "")
-        if source.text and _looks_integer(source, raw):
+        if source.text and (id_type == "int" or (id_type == "auto" and _looks_integer(source, raw))):
             return stripped.cast(pl.Int64, strict=False), missing
         return stripped if source.text else col, missing
     if dtype.is_integer():
@@ -429,8 +433,8 @@ def tag_rows(source: Source, cfg: DataConfig) -> pl.LazyFrame:
     """
     schema = source.frame.collect_schema()
     cols = source.columns
-    user, user_missing = _id_expr(source, cols[USER_ID], schema[cols[USER_ID]])
-    item, item_missing = _id_expr(source, cols[ITEM_ID], schema[cols[ITEM_ID]])
+    user, user_missing = _id_expr(source, cols[USER_ID], schema[cols[USER_ID]], cfg.id_type)
+    item, item_missing = _id_expr(source, cols[ITEM_ID], schema[cols[ITEM_ID]], cfg.id_type)
     exprs = [user.alias(PREFIX + USER_ID), item.alias(PREFIX + ITEM_ID)]
     if TIMESTAMP in cols:
         ts = _timestamp_expr(cols[TIMESTAMP], schema[cols[TIMESTAMP]], cfg.timestamp_unit)

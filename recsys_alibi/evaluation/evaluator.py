@@ -265,7 +265,7 @@ def _score_pass(
 ) -> _Pass:
     n_users = len(order)
     k_top = min(max(ks), n_items + 1)
-    per_user = {name: np.empty(n_users) for name in per_user_metrics(np.ones(1), ks)}
+    per_user = {name: np.empty(n_users) for name in metric_names(ks) if not name.startswith("Coverage@")}
     top = np.zeros((n_users, k_top), dtype=np.int64)
     tied = np.zeros(n_users, dtype=bool)
     batches = [order[i : i + cfg.batch_size] for i in range(0, n_users, cfg.batch_size)]
@@ -280,7 +280,7 @@ def _score_pass(
                     f"scorer '{scorer.name}' returned scores of shape {tuple(scores.shape)}, "
                     f"expected ({len(rows)}, {n_items + 1}) = (B, N+1)"
                 )
-            scores = scores.detach().to(torch.float32)
+            scores = scores.detach().to(torch.float32, copy=True)  # masked in place: never touch the scorer's tensor
             if torch.isnan(scores[:, 1:]).any():
                 raise ValueError(f"scorer '{scorer.name}' returned NaN scores; fix the model before evaluating")
             scores = mask_seen(scores, seen, exclude_seen=cfg.exclude_seen, keep=tgt)

@@ -11,12 +11,13 @@ list of the whole catalog (1 = best), and returns the mean over users as a Pytho
 
 Definitions, for one user with relevant set R (n = |R| targets) and rank r_t of target t:
 - ``HR@K``     1 if any r_t <= K else 0 (hit rate).
-- ``Recall@K`` #{t : r_t <= K} / min(K, n). With one target this equals HR@K. The
-  denominator min(K, n) (not n) makes 1.0 reachable for users with more targets than K, so
-  heavy users are not penalised for the list being short; state it when comparing with
-  papers that divide by n.
+- ``Recall@K`` #{t : r_t <= K} / n. With one target this equals HR@K. The denominator is n
+  (the textbook definition, never decreasing in K), not min(K, n): a user with more targets
+  than K cannot reach 1.0. Some papers divide by min(K, n); state it when comparing.
 - ``NDCG@K``   DCG / IDCG, DCG = sum_{t: r_t <= K} 1 / log2(r_t + 1),
   IDCG = sum_{i=1..min(K, n)} 1 / log2(i + 1). One target: 1 / log2(r + 1) if r <= K else 0.
+  With one target HR@K and NDCG@K never decrease as K grows; with several, NDCG@K can
+  (IDCG grows with K).
 - ``MRR``      1 / min_t r_t (reciprocal rank of the best-ranked target); no cut-off.
 - ``Coverage@K`` share of the catalog (items 1..N, padding 0 excluded) that appears in at
   least one user's top-K list.
@@ -95,8 +96,7 @@ def _hr(r: np.ndarray, k: int) -> np.ndarray:
 
 
 def _recall(r: np.ndarray, k: int) -> np.ndarray:
-    n_targets = np.isfinite(r).sum(axis=1)
-    return _hits(r, k) / np.minimum(k, n_targets)
+    return _hits(r, k) / np.isfinite(r).sum(axis=1)
 
 
 def _ndcg(r: np.ndarray, k: int) -> np.ndarray:
@@ -132,7 +132,7 @@ def ndcg_at_k(ranks: Any, k: int) -> float:
 
 
 def recall_at_k(ranks: Any, k: int) -> float:
-    """Recall@K = #targets in the top K / min(K, #targets), averaged over users.
+    """Recall@K = #targets in the top K / #targets, averaged over users.
 
     Args:
         ranks: (U,) ints >= 1 (then Recall@K == HR@K), or (U, T) right-padded with 0.
@@ -217,6 +217,6 @@ def reference_metrics(rank_lists: Sequence[Sequence[int]], ks: Sequence[int]) ->
             idcg = sum(1.0 / math.log2(i + 1) for i in range(1, min(k, n) + 1))
             sums[f"HR@{k}"] = sums.get(f"HR@{k}", 0.0) + (1.0 if in_top else 0.0)
             sums[f"NDCG@{k}"] = sums.get(f"NDCG@{k}", 0.0) + dcg / idcg
-            sums[f"Recall@{k}"] = sums.get(f"Recall@{k}", 0.0) + len(in_top) / min(k, n)
+            sums[f"Recall@{k}"] = sums.get(f"Recall@{k}", 0.0) + len(in_top) / n
         sums["MRR"] = sums.get("MRR", 0.0) + 1.0 / min(ranks)
     return {name: total / len(rank_lists) for name, total in sums.items()}

@@ -65,8 +65,12 @@ def mask_seen(
         offset: item index of column 0 (for catalog chunks).
 
     Returns:
-        ``scores`` itself, modified in place.
+        ``scores`` itself, modified in place; a copy when ``scores`` is an inference tensor
+        (made under ``torch.inference_mode``) and inference mode is off now, since such
+        tensors cannot be written in place. Always use the returned tensor.
     """
+    if scores.is_inference() and not torch.is_inference_mode_enabled():
+        scores = scores.clone()
     if scores.ndim != 2 or history.ndim != 2 or history.shape[0] != scores.shape[0]:
         raise ValueError(f"scores (B, C) and history (B, L) expected, got {tuple(scores.shape)}, {tuple(history.shape)}")
     n_rows, n_cols = scores.shape
@@ -80,10 +84,13 @@ def mask_seen(
             restore = (k_rows[k_ok], k_cols[k_ok])
             saved = scores[restore]
         history = history.to(scores.device, torch.int64)
-        rows = torch.arange(n_rows, device=scores.device).unsqueeze(1).expand_as(history)
-        cols = history - offset
-        inside = (history > 0) & (cols >= 0) & (cols < n_cols)
-        scores[rows[inside], cols[inside]] = _NEG_INF
+        if offset == 0 and int(history.max()) < n_cols and int(history.min()) >= 0:
+            scores.scatter_(1, history, _NEG_INF)  # padding 0 hits column 0, masked anyway
+        else:
+            rows = torch.arange(n_rows, device=scores.device).unsqueeze(1).expand_as(history)
+            cols = history - offset
+            inside = (history > 0) & (cols >= 0) & (cols < n_cols)
+            scores[rows[inside], cols[inside]] = _NEG_INF
         if restore is not None:
             scores[restore] = saved
     if offset == 0 and n_cols:
@@ -209,6 +216,10 @@ def topk(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     k = min(int(k), n_cols)
     if k <= 0 or b == 0:
         return scores.new_empty(b, max(k, 0)), torch.empty(b, max(k, 0), dtype=torch.int64, device=scores.device)
+    if k < n_cols:  # common case: no tie among the first k+1 values -> torch.topk is already exact
+        vals, cols = torch.topk(scores, k + 1, dim=1, sorted=True)
+        if not bool((vals[:, 1:] == vals[:, :-1]).any()):
+            return vals[:, :k], cols[:, :k]
     kth = torch.topk(scores, k, dim=1, sorted=False).values.min(dim=1, keepdim=True).values  # (B, 1)
     above = scores > kth
     at = scores == kth

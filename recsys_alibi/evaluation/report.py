@@ -137,7 +137,7 @@ def _context_figure(results: dict[str, EvaluationResult], metric: str) -> Figure
     ax.set_ylabel(metric)
     ax.set_title(f"{metric} vs context length")
     ax.grid(alpha=0.3)
-    ax.legend()
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=min(len(results), 4), frameon=False)
     return fig
 
 
@@ -157,7 +157,7 @@ def _history_figure(results: dict[str, EvaluationResult], metric: str) -> Figure
     ax.set_ylabel(metric)
     ax.set_title(f"{metric} by history length")
     ax.grid(alpha=0.3, axis="y")
-    ax.legend()
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=min(len(results), 4), frameon=False)
     return fig
 
 

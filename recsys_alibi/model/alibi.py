@@ -122,11 +122,11 @@ def alibi_bias(
 class AlibiSlopes(nn.Module):
     """The (H,) slope vector as a module, fixed or learnable.
 
-    Fixed: a buffer equal to :func:`alibi_slopes`. Learnable: ``m_h = softplus(w_h) + c_h``
-    with ``w = log(expm1(m0))`` (the inverse softplus of the fixed scheme ``m0``) and ``c`` a
-    constant buffer ``m0 - softplus(w)`` of at most one float32 ulp, so that the initial slopes
-    equal the fixed scheme bit for bit (float32 softplus cannot reach every value exactly).
-    The gradient is that of softplus; the slopes stay positive.
+    Fixed: a buffer equal to :func:`alibi_slopes`. Learnable: ``m_h = softplus(w_h) + c_h`` with
+    ``w = log(expm1(m0))``, the inverse softplus of the fixed scheme ``m0``, and ``c`` a constant
+    buffer ``m0 - softplus(w)`` of at most one float32 ulp of ``m0``, so that the initial slopes
+    equal the fixed scheme bit for bit (float32 softplus alone cannot reach every value). The
+    correction is dropped where it would make a slope <= 0, so slopes stay positive.
 
     Args:
         n_heads: H.
@@ -155,7 +155,9 @@ class AlibiSlopes(nn.Module):
 
     def forward(self) -> Tensor:
         if self.learnable:
-            return F.softplus(self.raw) + self.correction
+            soft = F.softplus(self.raw)
+            m = soft + self.correction
+            return torch.where(m > 0, m, soft)
         return self.fixed
 
     def extra_repr(self) -> str:

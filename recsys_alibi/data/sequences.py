@@ -1,0 +1,98 @@
+"""Item vocabulary and per-user sequences, and the readers of a prepared directory.
+
+Vocabulary (``items.parquet``): ``item_idx`` Int32 1..N (0 is padding) by descending event count,
+ties by ascending raw ``item_id``; ``item_id`` raw; ``count`` Int64.
+
+Sequences (``sequences.parquet``): one row per user, ``user_id`` raw, ``item_idx``
+list<Int32>, ``timestamp`` list<Int64>, ``length`` Int32; the events of the user in time
+order, equal timestamps in source order.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import polars as pl
+
+from recsys_alibi.data.ingest import DataError
+from recsys_alibi.data.schema import (
+    COUNT,
+    ITEM_ID,
+    ITEM_IDX,
+    ITEMS_FILE,
+    LENGTH,
+    SEQUENCES_FILE,
+    SOURCE_ROW,
+    TIMESTAMP,
+    USER_ID,
+)
+
+ID_TYPES = (pl.Int64, pl.String)
+SEQUENCES_SCHEMA = {ITEM_IDX: pl.List(pl.Int32), TIMESTAMP: pl.List(pl.Int64), LENGTH: pl.Int32}
+ITEMS_SCHEMA = {ITEM_IDX: pl.Int32, COUNT: pl.Int64}
+
+
+def build_vocabulary(item_counts: pl.LazyFrame) -> pl.LazyFrame:
+    """``item_id``, ``count`` -> the vocabulary ``item_idx`` Int32 (1-based), ``item_id``, ``count`` Int64.
+
+    Indices follow descending count, ties broken by ascending raw id, so the result does not
+    depend on row order.
+    """
+    return (
+        item_counts.select(ITEM_ID, pl.col(COUNT).cast(pl.Int64))
+        .sort([COUNT, ITEM_ID], descending=[True, False])
+        .with_row_index(ITEM_IDX, offset=1)
+        .select(pl.col(ITEM_IDX).cast(pl.Int32), ITEM_ID, COUNT)
+    )
+
+
+def group_sequences(sorted_events: pl.LazyFrame) -> pl.LazyFrame:
+    """Events already sorted by (user, time, source row), with ``item_idx`` -> one row per user.
+
+    Users come out in the order of the input; within a group polars keeps the row order.
+    """
+    return (
+        sorted_events.group_by(USER_ID, maintain_order=True)
+        .agg(pl.col(ITEM_IDX).cast(pl.Int32), pl.col(TIMESTAMP).cast(pl.Int64))
+        .with_columns(pl.col(ITEM_IDX).list.len().cast(pl.Int32).alias(LENGTH))
+    )
+
+
+def build_sequences(events: pl.LazyFrame) -> pl.LazyFrame:
+    """Events with ``item_idx`` and ``source_row`` in any order -> sequences sorted by user."""
+    return group_sequences(events.sort(USER_ID, TIMESTAMP, SOURCE_ROW))
+
+
+def _read(prepared_dir: str | Path, name: str, expected: dict[str, pl.DataType]) -> pl.DataFrame:
+    path = Path(prepared_dir) / name
+    if not path.is_file():
+        raise DataError(f"{path} not found; run `recsys-alibi prepare` to create the prepared directory")
+    try:
+        df = pl.read_parquet(path)
+    except (pl.exceptions.PolarsError, OSError) as err:
+        raise DataError(f"cannot read {path}: {str(err).splitlines()[0]}; run `recsys-alibi prepare` again") from None
+    problems = [f"{col} should be {dtype}" for col, dtype in expected.items() if df.schema.get(col) != dtype]
+    id_col = USER_ID if name == SEQUENCES_FILE else ITEM_ID
+    if df.schema.get(id_col) not in ID_TYPES:
+        problems.append(f"{id_col} should be Int64 or String")
+    if problems:
+        raise DataError(f"{path} has the wrong schema ({'; '.join(problems)}); run `recsys-alibi prepare` again")
+    return df
+
+
+def read_sequences(prepared_dir: str | Path) -> pl.DataFrame:
+    """Read and check ``sequences.parquet`` of a prepared directory.
+
+    Raises:
+        DataError: the file is missing, unreadable or has another schema.
+    """
+    return _read(prepared_dir, SEQUENCES_FILE, SEQUENCES_SCHEMA)
+
+
+def read_items(prepared_dir: str | Path) -> pl.DataFrame:
+    """Read and check ``items.parquet`` (the vocabulary) of a prepared directory.
+
+    Raises:
+        DataError: the file is missing, unreadable or has another schema.
+    """
+    return _read(prepared_dir, ITEMS_FILE, ITEMS_SCHEMA)

@@ -1,0 +1,261 @@
+"""Readers, format inference, canonical columns and reject reasons, on tiny hand-built files."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from recsys_alibi.config import ColumnMap, DataConfig
+from recsys_alibi.data.ingest import DataError, infer_format, resolve_paths, scan_source, tag_rows, valid_events
+from recsys_alibi.data.prepare import prepare
+
+LOOSE = DataConfig(min_events_per_user=1, min_events_per_item=1)
+
+
+def _write(path: Path, text: str, gz: bool = False) -> Path:
+    if gz:
+        with gzip.open(path, "wt") as fh:
+            fh.write(text)
+    else:
+        path.write_text(text)
+    return path
+
+
+def _events(cfg: DataConfig, path: Path | str, fmt: str | None = None) -> pl.DataFrame:
+    """Canonical valid events of an input, in source order."""
+    return valid_events(tag_rows(scan_source(cfg, path, fmt), cfg)).collect().sort("source_row")
+
+
+# ----------------------------------------------------------------------------- formats
+
+
+CSV = "user_id,item_id,timestamp\n1,10,100\n1,11,200\n2,10,150\n"
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "fmt"),
+    [
+        ("e.csv", CSV, "csv"),
+        ("e.tsv", CSV.replace(",", "\t"), "csv"),
+        ("e.ndjson", '{"user_id":1,"item_id":10,"timestamp":100}\n{"user_id":1,"item_id":11,"timestamp":200}\n{"user_id":2,"item_id":10,"timestamp":150}\n', "ndjson"),
+        ("ratings.dat", "1::10::5::100\n1::11::3::200\n2::10::4::150\n", "movielens"),
+        ("u.data", "1\t10\t5\t100\n1\t11\t3\t200\n2\t10\t4\t150\n", "movielens"),
+        ("seq.txt", "1 10\n1 11\n2 10\n", "sasrec"),
+        ("s3.txt", "1 10 11\n2 10\n", "s3rec"),
+    ],
+)
+@pytest.mark.parametrize("gz", [False, True])
+def test_every_text_format_is_inferred_and_read(tmp_path, name, text, fmt, gz):
+    path = _write(tmp_path / (name + (".gz" if gz else "")), text, gz=gz)
+    assert infer_format([path]) == fmt
+    events = _events(LOOSE, path)
+    assert events["user_id"].to_list() == [1, 1, 2]
+    assert events["item_id"].to_list() == [10, 11, 10]
+    assert events["user_id"].dtype == pl.Int64 and events["item_id"].dtype == pl.Int64
+    if fmt in ("sasrec", "s3rec"):
+        assert events["timestamp"].to_list() == [0, 1, 2]  # line (event) order is the time
+    else:
+        assert events["timestamp"].to_list() == [100, 200, 150]
+    if fmt == "movielens":
+        assert events["value"].to_list() == [5.0, 3.0, 4.0]
+
+
+def test_parquet_file_directory_and_glob(tmp_path):
+    df = pl.DataFrame({"user_id": [1, 1, 2], "item_id": [10, 11, 10], "timestamp": [100, 200, 150]})
+    (tmp_path / "d").mkdir()
+    df.head(2).write_parquet(tmp_path / "d" / "part-0.parquet")
+    df.tail(1).write_parquet(tmp_path / "d" / "part-1.parquet")
+    df.write_parquet(tmp_path / "one.parquet")
+    for src in (tmp_path / "one.parquet", tmp_path / "d", str(tmp_path / "d" / "part-*.parquet")):
+        events = _events(LOOSE, src)
+        assert events.select("user_id", "item_id", "timestamp").equals(df), src
+        assert events["source_row"].to_list() == [0, 1, 2]
+    with open(tmp_path / "one.parquet", "rb") as fh, gzip.open(tmp_path / "one.parquet.gz", "wb") as gz:
+        gz.write(fh.read())
+    assert _events(LOOSE, tmp_path / "one.parquet.gz").select("user_id", "item_id", "timestamp").equals(df)
+
+
+def test_format_sniffed_from_contents_without_known_suffix(tmp_path):
+    assert infer_format([_write(tmp_path / "a.log", "1::2::3::4\n")]) == "movielens"
+    assert infer_format([_write(tmp_path / "b.log", "1\t2\t3\t4\n5\t6\t7\t8\n")]) == "movielens"
+    assert infer_format([_write(tmp_path / "c.log", '{"a": 1}\n')]) == "ndjson"
+    assert infer_format([_write(tmp_path / "d.log", "user,item\nu,i\n")]) == "csv"
+    assert infer_format([_write(tmp_path / "e.log", "1 2\n1 3\n")]) == "sasrec"
+    assert infer_format([_write(tmp_path / "f.log", "1 2 3\n2 3\n")]) == "s3rec"
+    pl.DataFrame({"a": [1]}).write_parquet(tmp_path / "g.bin")
+    assert infer_format([tmp_path / "g.bin"]) == "parquet"
+
+
+def test_column_map_and_headerless_csv(tmp_path):
+    path = _write(tmp_path / "r.csv", "userId,movieId,rating,ts\n1,10,4.5,100\n")
+    cfg = DataConfig(columns=ColumnMap(user_id="userId", item_id="movieId", value="rating", timestamp="ts"))
+    ev = _events(cfg, path)
+    assert ev.row(0, named=True) == {"user_id": 1, "item_id": 10, "timestamp": 100, "value": 4.5, "source_row": 0}
+    path = _write(tmp_path / "h.csv", "1,10,100\n2,11,200\n")
+    cfg = DataConfig(has_header=False, columns=ColumnMap(user_id="column_1", item_id="column_2", timestamp="column_3"))
+    assert _events(cfg, path)["item_id"].to_list() == [10, 11]
+
+
+def test_s3rec_line_with_several_spaces_and_blank_lines(tmp_path):
+    path = _write(tmp_path / "s.txt", "1  5 6\n\n2 7   \n", gz=False)
+    ev = _events(LOOSE, path, "s3rec")
+    assert ev.select("user_id", "item_id", "timestamp").rows() == [(1, 5, 0), (1, 6, 1), (2, 7, 2)]
+
+
+# ----------------------------------------------------------------------------- ids and timestamps
+
+
+def test_string_and_integer_ids(tmp_path):
+    ints = _events(LOOSE, _write(tmp_path / "i.csv", "user_id,item_id,timestamp\n1,10,1\n-2,0,2\n"))
+    assert ints.schema["user_id"] == pl.Int64 and ints["user_id"].to_list() == [1, -2]
+    strs = _events(LOOSE, _write(tmp_path / "s.csv", "user_id,item_id,timestamp\nalice,B01,1\n bob ,007,2\n"))
+    assert strs.schema["user_id"] == pl.String and strs.schema["item_id"] == pl.String
+    assert strs["user_id"].to_list() == ["alice", "bob"]  # text values are stripped
+    assert strs["item_id"].to_list() == ["B01", "007"]  # leading zeros: kept as strings
+    df = pl.DataFrame({"user_id": ["a", "b"], "item_id": [1, 2], "timestamp": [1, 2]})
+    df.write_parquet(tmp_path / "p.parquet")
+    typed = _events(LOOSE, tmp_path / "p.parquet")
+    assert typed.schema["user_id"] == pl.String and typed.schema["item_id"] == pl.Int64
+
+
+def test_timestamps_seconds_milliseconds_iso_and_datetimes(tmp_path):
+    text = (
+        "user_id,item_id,timestamp\n"
+        "1,1,1700000000\n"  # seconds
+        "1,2,1700000000123\n"  # ms (> 1e11)
+        "1,3,1700000000123456\n"  # us (> 1e14)
+        "1,4,2024-01-02T03:04:05Z\n"
+        "1,5,2024-01-02 03:04:05\n"  # naive: UTC
+        "1,6,2024-01-02T03:04:05+02:00\n"
+        "1,7,2024-01-02T03:04:05.750\n"  # fraction floored
+        "1,8,2024-01-02\n"
+        "1,9,1700000000.9\n"
+    )
+    ev = _events(LOOSE, _write(tmp_path / "t.csv", text))
+    assert ev["timestamp"].to_list() == [
+        1700000000, 1700000000, 1700000000, 1704164645, 1704164645, 1704157445, 1704164645, 1704153600, 1700000000,
+    ]
+    forced = _events(DataConfig(timestamp_unit="ms"), _write(tmp_path / "ms.csv", "user_id,item_id,timestamp\n1,1,5000\n"))
+    assert forced["timestamp"].to_list() == [5]
+    secs = _events(DataConfig(timestamp_unit="s"), _write(tmp_path / "s.csv", "user_id,item_id,timestamp\n1,1,1700000000123\n"))
+    assert secs["timestamp"].to_list() == [1700000000123]
+    import datetime as dt
+
+    df = pl.DataFrame(
+        {
+            "user_id": [1, 1],
+            "item_id": [1, 2],
+            "timestamp": [dt.datetime(2024, 1, 2, 3, 4, 5), dt.datetime(2024, 1, 2, 5, 4, 5)],
+        }
+    ).with_columns(pl.col("timestamp").dt.replace_time_zone("Europe/Paris").alias("aware"), pl.col("timestamp").alias("naive"))
+    df.write_parquet(tmp_path / "dt.parquet")
+    naive = _events(DataConfig(columns=ColumnMap(timestamp="naive")), tmp_path / "dt.parquet")
+    aware = _events(DataConfig(columns=ColumnMap(timestamp="aware")), tmp_path / "dt.parquet")
+    assert naive["timestamp"].to_list() == [1704164645, 1704171845]
+    assert aware["timestamp"].to_list() == [1704164645 - 3600, 1704171845 - 3600]  # Paris is UTC+1 in January
+
+
+def test_missing_timestamp_column_mapped_to_null_uses_line_order(tmp_path):
+    path = _write(tmp_path / "n.csv", "user_id,item_id\n1,10\n1,11\n")
+    ev = _events(DataConfig(columns=ColumnMap(timestamp=None)), path)
+    assert ev["timestamp"].to_list() == [0, 1]
+
+
+# ----------------------------------------------------------------------------- rejects
+
+
+def test_each_reject_reason(tmp_path):
+    text = (
+        "user_id,item_id,timestamp,rating\n"
+        "1,10,100,4\n"  # 0 ok
+        ",10,100,4\n"  # 1 missing_user_id
+        "x,10,100,4\n"  # 2 bad_user_id (ids are integers)
+        "1,,100,4\n"  # 3 missing_item_id
+        "1,y,100,4\n"  # 4 bad_item_id
+        "1,10,yesterday,4\n"  # 5 bad_timestamp
+        "1,10,,4\n"  # 6 bad_timestamp (missing)
+        "1,10,-5,4\n"  # 7 bad_timestamp (negative)
+        "1,10,100,great\n"  # 8 bad_value
+        "1,11,101,5\n"  # 9 ok
+    )
+    path = _write(tmp_path / "bad.csv", text)
+    cfg = DataConfig(columns=ColumnMap(value="rating"), id_type="int", min_events_per_user=1, min_events_per_item=1)
+    result = prepare(cfg, path, tmp_path / "out")
+    rejects = pl.read_parquet(tmp_path / "out" / "rejects.parquet").sort("source_row")
+    assert rejects["source_row"].to_list() == [1, 2, 3, 4, 5, 6, 7, 8]
+    assert rejects["reject_reason"].to_list() == [
+        "missing_user_id", "bad_user_id", "missing_item_id", "bad_item_id",
+        "bad_timestamp", "bad_timestamp", "bad_timestamp", "bad_value",
+    ]
+    assert rejects["user_id"].to_list()[:2] == [None, "x"]  # the raw values are kept
+    assert rejects["timestamp"].to_list()[4] == "yesterday"
+    stats = json.loads((tmp_path / "out" / "stats.json").read_text())
+    assert stats["rejects_by_reason"] == {
+        "bad_item_id": 1, "bad_timestamp": 3, "bad_user_id": 1, "bad_value": 1, "missing_item_id": 1, "missing_user_id": 1,
+    }
+    assert result.counts["rejected"] == 8 and result.counts["kept"] == 2 and result.counts["input_rows"] == 10
+
+
+def test_auto_id_type_rejects_a_late_non_integer(tmp_path):
+    rows = "".join(f"{u},{u % 7},{u}\n" for u in range(1, 1101)) + "abc,1,5\n"
+    path = _write(tmp_path / "late.csv", "user_id,item_id,timestamp\n" + rows)
+    result = prepare(LOOSE, path, tmp_path / "out")
+    rejects = pl.read_parquet(tmp_path / "out" / "rejects.parquet")
+    assert rejects.select("user_id", "source_row", "reject_reason").rows() == [("abc", 1100, "bad_user_id")]
+    assert result.counts["users"] == 1100
+    early = _events(LOOSE, _write(tmp_path / "early.csv", "user_id,item_id,timestamp\nabc,1,5\n7,1,6\n"))
+    assert early["user_id"].to_list() == ["abc", "7"]  # a non-integer in the sample: string ids
+
+
+# ----------------------------------------------------------------------------- fatal errors
+
+
+def _one_line_error(fn, *args, **kwargs) -> str:
+    with pytest.raises(DataError) as info:
+        fn(*args, **kwargs)
+    message = str(info.value)
+    assert "\n" not in message and message
+    return message
+
+
+def test_fatal_errors_are_one_line_with_a_fix(tmp_path):
+    out = tmp_path / "out"
+    msg = _one_line_error(prepare, LOOSE, tmp_path / "nope.csv", out)
+    assert "input not found" in msg and "--input" in msg
+    msg = _one_line_error(prepare, LOOSE, str(tmp_path / "*.parquet"), out)
+    assert "no files match" in msg
+    (tmp_path / "emptydir").mkdir()
+    assert "empty input" in _one_line_error(prepare, LOOSE, tmp_path / "emptydir", out)
+    assert "empty input" in _one_line_error(prepare, LOOSE, _write(tmp_path / "empty.csv", ""), out)
+    assert "empty input" in _one_line_error(prepare, LOOSE, _write(tmp_path / "blank.txt", "\n\n"), out)
+    msg = _one_line_error(prepare, LOOSE, _write(tmp_path / "x.csv", "a,b\n1,2\n"), out, fmt="xml")
+    assert "unknown format 'xml'" in msg and "--format" in msg
+    msg = _one_line_error(prepare, LOOSE, _write(tmp_path / "mystery.bin", "hello\n"), out)
+    assert "cannot infer the format" in msg and "--format" in msg
+    msg = _one_line_error(prepare, LOOSE, _write(tmp_path / "cols.csv", "user,item_id,timestamp\n1,2,3\n"), out)
+    assert "column 'user_id' (data.columns.user_id)" in msg and "--set data.columns.user_id=NAME" in msg
+    msg = _one_line_error(prepare, LOOSE, _write(tmp_path / "nots.csv", "user_id,item_id\n1,2\n"), out)
+    assert "data.columns.timestamp" in msg and "null" in msg
+    msg = _one_line_error(prepare, DataConfig(min_value=4), _write(tmp_path / "mv.csv", CSV), out)
+    assert "data.min_value" in msg and "data.columns.value" in msg
+    _write(tmp_path / "broken.parquet", "PAR1 this is not parquet")
+    assert "cannot read" in _one_line_error(prepare, LOOSE, tmp_path / "broken.parquet", out)
+    _write(tmp_path / "broken.csv.gz", "not gzip at all")
+    assert "cannot read" in _one_line_error(prepare, LOOSE, tmp_path / "broken.csv.gz", out)
+    msg = _one_line_error(prepare, LOOSE, _write(tmp_path / "allbad.csv", "user_id,item_id,timestamp\n,1,2\n1,,2\n"), out)
+    assert "all 2 rows were rejected" in msg and "rejects.parquet" in msg
+    assert (out / "rejects.parquet").exists()
+    msg = _one_line_error(prepare, DataConfig(min_events_per_user=5), _write(tmp_path / "few.csv", CSV), out)
+    assert "no events left after cleaning" in msg and "data.min_events_per_user" in msg
+
+
+def test_resolve_paths_skips_hidden_files(tmp_path):
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "a.csv").write_text(CSV)
+    (tmp_path / "d" / ".hidden.csv").write_text("junk")
+    (tmp_path / "d" / "_SUCCESS").write_text("")
+    assert resolve_paths(tmp_path / "d") == [tmp_path / "d" / "a.csv"]

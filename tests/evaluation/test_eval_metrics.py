@@ -1,0 +1,95 @@
+"""Ranking metrics: hand-computed values, monotonicity in K, vectorised vs reference."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from recsys_alibi.evaluation.metrics import (
+    coverage_at_k,
+    hit_rate_at_k,
+    metric_names,
+    mrr,
+    ndcg_at_k,
+    per_user_metrics,
+    recall_at_k,
+    reference_metrics,
+)
+
+
+@pytest.mark.parametrize("as_type", [list, np.array, torch.tensor])
+def test_hand_computed_single_target(as_type):
+    ranks = as_type([1, 3, 11])
+    assert hit_rate_at_k(ranks, 10) == pytest.approx(2 / 3)
+    assert ndcg_at_k(ranks, 10) == pytest.approx((1 + 1 / math.log2(4)) / 3)
+    assert mrr(ranks) == pytest.approx((1 + 1 / 3 + 1 / 11) / 3)
+    assert recall_at_k(ranks, 10) == pytest.approx(2 / 3)  # one target: Recall@K == HR@K
+    assert hit_rate_at_k(ranks, 1) == pytest.approx(1 / 3)
+    assert ndcg_at_k(ranks, 2) == pytest.approx(1 / 3)
+    assert isinstance(hit_rate_at_k(ranks, 10), float)
+
+
+def test_hand_computed_multi_target():
+    ranks = np.array([[1, 4, 0], [12, 0, 0], [2, 3, 5]])  # 0 = empty slot
+    k = 4
+    idcg2 = 1 + 1 / math.log2(3)
+    idcg3 = idcg2 + 1 / math.log2(4)
+    assert hit_rate_at_k(ranks, k) == pytest.approx(2 / 3)
+    assert recall_at_k(ranks, k) == pytest.approx((2 / 2 + 0 + 2 / 3) / 3)
+    expected_ndcg = ((1 + 1 / math.log2(5)) / idcg2 + 0 + (1 / math.log2(3) + 1 / math.log2(4)) / idcg3) / 3
+    assert ndcg_at_k(ranks, k) == pytest.approx(expected_ndcg)
+    assert mrr(ranks) == pytest.approx((1 + 1 / 12 + 1 / 2) / 3)
+
+
+def test_coverage():
+    top = np.array([[1, 2, 0], [2, 3, 5]])
+    assert coverage_at_k(top, 5) == pytest.approx(4 / 5)  # 1, 2, 3, 5; padding 0 ignored
+    assert coverage_at_k(top, 5, k=1) == pytest.approx(2 / 5)
+    assert coverage_at_k(torch.tensor(top), 10, k=2) == pytest.approx(3 / 10)
+
+
+@pytest.mark.parametrize("bad", [[0, 1], [], [[0, 0]], [[-1, 2]]])
+def test_invalid_ranks_raise(bad):
+    with pytest.raises(ValueError):
+        hit_rate_at_k(bad, 5)
+
+
+def test_metric_names_order():
+    assert metric_names([5, 10]) == [
+        "HR@5", "NDCG@5", "Recall@5", "HR@10", "NDCG@10", "Recall@10", "MRR", "Coverage@5", "Coverage@10",
+    ]
+
+
+@settings(max_examples=60, deadline=None)
+@given(ranks=st.lists(st.integers(1, 200), min_size=1, max_size=50), k=st.integers(1, 150))
+def test_hr_ndcg_never_decrease_with_k(ranks, k):
+    assert hit_rate_at_k(ranks, k + 1) >= hit_rate_at_k(ranks, k)
+    assert ndcg_at_k(ranks, k + 1) >= ndcg_at_k(ranks, k)
+    assert recall_at_k(ranks, k + 1) >= recall_at_k(ranks, k)
+    assert 0.0 <= ndcg_at_k(ranks, k) <= hit_rate_at_k(ranks, k) <= 1.0
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    users=st.lists(st.sets(st.integers(1, 60), min_size=1, max_size=6), min_size=1, max_size=20),
+    ks=st.lists(st.integers(1, 70), min_size=1, max_size=4, unique=True),
+)
+def test_vectorised_matches_reference(users, ks):
+    width = max(len(u) for u in users)
+    matrix = np.zeros((len(users), width), dtype=np.int64)
+    for i, ranks in enumerate(users):
+        matrix[i, : len(ranks)] = sorted(ranks, reverse=True)  # slot order must not matter
+    fast = {name: float(values.mean()) for name, values in per_user_metrics(matrix, ks).items()}
+    ref = reference_metrics([sorted(u) for u in users], ks)
+    assert fast.keys() == ref.keys()
+    for name in ref:
+        assert fast[name] == pytest.approx(ref[name]), name
+    for k in ks:  # multi-target HR and Recall still never decrease with K; NDCG may
+        assert hit_rate_at_k(matrix, k + 1) >= hit_rate_at_k(matrix, k)
+        assert recall_at_k(matrix, k + 1) >= recall_at_k(matrix, k)
+        assert ndcg_at_k(matrix, k) <= 1.0 + 1e-12

@@ -1,0 +1,148 @@
+"""Seen-item masking, target ranks and top-K: fast paths against the plain references."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from recsys_alibi.evaluation.ranking import (
+    ChunkedTopK,
+    mask_seen,
+    mask_seen_reference,
+    target_ranks,
+    target_ranks_reference,
+    topk,
+    topk_reference,
+)
+
+NEG = -math.inf
+
+
+def _tied_scores(gen: torch.Generator, b: int, n_cols: int, levels: int = 5) -> torch.Tensor:
+    """(B, C) float32 with few distinct values, so that ties are everywhere."""
+    return torch.randint(0, levels, (b, n_cols), generator=gen).float()
+
+
+def test_mask_seen_hand_example():
+    scores = torch.tensor([[9.0, 1.0, 2.0, 3.0, 4.0], [9.0, 1.0, 2.0, 3.0, 4.0]])
+    history = torch.tensor([[1, 3, 0], [2, 2, 4]])
+    keep = torch.tensor([3, 1])  # user 0 re-consumes item 3: it stays rankable
+    out = mask_seen(scores.clone(), history, keep=keep)
+    assert out.tolist() == [[NEG, NEG, 2.0, 3.0, 4.0], [NEG, 1.0, NEG, 3.0, NEG]]
+    out = mask_seen(scores.clone(), history, exclude_seen=False, keep=keep)
+    assert out.tolist() == [[NEG, 1.0, 2.0, 3.0, 4.0], [NEG, 1.0, 2.0, 3.0, 4.0]]  # padding column only
+
+
+def test_mask_seen_is_in_place_and_keeps_padding_masked():
+    scores = torch.zeros(1, 4)
+    out = mask_seen(scores, torch.tensor([[2, 0]]), keep=torch.tensor([0]))  # keep 0 = padding: ignored
+    assert out is scores
+    assert scores.tolist() == [[NEG, 0.0, NEG, 0.0]]
+
+
+@pytest.mark.parametrize("multi", [False, True])
+def test_mask_seen_matches_reference_and_chunks(multi):
+    gen = torch.Generator().manual_seed(0)
+    b, n_cols = 16, 41
+    scores = torch.randn(b, n_cols, generator=gen)
+    history = torch.randint(0, n_cols, (b, 12), generator=gen)
+    keep = torch.randint(0, n_cols, (b, 3) if multi else (b,), generator=gen)
+    expected = mask_seen_reference(scores, history, keep=keep)
+    assert torch.equal(mask_seen(scores.clone(), history, keep=keep), expected)
+    for chunk in (1, 7, 16):  # a catalog chunk masked alone equals the same columns of the whole
+        for start in range(0, n_cols, chunk):
+            part = mask_seen(scores[:, start : start + chunk].clone(), history, keep=keep, offset=start)
+            assert torch.equal(part, expected[:, start : start + chunk])
+
+
+def test_target_ranks_hand_example_and_tie_rules():
+    scores = torch.tensor([[NEG, 5.0, 3.0, 3.0, 3.0, 1.0]])
+    assert target_ranks(scores, torch.tensor([1])).tolist() == [1]
+    assert target_ranks(scores, torch.tensor([5])).tolist() == [5]
+    # item 3 ties with items 2 and 4: optimistic = 1 + #greater, pessimistic = #greater-or-equal
+    assert target_ranks(scores, torch.tensor([3]), ties="optimistic").tolist() == [2]
+    assert target_ranks(scores, torch.tensor([3]), ties="pessimistic").tolist() == [4]
+    # several targets: padding 0 -> 0, a repeated item counts once, tied targets get distinct ranks
+    targets = torch.tensor([[3, 2, 0, 3, 5]])
+    assert target_ranks(scores, targets).tolist() == [[2, 3, 0, 0, 5]]
+    assert target_ranks(scores, targets, ties="pessimistic").tolist() == [[4, 3, 0, 0, 5]]
+
+
+def test_all_equal_scores_show_why_ties_matter():
+    scores = torch.zeros(2, 11)
+    scores[:, 0] = NEG
+    assert target_ranks(scores, torch.tensor([4, 7])).tolist() == [1, 1]
+    assert target_ranks(scores, torch.tensor([4, 7]), ties="pessimistic").tolist() == [10, 10]
+
+
+@pytest.mark.parametrize("ties", ["optimistic", "pessimistic"])
+@pytest.mark.parametrize("seed", range(4))
+def test_target_ranks_match_reference(ties, seed):
+    gen = torch.Generator().manual_seed(seed)
+    b, n_cols = 12, 30
+    scores = _tied_scores(gen, b, n_cols)
+    scores[:, 0] = NEG
+    single = torch.randint(1, n_cols, (b,), generator=gen)
+    assert torch.equal(target_ranks(scores, single, ties), target_ranks_reference(scores, single, ties))
+    multi = torch.randint(0, n_cols, (b, 6), generator=gen)  # padding and repeats included
+    multi[:, 0] = torch.randint(1, n_cols, (b,), generator=gen)
+    fast = target_ranks(scores, multi, ties)
+    assert torch.equal(fast, target_ranks_reference(scores, multi, ties))
+    for row in fast.tolist():  # ranks of one row are distinct
+        nonzero = [r for r in row if r]
+        assert len(nonzero) == len(set(nonzero))
+
+
+def test_topk_hand_example_ties_by_lower_index():
+    scores = torch.tensor([[NEG, 2.0, 5.0, 2.0, 5.0, 2.0]])
+    values, indices = topk(scores, 3)
+    assert values.tolist() == [[5.0, 5.0, 2.0]]
+    assert indices.tolist() == [[2, 4, 1]]
+    values, indices = topk(scores, 100)  # clipped to the number of columns
+    assert indices.tolist() == [[2, 4, 1, 3, 5, 0]]
+
+
+@pytest.mark.parametrize("k", [1, 3, 10, 40])
+@pytest.mark.parametrize("seed", range(3))
+def test_topk_and_chunked_match_reference(k, seed):
+    gen = torch.Generator().manual_seed(seed)
+    b, n_cols = 9, 37
+    scores = _tied_scores(gen, b, n_cols, levels=4)
+    scores[:, 0] = NEG
+    scores[0, 5:20] = NEG  # more masked items than free slots in some rows
+    ref_values, ref_indices = topk_reference(scores, k)
+    values, indices = topk(scores, k)
+    assert torch.equal(values, ref_values) and torch.equal(indices, ref_indices)
+    for chunk in (1, 5, 16, n_cols):
+        starts = list(range(0, n_cols, chunk))
+        for order in (starts, starts[::-1]):  # chunk order does not matter
+            running = ChunkedTopK(k)
+            for start in order:
+                running.update(scores[:, start : start + chunk], offset=start)
+            values, indices = running.result()
+            want = min(k, n_cols)
+            assert torch.equal(values, ref_values[:, :want]), (chunk, order)
+            assert torch.equal(indices, ref_indices[:, :want]), (chunk, order)
+
+
+def test_chunked_topk_requires_an_update():
+    with pytest.raises(ValueError):
+        ChunkedTopK(3).result()
+
+
+def test_topk_fast_path_without_ties_matches_reference():
+    gen = torch.Generator().manual_seed(1)
+    scores = torch.randn(64, 500, generator=gen)  # distinct values: torch.topk result is kept
+    for k in (1, 10, 100, 499, 500):
+        values, indices = topk(scores, k)
+        ref_values, ref_indices = topk_reference(scores, k)
+        assert torch.equal(values, ref_values) and torch.equal(indices, ref_indices)
+
+
+def test_mask_seen_accepts_inference_tensors():
+    with torch.inference_mode():
+        scores = torch.zeros(1, 4)  # e.g. a scorer decorated with @torch.inference_mode()
+    out = mask_seen(scores, torch.tensor([[2]]))
+    assert out.tolist() == [[NEG, 0.0, NEG, 0.0]]

@@ -1,0 +1,344 @@
+"""Every attention backend against an independent float64 reference written with loops.
+
+Flex compiles once per padded shape on CPU (several seconds each), so its tests reuse three
+shapes: (B=2, H=3, L=130 -> 256), decoding (Lq <= 5 -> 128, Lk=130 -> 256) and
+(B=2, H=5, L=37 -> 128).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from recsys_alibi.model import attention as attention_module
+from recsys_alibi.model.alibi import AlibiSlopes, alibi_slopes
+from recsys_alibi.model.attention import alibi_attention, eager_attention, resolve_backend, sdpa_attention
+from recsys_alibi.model.flex import flex_runner
+from recsys_alibi.model.packing import pack_sequences
+
+B, H, L, D = 2, 3, 130, 16
+TOL = dict(atol=1e-5, rtol=1e-5)
+
+
+def reference(q, k, v, slopes, *, causal=True, lengths=None, window=None, seq_ids=None, sinks=0, bias_clamp=None):
+    """Float64 ALiBi attention, one query row at a time with explicit visibility rules."""
+    q, k, v, slopes = q.double(), k.double(), v.double(), slopes.double()
+    b_n, h_n, lq, d = q.shape
+    lk = k.shape[2]
+    rows = []
+    for b in range(b_n):
+        n = lk if lengths is None else int(lengths[b])
+        ids = [1] * lk if seq_ids is None else [int(x) for x in seq_ids[b]]
+        start = []  # first position of the run each key belongs to
+        for j in range(lk):
+            start.append(j if j == 0 or ids[j] != ids[j - 1] else start[j - 1])
+        for r in range(lq):
+            i = lk - lq + r
+            keys, dists = [], []
+            for j in range(lk):
+                if i >= n or j >= n or ids[i] == 0 or ids[j] != ids[i] or (causal and j > i):
+                    continue
+                dist = i - j if causal else abs(i - j)
+                if window is not None and dist >= window and j - start[j] >= sinks:
+                    continue
+                keys.append(j)
+                dists.append(dist)
+            if not keys:
+                rows.append(torch.zeros(h_n, d, dtype=torch.float64))
+                continue
+            idx = torch.tensor(keys)
+            bias = -slopes[:, None] * torch.tensor(dists, dtype=torch.float64)[None, :]  # (H, n)
+            if bias_clamp is not None:
+                bias = bias.clamp(min=-bias_clamp)
+            scores = (q[b, :, r, None, :] * k[b][:, idx]).sum(-1) / math.sqrt(d) + bias  # (H, n)
+            rows.append(torch.einsum("hn,hnd->hd", scores.softmax(-1), v[b][:, idx]))
+    return torch.stack(rows).reshape(b_n, lq, h_n, d).transpose(1, 2)  # (B, H, Lq, D)
+
+
+def _seq_ids() -> torch.Tensor:
+    row0 = [1] * 40 + [2] * 70 + [0] * 20
+    row1 = [3] * 37 + [4] * 93
+    return torch.tensor([row0, row1])
+
+
+CASES = {
+    "causal": {},
+    "bidirectional": {"causal": False},
+    "causal_padded": {"lengths": [130, 37]},
+    "bidir_padded_empty_row": {"causal": False, "lengths": [0, 37]},
+    "window": {"window": 16, "lengths": [130, 100]},
+    "window_sinks": {"window": 16, "sinks": 4, "lengths": [129, 37]},
+    "bidir_window_sinks": {"causal": False, "window": 9, "sinks": 2, "lengths": [130, 50]},
+    "clamp": {"bias_clamp": 0.5, "lengths": [130, 37]},
+    "packed_window_sinks": {"seq_ids": "packed", "window": 12, "sinks": 3},
+    "packed_bidir": {"seq_ids": "packed", "causal": False},
+}
+
+
+def _kwargs(case: str) -> dict:
+    kw = dict(CASES[case])
+    if "lengths" in kw:
+        kw["lengths"] = torch.tensor(kw["lengths"])
+    if "seq_ids" in kw:
+        kw["seq_ids"] = _seq_ids()
+    return kw
+
+
+def _inputs(b=B, h=H, lq=L, lk=L, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(b, h, lq, D, generator=g)
+    k = torch.randn(b, h, lk, D, generator=g)
+    v = torch.randn(b, h, lk, D, generator=g)
+    return q, k, v
+
+
+BACKENDS = {
+    "eager": eager_attention,
+    "sdpa": sdpa_attention,
+    "sdpa_chunked": functools.partial(sdpa_attention, query_chunk=48),
+    "flex": functools.partial(alibi_attention, backend="flex"),
+}
+
+
+@functools.lru_cache(maxsize=None)
+def _reference_with_grads(case: str, h: int = H, length: int = L):
+    q, k, v = (t.double().requires_grad_() for t in _inputs(h=h, lq=length, lk=length))
+    slopes = AlibiSlopes(h, learnable=True)
+    out = reference(q, k, v, slopes(), **_kwargs(case))
+    g = torch.randn(out.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    (out * g).sum().backward()
+    return out.detach(), g, (q.grad, k.grad, v.grad, slopes.raw.grad.double())
+
+
+@pytest.fixture
+def no_flex_fallback(caplog):
+    caplog.set_level(logging.WARNING, logger="recsys_alibi.model.flex")
+    yield
+    assert not [r for r in caplog.records if r.name == "recsys_alibi.model.flex"], "flex fell back to sdpa"
+    assert not flex_runner().failed
+
+
+@pytest.mark.parametrize("backend", sorted(BACKENDS))
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_forward_matches_reference(case, backend, no_flex_fallback):
+    q, k, v = _inputs()
+    want, _, _ = _reference_with_grads(case)
+    with torch.no_grad():
+        got = BACKENDS[backend](q, k, v, alibi_slopes(H), **_kwargs(case))
+    assert got.dtype == torch.float32 and got.shape == (B, H, L, D)
+    torch.testing.assert_close(got.double(), want, **TOL)
+
+
+@pytest.mark.parametrize("backend", ["eager", "sdpa", "sdpa_chunked"])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_gradients_match_reference(case, backend):
+    want_out, g, want_grads = _reference_with_grads(case)
+    q, k, v = (t.requires_grad_() for t in _inputs())
+    slopes = AlibiSlopes(H, learnable=True)
+    out = BACKENDS[backend](q, k, v, slopes(), **_kwargs(case))
+    (out * g.float()).sum().backward()
+    torch.testing.assert_close(out.double(), want_out, **TOL)
+    for name, got, want in zip("qkvm", (q.grad, k.grad, v.grad, slopes.raw.grad), want_grads):
+        assert torch.isfinite(got).all(), name
+        torch.testing.assert_close(got.double(), want, **TOL, msg=lambda m, n=name: f"grad {n}: {m}")
+
+
+@pytest.mark.parametrize("h", [1, 3, 5, 6, 8])
+@pytest.mark.parametrize("case", ["causal_padded", "bidir_window_sinks"])
+def test_head_counts(h, case):
+    kw = _kwargs(case)
+    kw["lengths"] = torch.tensor([37, 20])
+    q, k, v = (t.requires_grad_() for t in _inputs(h=h, lq=37, lk=37))
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    slopes = AlibiSlopes(h, learnable=True)
+    want = reference(q64, k64, v64, slopes(), **kw)
+    g = torch.randn(want.shape, dtype=torch.float64)
+    want_grads = [t.double() for t in torch.autograd.grad((want * g).sum(), (q64, k64, v64, slopes.raw))]
+    for backend in ("eager", "sdpa"):
+        out = BACKENDS[backend](q, k, v, slopes(), **kw)
+        got_grads = torch.autograd.grad((out * g.float()).sum(), (q, k, v, slopes.raw))
+        torch.testing.assert_close(out.double(), want, **TOL)
+        for got, ref in zip(got_grads, want_grads):
+            torch.testing.assert_close(got.double(), ref, **TOL)
+
+
+@pytest.mark.parametrize("case", ["causal_padded", "bidir_window_sinks"])
+def test_flex_other_head_count(case, no_flex_fallback):
+    kw = _kwargs(case)
+    kw["lengths"] = torch.tensor([37, 20])
+    q, k, v = _inputs(h=5, lq=37, lk=37)
+    want = reference(q, k, v, alibi_slopes(5), **kw)
+    with torch.no_grad():
+        got = alibi_attention(q, k, v, alibi_slopes(5), backend="flex", **kw)
+    torch.testing.assert_close(got.double(), want, **TOL)
+
+
+@pytest.mark.parametrize("backend", sorted(BACKENDS))
+@pytest.mark.parametrize("kw", [{}, {"window": 20, "sinks": 2}], ids=["plain", "window_sinks"])
+def test_kv_cache_matches_full_pass(backend, kw, no_flex_fallback):
+    q, k, v = _inputs()
+    slopes = alibi_slopes(H)
+    with torch.no_grad():
+        full = BACKENDS[backend](q, k, v, slopes, **kw)
+        for new in (1, 5):
+            cache_k, cache_v = k[:, :, :-new], v[:, :, :-new]  # events seen so far
+            k_all = torch.cat([cache_k, k[:, :, -new:]], dim=2)  # append the new events
+            v_all = torch.cat([cache_v, v[:, :, -new:]], dim=2)
+            step = BACKENDS[backend](q[:, :, -new:], k_all, v_all, slopes, **kw)
+            assert step.shape == (B, H, new, D)
+            torch.testing.assert_close(step, full[:, :, -new:], **TOL)
+    want = reference(q[:, :, -5:], k, v, slopes, **kw)
+    torch.testing.assert_close(step.double(), want, **TOL)
+
+
+@pytest.mark.parametrize("backend", sorted(BACKENDS))
+@pytest.mark.parametrize("kw", [{}, {"causal": False}, {"window": 10, "sinks": 2}], ids=["causal", "bidir", "window"])
+def test_packed_equals_alone(backend, kw, no_flex_fallback):
+    lens = [93, 70, 60, 37]
+    plan = pack_sequences(lens, L)
+    assert plan.n_rows == 2 and plan.padding_waste == 0.0
+    g = torch.Generator().manual_seed(3)
+    seqs = [torch.randn(3, H, n, D, generator=g) for n in lens]  # (q|k|v, H, n, D) per sequence
+    packed = torch.zeros(3, plan.n_rows, H, L, D)
+    seq_ids = torch.zeros(plan.n_rows, L, dtype=torch.int64)
+    for s, n in enumerate(lens):
+        r, c = plan.row[s], plan.offset[s]
+        packed[:, r, :, c : c + n] = seqs[s]
+        seq_ids[r, c : c + n] = s + 1
+    slopes = alibi_slopes(H)
+    fn = BACKENDS[backend]
+    with torch.no_grad():
+        out = fn(*packed, slopes, seq_ids=seq_ids, **kw)
+        for pair in ((0, 1), (2, 3)):  # alone: right-padded rows of the same shape
+            alone = torch.zeros(3, 2, H, L, D)
+            for b, s in enumerate(pair):
+                alone[:, b, :, : lens[s]] = seqs[s]
+            solo = fn(*alone, slopes, lengths=torch.tensor([lens[s] for s in pair]), **kw)
+            for b, s in enumerate(pair):
+                r, c, n = plan.row[s], plan.offset[s], lens[s]
+                torch.testing.assert_close(out[r, :, c : c + n], solo[b, :, :n], **TOL)
+                assert torch.all(solo[b, :, n:] == 0)
+
+
+def test_sdpa_training_path_shares_one_mask(monkeypatch):
+    seen = []
+    real = F.scaled_dot_product_attention
+
+    def spy(q, k, v, attn_mask=None, **kw):
+        seen.append(tuple(attn_mask.shape))
+        return real(q, k, v, attn_mask=attn_mask, **kw)
+
+    monkeypatch.setattr(attention_module.F, "scaled_dot_product_attention", spy)
+    q, k, v = (t.requires_grad_() for t in _inputs())
+    sdpa_attention(q, k, v, alibi_slopes(H), lengths=torch.tensor([130, 37]), window=16, sinks=2)
+    assert seen == [(1, H, L, L)]  # one bias broadcast over the batch, never (B, H, L, L)
+    seen.clear()
+    with torch.no_grad():
+        sdpa_attention(q, k, v, alibi_slopes(H), lengths=torch.tensor([130, 37]), query_chunk=32)
+    assert len(seen) == 5 and all(s[0] == 1 and s[2] <= 32 for s in seen)
+    assert [s[3] for s in seen] == [32, 64, 96, 128, 130]  # causal: only reachable keys
+
+
+def test_sdpa_chunks_large_masks_without_grad(monkeypatch):
+    seen = []
+    real = F.scaled_dot_product_attention
+
+    def spy(q, k, v, attn_mask=None, **kw):
+        seen.append(tuple(attn_mask.shape))
+        return real(q, k, v, attn_mask=attn_mask, **kw)
+
+    monkeypatch.setattr(attention_module.F, "scaled_dot_product_attention", spy)
+    monkeypatch.setattr(attention_module, "_CHUNK_MASK_BYTES", 64 * 130 * H * 4)
+    q, k, v = _inputs(b=1)
+    with torch.no_grad():
+        chunked = sdpa_attention(q, k, v, alibi_slopes(H))
+    assert [s[2] for s in seen] == [64, 64, 2]
+    torch.testing.assert_close(chunked, eager_attention(q, k, v, alibi_slopes(H)), **TOL)
+
+
+def test_eager_weights():
+    q, k, v = _inputs()
+    lengths = torch.tensor([130, 37])
+    out, w = eager_attention(q, k, v, alibi_slopes(H), lengths=lengths, return_weights=True)
+    assert w.shape == (B, H, L, L)
+    sums = w.sum(-1)
+    torch.testing.assert_close(sums[0], torch.ones(H, L))
+    torch.testing.assert_close(sums[1, :, :37], torch.ones(H, 37))
+    assert torch.all(w[1, :, 37:] == 0) and torch.all(w[1, :, :, 37:] == 0)
+    assert torch.all(torch.triu(w, diagonal=1) == 0)
+    torch.testing.assert_close(out, w @ v)
+
+
+def test_auto_backend_and_fallback(caplog):
+    q, k, v = _inputs()
+    assert resolve_backend("auto", q, k, v) == "flex"
+    assert resolve_backend("auto", q.requires_grad_(), k, v) == "sdpa"
+    with torch.no_grad():
+        assert resolve_backend("auto", q, k, v) == "flex"
+    with pytest.raises(ValueError, match="unknown attention backend"):
+        resolve_backend("triton", q, k, v)
+    caplog.set_level(logging.WARNING, logger="recsys_alibi.model.flex")
+    runner = flex_runner()
+    runner._warned.discard("cpu-grad")
+    out1 = alibi_attention(q, k, v, alibi_slopes(H), backend="flex")
+    out2 = alibi_attention(q, k, v, alibi_slopes(H), backend="flex")
+    out1.sum().backward()
+    assert sum("no backward on CPU" in r.message for r in caplog.records) == 1
+    torch.testing.assert_close(out2, sdpa_attention(q, k, v, alibi_slopes(H)))
+
+
+def test_bad_inputs():
+    q, k, v = _inputs()
+    s = alibi_slopes(H)
+    with pytest.raises(ValueError, match="slopes"):
+        alibi_attention(q, k, v, alibi_slopes(4))
+    with pytest.raises(ValueError, match="Lq <= Lk"):
+        alibi_attention(q, k[:, :, :5], v[:, :, :5], s)
+    with pytest.raises(ValueError, match="lengths"):
+        alibi_attention(q, k, v, s, lengths=torch.tensor([131, 2]))
+    with pytest.raises(ValueError, match="window"):
+        alibi_attention(q, k, v, s, window=0)
+    with pytest.raises(ValueError, match="seq_ids"):
+        alibi_attention(q, k, v, s, seq_ids=torch.ones(2, 5, dtype=torch.int64))
+
+
+def test_bfloat16_eager_and_sdpa_are_finite():
+    q, k, v = (t.bfloat16() for t in _inputs())
+    for fn in (eager_attention, sdpa_attention):
+        out = fn(q, k, v, alibi_slopes(H), lengths=torch.tensor([130, 0]), causal=False)
+        assert out.dtype == torch.bfloat16 and torch.isfinite(out).all() and torch.all(out[1] == 0)
+
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+@pytest.mark.gpu
+@cuda
+@pytest.mark.parametrize("case", ["causal_padded", "bidir_window_sinks", "packed_window_sinks", "clamp"])
+def test_flex_cuda_forward_backward(case):
+    dev = torch.device("cuda")
+    want_out, g, want_grads = _reference_with_grads(case)
+    q, k, v = (t.to(dev).requires_grad_() for t in _inputs())
+    slopes = AlibiSlopes(H, learnable=True).to(dev)
+    kw = {n: (x.to(dev) if torch.is_tensor(x) else x) for n, x in _kwargs(case).items()}
+    for backend in ("flex", "sdpa", "eager"):
+        q.grad = k.grad = v.grad = slopes.raw.grad = None
+        out = alibi_attention(q, k, v, slopes(), backend=backend, **kw)
+        (out * g.float().to(dev)).sum().backward()
+        torch.testing.assert_close(out.double().cpu(), want_out, atol=2e-5, rtol=2e-5)
+        for got, want in zip((q.grad, k.grad, v.grad, slopes.raw.grad), want_grads):
+            torch.testing.assert_close(got.double().cpu(), want, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.gpu
+@cuda
+def test_flex_cuda_bfloat16_runs():
+    dev = torch.device("cuda")
+    q, k, v = (t.to(dev, torch.bfloat16) for t in _inputs())
+    out = alibi_attention(q, k, v, alibi_slopes(H).to(dev), lengths=torch.tensor([130, 37], device=dev))
+    assert out.dtype == torch.bfloat16 and torch.isfinite(out).all()

@@ -1,0 +1,69 @@
+"""The whole job on a tiny synthetic log: generate -> prepare -> train -> evaluate -> score."""
+
+from __future__ import annotations
+
+import json
+
+import polars as pl
+
+from pipelines.cli import main
+from recsys_alibi.config import load_config
+from recsys_alibi.data import schema
+
+TINY = [
+    "generate.enabled=true", "generate.users=60", "generate.items=40", "generate.min_events=8",
+    "generate.max_events=60", "data.min_events_per_user=3", "data.min_events_per_item=1",
+    "model.d_model=16", "model.n_heads=2", "model.n_layers=1", "model.max_len=16",
+    "train.max_epochs=2", "train.batch_size=32", "train.warmup_steps=1",
+    "evaluate.ks=[1,5,10]", "evaluate.context_lengths=[4,8,32]", "score.k=10", "score.shard_users=25",
+]
+
+
+def test_pipeline_command_runs_every_step_and_writes_contract_files(tmp_path, mlflow_store, capsys):
+    out = tmp_path / "job"
+    args = ["pipeline", "--output", str(out), "--quiet"]
+    for item in TINY:
+        args += ["--set", item]
+    assert main(args) == 0
+    printed = capsys.readouterr().out
+    run_line = next(line for line in printed.splitlines() if line.startswith("mlflow_run_id: "))
+    run_id = run_line.split(": ", 1)[1]
+    assert "NDCG@10" in printed and "popularity" in printed and "rankings:" in printed
+
+    report = json.loads((out / "report" / "report.json").read_text())
+    assert set(report) >= {"protocol", "n_users", "metrics", "by_context_length", "by_history_length"}
+    assert report["protocol"] == "leave_one_out"
+    assert {"HR@10", "NDCG@10", "MRR", "Recall@10", "Coverage@10"} <= set(report["metrics"])
+    sequences = pl.read_parquet(out / "prepared" / schema.SEQUENCES_FILE)
+    assert report["n_users"] == sequences.height
+
+    rankings = pl.read_parquet(out / "rankings" / "*.parquet")
+    assert rankings.columns == [schema.USER_ID, schema.RANK, schema.ITEM_ID, schema.SCORE]
+    assert rankings.schema[schema.RANK] == pl.Int32 and rankings.schema[schema.SCORE] == pl.Float32
+    n_items = pl.read_parquet(out / "prepared" / schema.ITEMS_FILE).height
+    per_user = rankings.group_by(schema.USER_ID).agg(pl.len().alias("rows"), pl.col(schema.RANK).max().alias("top"))
+    expected = sequences.select(
+        schema.USER_ID, pl.min_horizontal(pl.lit(10), n_items - pl.col(schema.ITEM_IDX).list.n_unique()).alias("want")
+    )
+    joined = expected.join(per_user, on=schema.USER_ID, how="left")
+    assert joined.filter(pl.col("rows") != pl.col("want")).height == 0
+    assert rankings.select(pl.struct(schema.USER_ID, schema.RANK).is_duplicated().any()).item() is False
+    # no ranked item was already seen by that user
+    seen = sequences.explode(schema.ITEM_IDX).join(
+        pl.read_parquet(out / "prepared" / schema.ITEMS_FILE).select(schema.ITEM_IDX, schema.ITEM_ID), on=schema.ITEM_IDX
+    ).select(schema.USER_ID, schema.ITEM_ID)
+    assert rankings.join(seen, on=[schema.USER_ID, schema.ITEM_ID], how="semi").height == 0
+
+    import mlflow
+
+    run = mlflow.MlflowClient().get_run(run_id)
+    assert "best_val_ndcg_at_10" in run.data.metrics and "test/NDCG_at_10" in run.data.metrics
+    assert run.data.params["model.position"] == "alibi"
+    versions = mlflow.MlflowClient().search_model_versions(f"name='{load_config().tracking.registered_model}'")
+    assert [v.run_id for v in versions] == [run_id]
+
+
+def test_bad_config_key_is_a_one_line_error(capsys):
+    assert main(["train", "--set", "model.d_modle=8"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: invalid config at 'model.d_modle'")
