@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import warnings
 from pathlib import Path
@@ -155,8 +156,15 @@ COMMANDS: dict[str, Callable[[JobConfig, argparse.Namespace], str]] = {
 }
 
 
-def quiet_third_party_noise() -> None:
-    """Silence the known, harmless warnings of pinned dependencies (ENVIRONMENT.md), nothing else."""
+def configure_logging() -> None:
+    """INFO from this project's loggers on stderr; WARNING and up from everything else.
+
+    Also silences the known, harmless warnings of the pinned dependencies (ENVIRONMENT.md).
+    """
+    os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
+    logging.basicConfig(level=logging.WARNING, format="%(message)s", stream=sys.stderr)
+    for name in ("recsys_alibi", "pipelines", "serving"):
+        logging.getLogger(name).setLevel(logging.INFO)
     for pattern in (r".*noload.*", r".*distutils.*", r".*LeafSpec.*", r".*litlogger.*", r".*is_fx_tracing.*"):
         warnings.filterwarnings("ignore", message=pattern)
     for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric", "torch.fx._symbolic_trace"):
@@ -175,8 +183,7 @@ def _user_errors() -> tuple[type[BaseException], ...]:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one subcommand; returns the process exit code (0 ok, 2 user error)."""
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
-    quiet_third_party_noise()
+    configure_logging()
     try:
         config = load_config(args.config, [*args.overrides, *_flag_overrides(args)])
         summary = COMMANDS[args.command](config, args)

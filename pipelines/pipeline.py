@@ -71,7 +71,6 @@ def run_pipeline(config: JobConfig, *, progress: bool = True) -> PipelineResult:
         input_path = str(generated.path)
     prepared_dir = out / "prepared"
     prepared = run_prepare(config, input_path, prepared_dir)
-    log.info(prepared.summary())
 
     trained = run_train(config, prepared_dir, progress=progress)
     examples = test_examples(config, read_sequences(prepared_dir))

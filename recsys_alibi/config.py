@@ -129,6 +129,10 @@ class ScoreConfig(_Section):
     exclude_seen: bool = True
     max_context: int = Field(2048, ge=1)  # longest history scored whole, items
     catalog_chunk: int = Field(65_536, ge=1)  # items scored at once for the running top-K
+    sinks: int | None = Field(None, ge=0)  # longer histories: first events kept (None: model.sinks)
+    batch_tokens: int = Field(131_072, ge=1)  # history events per batch (bounds activation memory)
+    attention_backend: Literal["auto", "model", "flex", "sdpa", "eager"] = "auto"  # auto: sdpa on CPU, flex on GPU
+    device: str = "auto"  # "auto": cuda when available, else cpu
 
 
 class TrackingConfig(_Section):

@@ -1,41 +1,79 @@
 """``recsys-alibi score``: top-K rankings for every user, written as Parquet part files.
 
-Input: a prepared directory or a sequences Parquet file (``user_id``, ``item_idx`` list). Users
-are split into shards of ``score.shard_users``; each shard becomes ``part-NNNNN.parquet`` in the
-output directory, written atomically (temporary file, then rename) and then recorded in
-``_manifest.json``. A killed job started again with the same model, input and K skips the shards
-in the manifest, so the output has no duplicate (user, rank) and no missing user.
+Input (``--input``): a prepared directory, a sequences Parquet file, or a raw event log in any
+format ``prepare`` reads (:mod:`serving.inputs`). Users are split into shards of
+``score.shard_users``; each shard becomes ``part-NNNNN.parquet`` in the output directory, written
+atomically and recorded in ``_manifest.json`` (:mod:`serving.manifest`: the rules that make a job
+killed at any moment and started again end with exactly the output of an uninterrupted run).
 
-Output rows (long format): ``user_id`` (raw), ``rank`` int32 (1 = best), ``item_id`` (raw),
-``score`` float32; per user ``min(K, N - seen)`` rows when seen items are excluded.
+Per user the model encodes the history (whole up to ``score.max_context`` events, beyond that a
+rolling window with sinks: :mod:`serving.rank`), and the top K items come from the item table
+scored ``score.catalog_chunk`` items at a time (:mod:`serving.topk`), seen items excluded.
+
+Output rows (long format, the contract): ``user_id`` (raw), ``rank`` int32 (1 = best),
+``item_id`` (raw), ``score`` float32; per user ``min(K, N - seen)`` rows when seen items are
+excluded. Read them with ``pl.read_parquet(output_dir / "part-*.parquet")``.
+
+Several processes split the shards (:mod:`serving.distributed`)::
+
+    torchrun --nproc-per-node 2 -m pipelines.cli score --model-uri URI --input DIR --output OUT
+
+Rank r takes shards r, r + W, ...; rank 0 checks the directory first and completes the
+manifest after a barrier. Any number of processes gives the same files as one.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import polars as pl
-import torch
 
 from recsys_alibi.config import JobConfig
-from recsys_alibi.data import schema
-from recsys_alibi.data.loader import FlatSequences, pad_right
-from recsys_alibi.evaluation.ranking import mask_seen, topk
+from serving.distributed import World, scoring_world
+from serving.inputs import ScoreInput, fingerprint, input_kind, open_input, release_staged
+from serving.manifest import (
+    MANIFEST,
+    STAGED_INPUT,
+    Manifest,
+    OutputDirError,
+    done_shards,
+    finish_manifest,
+    open_manifest,
+    part_name,
+    record_shard,
+    write_atomic,
+    write_json_atomic,
+)
+from serving.rank import ShardRanker
+
+__all__ = ["MANIFEST", "OutputDirError", "ScoreJobResult", "run_score", "score_with_model"]
 
 log = logging.getLogger(__name__)
 
-MANIFEST = "_manifest.json"
+Hook = Callable[[str, int], None]
+"""Test hook ``hook(point, shard)`` at ``"staged"`` (shard -1), ``"written"`` (part file in place,
+not yet recorded), ``"recorded"`` and ``"finished"`` (manifest complete, staged input not yet
+released; shard -1). Raising there leaves the directory as a kill at that moment would."""
 
 
 @dataclass(frozen=True)
 class ScoreJobResult:
-    """Where the rankings went and how fast they were made."""
+    """Where the rankings went and how fast they were made.
+
+    Attributes:
+        output_dir: the rankings directory.
+        users: users in the input; shards: shards of the job; shards_skipped: shards already
+            done by an earlier run; rows: ranking rows in all part files; seconds: wall time of
+            this run; users_scored: users of the shards scored by this run (all processes);
+            skipped_users: users with no event the model knows (not ranked); unknown_items /
+            unknown_events: input items the model does not know and their dropped events;
+            rejected_rows: malformed raw-event rows (in ``_input/rejects.parquet``);
+            world_size: processes that shared the job.
+    """
 
     output_dir: Path
     users: int
@@ -43,82 +81,28 @@ class ScoreJobResult:
     shards_skipped: int
     rows: int
     seconds: float
+    users_scored: int = 0
+    skipped_users: int = 0
+    unknown_items: int = 0
+    unknown_events: int = 0
+    rejected_rows: int = 0
+    world_size: int = 1
+
+    @property
+    def users_per_second(self) -> float:
+        """Throughput of this run: users scored / seconds (nan when nothing was scored)."""
+        return self.users_scored / self.seconds if self.seconds > 0 and self.users_scored else float("nan")
 
     def summary(self) -> str:
-        rate = self.users / self.seconds if self.seconds > 0 else float("nan")
-        return (
-            f"scored {self.users} users in {self.shards} shards ({self.shards_skipped} already done) "
-            f"in {self.seconds:.1f} s ({rate:.0f} users/s); {self.rows} rows -> {self.output_dir}"
-        )
-
-
-def read_score_input(input_path: str | Path) -> pl.DataFrame:
-    """Users to score: ``user_id`` and ``item_idx`` list<int32> from a prepared dir or sequences Parquet.
-
-    Raises:
-        FileNotFoundError: the input does not exist.
-        ValueError: the Parquet file lacks the sequence columns.
-    """
-    path = Path(input_path)
-    if path.is_dir():
-        path = path / schema.SEQUENCES_FILE
-    if not path.is_file():
-        raise FileNotFoundError(f"score input not found: {path} (give a prepared dir or a sequences Parquet file)")
-    frame = pl.read_parquet(path, columns=None)
-    missing = {schema.USER_ID, schema.ITEM_IDX} - set(frame.columns)
-    if missing:
-        raise ValueError(f"{path} lacks columns {sorted(missing)}: expected sequences from `recsys-alibi prepare`")
-    return frame.select(schema.USER_ID, schema.ITEM_IDX)
-
-
-def _read_manifest(output_dir: Path, identity: dict) -> dict:
-    path = output_dir / MANIFEST
-    if not path.exists():
-        return {"identity": identity, "shards": {}}
-    manifest = json.loads(path.read_text())
-    if manifest.get("identity") != identity:
-        raise ValueError(
-            f"{output_dir} holds rankings from another job ({manifest.get('identity')}); "
-            "choose a new --output or delete that directory"
-        )
-    return manifest
-
-
-def _write_atomic_json(path: Path, payload: dict) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(payload, indent=2))
-    os.replace(tmp, path)
-
-
-def rank_shard(scorer, histories: FlatSequences, user_ids: pl.Series, items: pl.Series, config: JobConfig, k: int) -> pl.DataFrame:
-    """Top-K rows for one shard of users (long format, contract schema)."""
-    cfg = config.score
-    context = min(cfg.max_context, scorer.max_context or cfg.max_context)
-    order = np.argsort(histories.lengths(), kind="stable")  # similar lengths together: less padding
-    frames = []
-    item_ids = items.to_numpy() if items.dtype != pl.Utf8 else np.asarray(items.to_list(), dtype=object)
-    for start in range(0, len(order), cfg.batch_size):
-        rows = order[start : start + cfg.batch_size]
-        history, lengths = pad_right([histories.get(int(u), last=context) for u in rows])
-        scores = scorer.score(history, lengths)  # (B, N + 1)
-        scores = mask_seen(scores, history, exclude_seen=cfg.exclude_seen)
-        values, indices = topk(scores, min(k, scores.shape[1] - 1))  # (B, K)
-        valid = torch.isfinite(values)  # fewer than K unseen items: drop the -inf tail
-        user_pos = np.repeat(rows, valid.sum(1).numpy())
-        ranks = (torch.arange(values.shape[1]) + 1).expand_as(values)[valid]
-        frames.append(
-            pl.DataFrame(
-                {
-                    schema.USER_ID: user_ids.gather(pl.Series(user_pos)),
-                    schema.RANK: ranks.numpy().astype(np.int32),
-                    schema.ITEM_ID: pl.Series(item_ids[indices[valid].numpy() - 1]).cast(items.dtype),
-                    schema.SCORE: values[valid].numpy().astype(np.float32),
-                }
-            )
-        )
-    return pl.concat(frames) if frames else pl.DataFrame(
-        schema={schema.USER_ID: user_ids.dtype, schema.RANK: pl.Int32, schema.ITEM_ID: items.dtype, schema.SCORE: pl.Float32}
-    )
+        procs = f" by {self.world_size} processes" if self.world_size > 1 else ""
+        lines = [
+            f"scored {self.users_scored} of {self.users} users in {self.shards} shards "
+            f"({self.shards_skipped} already done){procs} in {self.seconds:.1f} s "
+            f"({self.users_per_second:.0f} users/s); {self.rows} rows -> {self.output_dir}",
+            f"unknown items: {self.unknown_items} ({self.unknown_events} events skipped); "
+            f"users without a known item: {self.skipped_users}; rejected rows: {self.rejected_rows}",
+        ]
+        return "\n".join(lines)
 
 
 def run_score(
@@ -132,46 +116,188 @@ def run_score(
 ) -> ScoreJobResult:
     """Score every user of ``input_path`` with ``model_uri`` and write top-``k`` part files.
 
+    Args:
+        config: the job config (``score`` section; ``data`` for raw events; ``tracking``).
+        model_uri: ``runs:/ID/model``, ``models:/NAME/VERSION`` or ``models:/NAME@ALIAS``.
+        input_path: prepared dir, sequences Parquet or raw event log.
+        output_dir: rankings directory (created; resumed when it holds this job's shards).
+        k: items per user (default ``score.k``).
+        progress: show a progress bar (rank 0).
+
     Raises:
         ModelUriError: the model URI does not resolve.
-        FileNotFoundError / ValueError: bad input, or ``output_dir`` holds another job's rankings.
+        DataError: bad input (missing, unreadable, empty, wrong columns, indices beyond the model).
+        OutputDirError: ``output_dir`` holds another job's rankings.
     """
-    from rich.progress import Progress
-
-    from recsys_alibi.model.scorer import RankerScorer
     from recsys_alibi.tracking import load_ranker, setup_tracking
 
-    k = k or config.score.k
     setup_tracking(config.tracking)
     loaded = load_ranker(model_uri)
-    scorer = RankerScorer(loaded.model, name="model")
-    frame = read_score_input(input_path)
-    output_dir = Path(output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
-    identity = {"model_uri": model_uri, "input": str(Path(input_path).resolve()), "k": k,
-                "shard_users": config.score.shard_users, "users": frame.height}
-    manifest = _read_manifest(output_dir, identity)
-    shard_users = config.score.shard_users
-    n_shards = max(1, -(-frame.height // shard_users))
-    started = time.perf_counter()
-    skipped = 0
-    with Progress(disable=not progress) as bar:
-        task = bar.add_task("scoring users", total=frame.height)
-        for shard in range(n_shards):
-            part = f"part-{shard:05d}.parquet"
-            chunk = frame.slice(shard * shard_users, shard_users)
-            if part in manifest["shards"] and (output_dir / part).exists():
-                skipped += 1
-                bar.advance(task, chunk.height)
-                continue
-            histories = FlatSequences.from_series(chunk.get_column(schema.ITEM_IDX))
-            rankings = rank_shard(scorer, histories, chunk.get_column(schema.USER_ID), loaded.items.get_column(schema.ITEM_ID), config, k)
-            tmp = output_dir / f".{part}.tmp"
-            rankings.sort(schema.USER_ID, schema.RANK).write_parquet(tmp)
-            os.replace(tmp, output_dir / part)
-            manifest["shards"][part] = {"users": chunk.height, "rows": rankings.height}
-            _write_atomic_json(output_dir / MANIFEST, manifest)
-            bar.advance(task, chunk.height)
-    seconds = time.perf_counter() - started
-    rows = sum(s["rows"] for s in manifest["shards"].values())
-    return ScoreJobResult(output_dir, frame.height, n_shards, skipped, rows, seconds)
+    return score_with_model(
+        config, loaded.model, loaded.items, input_path, output_dir, k=k, progress=progress,
+        model_ref={"model_uri": model_uri, "run_id": loaded.run_id},
+    )
+
+
+def score_with_model(
+    config: JobConfig,
+    model,
+    items: pl.DataFrame,
+    input_path: str | Path,
+    output_dir: str | Path,
+    *,
+    k: int | None = None,
+    progress: bool = True,
+    model_ref: dict | None = None,
+    hook: Hook | None = None,
+) -> ScoreJobResult:
+    """:func:`run_score` with a model already in memory.
+
+    Args:
+        model: an ``AlibiRanker``; items: its vocabulary (``item_idx`` 1..N, ``item_id``).
+        model_ref: identifies the model in the manifest (default: ``{"model": "in-memory"}``);
+            a resumed job must give the same.
+        hook: test hook (see :data:`Hook`).
+        Others as :func:`run_score`.
+    """
+    k = k or config.score.k
+    ranker = ShardRanker(model, items, config.score, k)
+    with scoring_world() as world:
+        job = _ScoreJob(config, ranker, items, Path(input_path), Path(output_dir), model_ref or {"model": "in-memory"},
+                        world, progress, hook)  # fmt: skip
+        return job.run()
+
+
+class _ScoreJob:
+    """One run of the scoring job in one process (rank) of the group."""
+
+    def __init__(self, config, ranker, items, input_path, output_dir, model_ref, world: World, progress, hook) -> None:
+        self.config = config
+        self.ranker = ranker
+        self.items = items
+        self.input_path = input_path
+        self.output_dir = output_dir
+        self.world = world
+        self.progress = progress and world.is_main
+        self.hook = hook or (lambda point, shard: None)
+        kind = input_kind(input_path)
+        self.identity = {
+            **model_ref,
+            "input": str(input_path.resolve()),
+            "input_fingerprint": fingerprint(input_path),
+            "shard_users": config.score.shard_users,
+            **ranker.settings(),
+        }
+        if kind == "events":  # how raw events are read and cleaned changes the histories
+            self.identity["data"] = config.data.model_dump(mode="json")
+
+    # ------------------------------------------------------------------ rank 0 steps
+
+    def _open(self) -> tuple[Manifest, ScoreInput | None]:
+        """Rank 0: check/create the manifest, stage and open the input, fix the shard plan."""
+        manifest = open_manifest(self.output_dir, self.identity)
+        if manifest.complete:  # a kill may have come between completing and releasing
+            release_staged(self.output_dir / STAGED_INPUT)
+            return manifest, None
+        source = open_input(self.input_path, self.items, self.config.data, self.output_dir / STAGED_INPUT)
+        n_shards = max(1, -(-source.n_users // self.config.score.shard_users))
+        if manifest.users is not None and (manifest.users, manifest.n_shards) != (source.n_users, n_shards):
+            raise OutputDirError(
+                f"{self.output_dir} was started on {manifest.users} users, the input now has {source.n_users}; "
+                "choose a new --output or delete that directory"
+            )
+        manifest.users, manifest.n_shards, manifest.input_stats = source.n_users, n_shards, source.stats
+        write_json_atomic(self.output_dir / MANIFEST, manifest.to_json())
+        return manifest, source
+
+    def _finish(self) -> Manifest:
+        """Rank 0, after every rank is done: complete the manifest, release the staged input."""
+        manifest = finish_manifest(self.output_dir, self.manifest, self.world.size)
+        if manifest.complete:
+            self.hook("finished", -1)
+            release_staged(self.output_dir / STAGED_INPUT)
+        return manifest
+
+    # ------------------------------------------------------------------ every rank
+
+    def run(self) -> ScoreJobResult:
+        started = time.perf_counter()
+        self.manifest, source = self.world.run_on_main(self._open)
+        if self.manifest.complete:
+            log.info("%s is complete already; nothing to score", self.output_dir)
+            return self._result(started, scored=(0, 0))
+        assert source is not None and self.manifest.n_shards is not None
+        self.hook("staged", -1)
+        done = done_shards(self.output_dir, self.manifest)
+        todo = [s for s in self.world.shards(self.manifest.n_shards) if s not in done]
+        shard_users = self.config.score.shard_users
+        my_users = sum(min(shard_users, source.n_users - s * shard_users) for s in todo)
+        users_scored = 0
+        with _progress_bar(self.progress, my_users, self.world) as advance:
+            for shard in todo:
+                users_scored += self._score_shard(source, shard)
+                advance(min(shard_users, source.n_users - shard * shard_users))
+        self.world.barrier()
+        self.manifest = self.world.run_on_main(self._finish)
+        counts = self.world.all_gather((users_scored, len(todo)))
+        result = self._result(started, scored=(sum(c[0] for c in counts), sum(c[1] for c in counts)))
+        if self.world.is_main:
+            log.info(result.summary())
+        return result
+
+    def _score_shard(self, source: ScoreInput, shard: int) -> int:
+        shard_users = self.config.score.shard_users
+        batch = source.read_shard(shard * shard_users, shard_users)
+        rankings, skipped = self.ranker.rank(batch.user_ids, batch.histories)
+        name = part_name(shard)
+        write_atomic(self.output_dir / name, lambda tmp: rankings.write_parquet(tmp))
+        self.hook("written", shard)
+        stats = {"users": batch.user_ids.len(), "rows": rankings.height, "skipped_users": skipped,
+                 "unknown_events": batch.unknown_events}  # fmt: skip
+        record_shard(self.output_dir, self.world.rank, self.manifest, name, stats)
+        self.hook("recorded", shard)
+        return batch.user_ids.len()
+
+    def _result(self, started: float, scored: tuple[int, int]) -> ScoreJobResult:
+        m = self.manifest
+        totals = m.totals()
+        n_shards = m.n_shards or 0
+        return ScoreJobResult(
+            output_dir=self.output_dir, users=m.users or 0, shards=n_shards, shards_skipped=n_shards - scored[1],
+            rows=totals["rows"], seconds=time.perf_counter() - started, users_scored=scored[0],
+            skipped_users=totals["skipped_users"], unknown_items=int(m.input_stats.get("unknown_items", 0)),
+            unknown_events=totals["unknown_events"], rejected_rows=int(m.input_stats.get("rejected_rows", 0)),
+            world_size=self.world.size,
+        )  # fmt: skip
+
+
+class _progress_bar:
+    """Rich progress bar over users with users/s; a no-op when disabled. Yields ``advance(n)``."""
+
+    def __init__(self, enabled: bool, total: int, world: World) -> None:
+        self.enabled, self.total, self.world = enabled, total, world
+
+    def __enter__(self) -> Callable[[int], None]:
+        if not self.enabled:
+            return lambda n: None
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn
+        from rich.progress import TimeElapsedColumn, TimeRemainingColumn
+        from rich.text import Text
+
+        class _Speed(ProgressColumn):
+            def render(self, task) -> Text:
+                speed = task.finished_speed or task.speed
+                return Text(f"{speed or 0:,.0f} users/s")
+
+        label = "scoring users" + (f" (rank 0 of {self.world.size})" if self.world.size > 1 else "")
+        self._bar = Progress(
+            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), _Speed(),
+            TimeElapsedColumn(), TimeRemainingColumn(),
+        )  # fmt: skip
+        self._bar.__enter__()
+        task = self._bar.add_task(label, total=self.total)
+        return lambda n: self._bar.advance(task, n)
+
+    def __exit__(self, *exc) -> None:
+        if self.enabled:
+            self._bar.__exit__(*exc)

@@ -9,7 +9,8 @@
    with fewer than ``data.min_events_per_item`` events, again and again until nothing changes
    (dropping an item can push a user below the threshold and the reverse).
 
-Steps 1-2 are pure ``LazyFrame -> LazyFrame`` functions. The k-core needs the counts of each
+Steps 1-2 are pure ``LazyFrame -> LazyFrame`` functions (``drop_exact_duplicates`` is the plain
+group-by reference; ``drop_exact_duplicates_sorted`` the fast path used on sorted events). The k-core needs the counts of each
 round, so :func:`k_core_mask` runs on integer codes in numpy (two ``bincount`` per round);
 :func:`k_core_pass` is one round as a lazy transform, the plain reference the tests hold
 :func:`k_core_mask` against.
@@ -42,9 +43,34 @@ def drop_exact_duplicates(events: pl.LazyFrame) -> pl.LazyFrame:
     return events.group_by(keys).agg(pl.col(SOURCE_ROW).min())
 
 
-def sort_events(events: pl.LazyFrame) -> pl.LazyFrame:
-    """Each user's events in time order; equal timestamps keep the source order."""
+def sort_events(events: pl.LazyFrame, *, in_source_order: bool = False) -> pl.LazyFrame:
+    """Each user's events in time order; equal timestamps keep the source order.
+
+    With ``in_source_order`` (rows already ascending in ``source_row``) two stable single-key
+    sorts (time, then user) give the same order as the three-key sort, about twice as fast.
+    """
+    if in_source_order:
+        return events.sort(TIMESTAMP, maintain_order=True).sort(USER_ID, maintain_order=True)
     return events.sort(USER_ID, TIMESTAMP, SOURCE_ROW)
+
+
+def drop_exact_duplicates_sorted(events: pl.LazyFrame) -> pl.LazyFrame:
+    """:func:`drop_exact_duplicates` for events sorted by :func:`sort_events`, keeping that order.
+
+    Duplicates share user and time, so only rows whose (user, time) equals a neighbour's can be
+    one; the distinctness test (hashing) runs on those candidates alone, which are few in real
+    logs. The first of a group in sorted order has the lowest ``source_row``.
+    """
+    names = events.collect_schema().names()
+    keys = [name for name in EVENT_KEYS if name in names]
+    same = lambda k: (pl.col(USER_ID) == pl.col(USER_ID).shift(k)) & (pl.col(TIMESTAMP) == pl.col(TIMESTAMP).shift(k))  # noqa: E731
+    indexed = events.with_row_index("_pos")
+    duplicates = (
+        indexed.filter((same(1) | same(-1)).fill_null(False))
+        .filter(~pl.struct(keys).is_first_distinct())
+        .select("_pos")
+    )
+    return indexed.join(duplicates, on="_pos", how="anti", maintain_order="left").drop("_pos")
 
 
 def k_core_pass(events: pl.LazyFrame, min_user: int, min_item: int) -> pl.LazyFrame:
@@ -78,16 +104,17 @@ def k_core_mask(users: np.ndarray, items: np.ndarray, min_user: int, min_item: i
         return keep, 0
     user_count = np.bincount(users, minlength=int(users.max()) + 1)
     item_count = np.bincount(items, minlength=int(items.max()) + 1)
-    alive = np.arange(n)  # indices of kept events, shrinks every round
+    alive: np.ndarray | None = None  # indices of the events still kept (None: all of them)
+    u, i = users, items
     rounds = 0
     while True:
-        u, i = users[alive], items[alive]
         bad = (user_count[u] < min_user) | (item_count[i] < min_item)
         if not bad.any():
             return keep, rounds
         rounds += 1
-        gone = alive[bad]
-        keep[gone] = False
+        keep[np.flatnonzero(bad) if alive is None else alive[bad]] = False
         user_count -= np.bincount(u[bad], minlength=user_count.shape[0])
         item_count -= np.bincount(i[bad], minlength=item_count.shape[0])
-        alive = alive[~bad]
+        good = ~bad
+        alive = np.flatnonzero(good) if alive is None else alive[good]
+        u, i = u[good], i[good]

@@ -14,14 +14,19 @@ into place with ``os.replace``):
 
 How it runs within bounded memory (the input may be larger than memory):
 
-A. one streaming pass over the input: rows are tagged (canonical columns + reject reason);
-   rejects are sunk to one file, good events to ``P`` user-hash partitions
-   (``P = ceil(estimated rows / data.partition_rows)``; 1 for small inputs);
-B. per partition (in memory): ``min_value`` filter and exact-duplicate removal (a user's
-   events all live in one partition, so both are exact), then integer codes of users and items;
-C. the iterative k-core on the codes of all events at once (two int32 arrays);
-D. per partition: k-core filter, vocabulary indices, sort by (user, time, source row), then the
-   partition's events and sequences are appended to the output files.
+A. one streaming pass over the input (Polars streaming engine): rows are tagged (canonical
+   columns + reject reason); rejects are sunk to one Parquet file, good events to ``P``
+   user-hash partitions in Arrow IPC (``P = ceil(estimated rows / data.partition_rows)``, 1 for
+   small inputs) in a temporary directory inside ``output_dir``;
+B. per partition (in memory, one at a time): ``min_value`` filter, sort by (user, time, source
+   row), exact-duplicate removal (a user's events all live in one partition, so this is exact),
+   then integer codes; the partition is kept slim (Int32 user and item codes, timestamp,
+   event type as an Enum, value: ~17-21 bytes per event) and its file deleted;
+C. the iterative k-core on the codes of all events at once (two Int32 arrays);
+D. per partition: k-core filter, vocabulary indices, raw ids restored; its events and
+   sequences are appended (one row group each) to the output files.
+
+Peak memory is about 20-30 bytes per event plus one partition's worth of working space.
 
 Accounting (asserted): ``input_rows = kept + rejected + deduplicated + filtered`` where
 ``filtered = filtered_min_value + filtered_kcore``.
@@ -29,12 +34,14 @@ Accounting (asserted): ``input_rows = kept + rejected + deduplicated + filtered`
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 import math
 import os
 import shutil
 import tempfile
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -42,11 +49,10 @@ from pathlib import Path
 
 import numpy as np
 import polars as pl
-import pyarrow as pa
-import pyarrow.parquet as pq
+from polars.io.plugins import register_io_source
 
 from recsys_alibi.config import DataConfig
-from recsys_alibi.data.cleaning import drop_exact_duplicates, filter_min_value, k_core_mask, sort_events
+from recsys_alibi.data.cleaning import drop_exact_duplicates_sorted, filter_min_value, k_core_mask, sort_events
 from recsys_alibi.data.ingest import (
     DataError,
     Source,
@@ -58,6 +64,7 @@ from recsys_alibi.data.ingest import (
 )
 from recsys_alibi.data.schema import (
     COUNT,
+    EVENT_TYPE,
     EVENTS_FILE,
     ITEM_ID,
     ITEM_IDX,
@@ -70,6 +77,7 @@ from recsys_alibi.data.schema import (
     STATS_FILE,
     TIMESTAMP,
     USER_ID,
+    VALUE,
 )
 from recsys_alibi.data.sequences import build_vocabulary, group_sequences, read_items, read_sequences
 from recsys_alibi.data.stats import HISTOGRAM_FILE, history_length_summary, plot_history_lengths, sparsity
@@ -80,6 +88,8 @@ log = logging.getLogger(__name__)
 
 BUCKET = "_bucket"
 CODE = "_code"
+USER_CODE = "_u"
+ITEM_CODE = "_i"
 HASH_SEED = 20240101  # fixed: the partition of a user never changes between runs
 BYTES_PER_TEXT_ROW = 20  # estimate of rows in a text input, for the number of partitions
 GZIP_RATIO = 4
@@ -135,35 +145,6 @@ def atomic_path(path: Path) -> Iterator[Path]:
             os.unlink(tmp)
 
 
-class _PartWriter:
-    """Appends polars frames to one Parquet file (a row group per frame); moved into place on close."""
-
-    def __init__(self, path: Path) -> None:
-        self._path, self._tmp = path, _temp_beside(path)
-        self._writer: pq.ParquetWriter | None = None
-        self._schema: pa.Schema | None = None
-
-    def write(self, df: pl.DataFrame) -> None:
-        table = df.to_arrow(compat_level=pl.CompatLevel.oldest())
-        if self._writer is None:
-            self._schema = table.schema
-            self._writer = pq.ParquetWriter(self._tmp, self._schema, compression="zstd")
-        self._writer.write_table(table.cast(self._schema))
-
-    def close(self, empty: pl.DataFrame | None, ok: bool = True) -> None:
-        """Finish the file and move it into place (``ok``), or delete it."""
-        try:
-            if ok and self._writer is None and empty is not None:
-                self.write(empty)  # no partition held rows: still write the schema
-            if self._writer is not None:
-                self._writer.close()
-            if ok:
-                os.replace(self._tmp, self._path)
-        finally:
-            if self._tmp.exists():
-                self._tmp.unlink()
-
-
 # ----------------------------------------------------------------------------- prepare
 
 
@@ -184,6 +165,8 @@ def prepare(
     """
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
+    # matplotlib takes ~0.5 s to import: do it in the background while polars works
+    threading.Thread(target=importlib.import_module, args=("matplotlib.backends.backend_agg",), daemon=True).start()
     source = scan_source(cfg, input_path, fmt)
     work = Path(tempfile.mkdtemp(prefix=".prepare-", dir=out))
     try:
@@ -205,7 +188,7 @@ def _n_partitions(cfg: DataConfig, source: Source) -> int:
 
 
 def _rows(files: list[Path]) -> int:
-    return sum(pq.ParquetFile(f).metadata.num_rows for f in files) if files else 0
+    return pl.scan_ipc(files).select(pl.len()).collect().item() if files else 0
 
 
 def _prepare(cfg: DataConfig, source: Source, out: Path, work: Path) -> PrepareResult:
@@ -233,12 +216,25 @@ def _prepare(cfg: DataConfig, source: Source, out: Path, work: Path) -> PrepareR
             f"all {n_rejected:,} rows were rejected ({reasons}); see {out / REJECTS_FILE} and check --format and data.columns"
         )
 
-    # B: per-partition filter + dedup, then codes
-    clean, n_after_min, n_after_dedup = _clean_partitions(cfg, parts, work)
-    users, items, item_ids = _codes(clean)
+    # B: per partition, min_value filter, sort, duplicate removal, integer codes (held slim in memory)
+    coder = _ItemCoder()
+    cleaned: list[_Part] = []
+    n_after_min = n_after_dedup = 0
+    for files in parts:
+        if files:
+            part, n_min, n_dedup = _clean_partition(cfg, files, coder)
+            cleaned.append(part)
+            n_after_min += n_min
+            n_after_dedup += n_dedup
+        for f in files:  # free the disk as we go
+            f.unlink()
 
-    # C: k-core on all events at once
+    # C: k-core on the codes of all events at once
+    offsets = np.cumsum([0] + [p.users.len() for p in cleaned])
+    users = np.concatenate([p.frame[USER_CODE].to_numpy() + off for p, off in zip(cleaned, offsets)])
+    items = np.concatenate([p.frame[ITEM_CODE].to_numpy() for p in cleaned])
     keep, rounds = k_core_mask(users, items, cfg.min_events_per_user, cfg.min_events_per_item)
+    del users
     kept = int(keep.sum())
     if kept == 0:
         raise DataError(
@@ -246,18 +242,22 @@ def _prepare(cfg: DataConfig, source: Source, out: Path, work: Path) -> PrepareR
             f"min_events_per_user={cfg.min_events_per_user}, min_events_per_item={cfg.min_events_per_item}); "
             "lower data.min_events_per_user / data.min_events_per_item"
         )
+    item_ids = coder.ids()
     item_count = np.bincount(items[keep], minlength=item_ids.len())
+    del items
     present = np.flatnonzero(item_count)
     vocab = build_vocabulary(
         pl.LazyFrame({ITEM_ID: item_ids.gather(present), COUNT: item_count[present].astype(np.int64)})
     ).collect()
-    idx_of_code = np.zeros(item_ids.len(), dtype=np.int32)
+    idx_of_code = np.zeros(item_ids.len(), dtype=np.int32)  # 0 (padding) for items the k-core removed
     idx_of_code[present] = (
-        pl.DataFrame({ITEM_ID: item_ids.gather(present)}).join(vocab, on=ITEM_ID, how="left", maintain_order="left")[ITEM_IDX].to_numpy()
+        pl.DataFrame({ITEM_ID: item_ids.gather(present)})
+        .join(vocab, on=ITEM_ID, how="left", maintain_order="left")[ITEM_IDX]
+        .to_numpy()
     )
 
     # D: write events and sequences, partition after partition
-    lengths, t_min, t_max = _write_outputs(clean, keep, items, idx_of_code, out)
+    lengths, t_min, t_max = _write_outputs(cleaned, keep, item_ids, idx_of_code, out)
     with atomic_path(out / ITEMS_FILE) as tmp:
         vocab.write_parquet(tmp)
 
@@ -301,16 +301,16 @@ def _prepare(cfg: DataConfig, source: Source, out: Path, work: Path) -> PrepareR
 
 
 def _ingest(cfg: DataConfig, source: Source, work: Path, n_parts: int) -> list[list[Path]]:
-    """A: one streaming pass; good events to user-hash partitions, rejects to one file."""
+    """A: one streaming pass; good events to user-hash partitions (Arrow IPC), rejects to Parquet."""
     tagged = tag_rows(source, cfg)
     valid = valid_events(tagged)
     rejects = rejected_rows(tagged, source.raw_columns)
     if n_parts == 1:
-        valid_sink = valid.sink_parquet(work / "valid.parquet", lazy=True)
+        valid_sink = valid.sink_ipc(work / "valid.ipc", compression=None, lazy=True)
     else:
         bucket = (pl.col(USER_ID).hash(HASH_SEED) % n_parts).alias(BUCKET)
-        valid_sink = valid.with_columns(bucket).sink_parquet(
-            pl.PartitionBy(work / "valid", key=BUCKET, include_key=False), lazy=True, mkdir=True
+        valid_sink = valid.with_columns(bucket).sink_ipc(
+            pl.PartitionBy(work / "valid", key=BUCKET, include_key=False), compression=None, lazy=True, mkdir=True
         )
     try:
         pl.collect_all([valid_sink, rejects.sink_parquet(work / REJECTS_FILE, lazy=True)], engine="streaming")
@@ -319,95 +319,167 @@ def _ingest(cfg: DataConfig, source: Source, work: Path, n_parts: int) -> list[l
             f"cannot read '{source.paths[0]}' as {source.fmt}: {_first_line(err)}; check the file or --format"
         ) from None
     if n_parts == 1:
-        return [[work / "valid.parquet"]]
-    return [sorted((work / "valid" / f"{BUCKET}={p}").glob("*.parquet")) for p in range(n_parts)]
+        return [[work / "valid.ipc"]]
+    return [sorted((work / "valid" / f"{BUCKET}={p}").glob("*.ipc")) for p in range(n_parts)]
 
 
-def _clean_partitions(cfg: DataConfig, parts: list[list[Path]], work: Path) -> tuple[list[Path], int, int]:
-    """B: min_value filter and duplicate removal per partition; returns the clean files and counts."""
-    clean: list[Path] = []
-    n_after_min = n_after_dedup = 0
-    for p, files in enumerate(parts):
-        if not files:
-            continue
-        df = filter_min_value(pl.scan_parquet(files), cfg.min_value).collect()
-        n_after_min += df.height
-        if cfg.drop_duplicates:
-            df = drop_exact_duplicates(df.lazy()).collect()
-        n_after_dedup += df.height
-        path = work / f"clean-{p:05d}.parquet"
-        df.write_parquet(path, compression="lz4")
-        clean.append(path)
-    return clean, n_after_min, n_after_dedup
+@dataclass
+class _Part:
+    """One user-hash partition after cleaning, held slim in memory (~20 bytes per event).
 
-
-def _codes(clean: list[Path]) -> tuple[np.ndarray, np.ndarray, pl.Series]:
-    """Integer codes of every event's user and item, in the row order of the clean files.
-
-    Returns ``(users (E,) int32, items (E,) int32, item_ids)`` where ``item_ids[code]`` is the raw id.
+    Attributes:
+        users: raw ids of the partition's users in sorted order; a local user code is a position.
+        frame: one row per event, sorted by (user, time, source row): ``_u`` Int32 local user
+            code, ``_i`` Int32 item code, ``timestamp``, and ``event_type`` (Enum) and
+            ``value`` when present.
     """
-    item_ids = (
-        pl.concat([pl.scan_parquet(f).select(ITEM_ID).unique() for f in clean]).unique().sort(ITEM_ID).collect().to_series()
+
+    users: pl.Series
+    frame: pl.DataFrame
+
+
+class _ItemCoder:
+    """Dense Int32 codes of raw item ids, shared by all partitions (new ids get the next codes).
+
+    Integer ids spanning at most ``MAX_TABLE_SPAN`` values use a numpy lookup table (one gather
+    per event); other ids (strings, sparse integers) a hash map.
+    """
+
+    MAX_TABLE_SPAN = 1 << 25
+
+    def __init__(self) -> None:
+        self._chunks: list[pl.Series] = []  # raw ids in code order
+        self._n = 0
+        self._base = 0
+        self._table: np.ndarray | None = None
+        self._hash: pl.DataFrame | None = None
+
+    def ids(self) -> pl.Series:
+        """Raw id of every code (position = code)."""
+        return pl.concat(self._chunks) if self._chunks else pl.Series(ITEM_ID, [], dtype=pl.Int64)
+
+    def encode(self, ids: pl.Series) -> np.ndarray:
+        """(E,) int32 codes of ``ids`` (no nulls)."""
+        if self._hash is None and ids.dtype == pl.Int64 and self._fit_table(ids):
+            arr = ids.to_numpy()
+            assert self._table is not None
+            codes = self._table[arr - self._base]
+            new = codes < 0
+            if new.any():
+                seen = np.zeros(self._table.shape[0], dtype=bool)
+                seen[arr[new] - self._base] = True
+                fresh = np.flatnonzero(seen) + self._base  # the new ids, sorted
+                self._table[fresh - self._base] = np.arange(self._n, self._n + fresh.shape[0], dtype=np.int32)
+                self._add(pl.Series(ITEM_ID, fresh, dtype=pl.Int64))
+                codes = self._table[arr - self._base]
+            return codes
+        if self._hash is None:  # from now on: hash map (holding the codes given so far)
+            self._hash = pl.DataFrame({ITEM_ID: self.ids().cast(ids.dtype), CODE: np.arange(self._n, dtype=np.int32)})
+            self._table = None
+        unique = ids.unique(maintain_order=True)
+        fresh = unique.filter(~unique.is_in(self._hash[ITEM_ID].implode()))
+        if fresh.len():
+            self._add(fresh.rename(ITEM_ID))
+            added = pl.DataFrame({ITEM_ID: fresh, CODE: np.arange(self._n - fresh.len(), self._n, dtype=np.int32)})
+            self._hash = pl.concat([self._hash, added])
+        return ids.replace_strict(self._hash[ITEM_ID], self._hash[CODE], return_dtype=pl.Int32).to_numpy()
+
+    def _add(self, fresh: pl.Series) -> None:
+        self._chunks.append(fresh)
+        self._n += fresh.len()
+
+    def _fit_table(self, ids: pl.Series) -> bool:
+        lo, hi = int(ids.min()), int(ids.max())  # type: ignore[arg-type]
+        if self._table is not None:
+            lo, hi = min(lo, self._base), max(hi, self._base + self._table.shape[0] - 1)
+            if lo == self._base and hi == self._base + self._table.shape[0] - 1:
+                return True
+        if hi - lo + 1 > self.MAX_TABLE_SPAN:
+            return False
+        table = np.full(hi - lo + 1, -1, dtype=np.int32)
+        if self._table is not None:
+            table[self._base - lo : self._base - lo + self._table.shape[0]] = self._table
+        self._table, self._base = table, lo
+        return True
+
+
+def _clean_partition(cfg: DataConfig, files: list[Path], coder: _ItemCoder) -> tuple[_Part, int, int]:
+    """B for one partition: min_value filter, sort, exact duplicates, codes.
+
+    Returns the slim partition and the event counts after the min_value filter and after dedup.
+    """
+    df = filter_min_value(pl.scan_ipc(files), cfg.min_value).collect()
+    n_after_min = df.height
+    if EVENT_TYPE in df.columns:  # a partition-local Enum: 1-2 bytes per event, cheap to turn back into strings
+        kinds = df[EVENT_TYPE].unique().drop_nulls().sort()
+        df = df.with_columns(pl.col(EVENT_TYPE).cast(pl.Enum(kinds)))
+    in_source_order = bool((df[SOURCE_ROW].diff().fill_null(0) >= 0).all())
+    if in_source_order:  # eager: the lazy optimiser would merge the two stable sorts into one slower sort
+        df = df.sort(TIMESTAMP, maintain_order=True).sort(USER_ID, maintain_order=True)
+    else:
+        df = sort_events(df.lazy()).collect()
+    if cfg.drop_duplicates:
+        df = drop_exact_duplicates_sorted(df.lazy()).collect()
+    first = df[USER_ID].ne_missing(df[USER_ID].shift(1)).fill_null(True)
+    local = (first.cum_sum() - 1).cast(pl.Int32)
+    frame = df.select([c for c in (TIMESTAMP, EVENT_TYPE, VALUE) if c in df.columns]).with_columns(
+        local.alias(USER_CODE), pl.Series(ITEM_CODE, coder.encode(df[ITEM_ID]), dtype=pl.Int32)
     )
-    code_table = pl.DataFrame({ITEM_ID: item_ids, CODE: np.arange(item_ids.len(), dtype=np.int32)}).lazy()
-    users: list[np.ndarray] = []
-    items: list[np.ndarray] = []
-    offset = 0
-    for f in clean:
-        df = (
-            pl.scan_parquet(f)
-            .select(USER_ID, ITEM_ID)
-            .join(code_table, on=ITEM_ID, how="left", maintain_order="left")
-            .select((pl.col(USER_ID).rank("dense").cast(pl.Int32) - 1 + offset).alias(USER_ID), CODE)
-            .collect()
-        )
-        users.append(df[USER_ID].to_numpy())
-        items.append(df[CODE].to_numpy())
-        offset += int(users[-1].max()) + 1 if df.height else 0
-    return np.concatenate(users), np.concatenate(items), item_ids
+    return _Part(users=df[USER_ID].filter(first), frame=frame), n_after_min, df.height
 
 
 def _write_outputs(
-    clean: list[Path], keep: np.ndarray, items: np.ndarray, idx_of_code: np.ndarray, out: Path
+    parts: list[_Part], keep: np.ndarray, item_ids: pl.Series, idx_of_code: np.ndarray, out: Path
 ) -> tuple[np.ndarray, int | None, int | None]:
-    """D: per partition, k-core filter + vocabulary index + sort; append events and sequences."""
-    events_writer = _PartWriter(out / EVENTS_FILE)
-    seq_writer = _PartWriter(out / SEQUENCES_FILE)
+    """D: events and sequences of every partition after the k-core, each streamed into one file.
+
+    Each output is a polars lazy source that yields one partition at a time, sunk with the
+    (multi-threaded) polars Parquet writer; nothing larger than a partition is materialised.
+
+    Returns:
+        (U,) int64 history lengths, and the smallest and largest timestamp kept.
+    """
+    starts = np.cumsum([0] + [p.frame.height for p in parts])
+    assert starts[-1] == keep.shape[0]
+    has = {c: c in parts[0].frame.columns for c in (EVENT_TYPE, VALUE)}
+
+    def kept(k: int) -> pl.DataFrame:
+        return parts[k].frame.filter(pl.Series(keep[starts[k] : starts[k + 1]]))
+
+    def events(*_: object) -> Iterator[pl.DataFrame]:
+        for k, part in enumerate(parts):
+            sub = kept(k)
+            cols = [part.users.gather(sub[USER_CODE]).alias(USER_ID), item_ids.gather(sub[ITEM_CODE]).alias(ITEM_ID), sub[TIMESTAMP]]
+            if has[EVENT_TYPE]:
+                cols.append(sub[EVENT_TYPE].cast(pl.String))
+            if has[VALUE]:
+                cols.append(sub[VALUE])
+            yield pl.DataFrame(cols)
+
     lengths: list[np.ndarray] = []
-    t_min: int | None = None
-    t_max: int | None = None
-    start = 0
-    ok = False
-    empty_events = empty_seq = None
-    try:
-        for f in clean:
-            lf = pl.scan_parquet(f)
-            n = pq.ParquetFile(f).metadata.num_rows
-            part_keep = keep[start : start + n]
-            part_idx = idx_of_code[items[start : start + n]]
-            start += n
-            df = (
-                lf.with_columns(pl.Series("_keep", part_keep), pl.Series(ITEM_IDX, part_idx))
-                .filter(pl.col("_keep"))
-                .drop("_keep")
-                .pipe(sort_events)
-                .collect()
-            )
-            event_cols = [c for c in df.columns if c not in (ITEM_IDX, SOURCE_ROW)]
-            seq = group_sequences(df.lazy()).collect()
-            if empty_events is None:
-                empty_events, empty_seq = df.select(event_cols).clear(), seq.clear()
-            if df.height == 0:
+    bounds: list[tuple[int, int]] = []
+
+    def sequences(*_: object) -> Iterator[pl.DataFrame]:
+        for k, part in enumerate(parts):
+            sub = kept(k)
+            if sub.height == 0:
                 continue
-            events_writer.write(df.select(event_cols))
-            seq_writer.write(seq)
+            item_idx = pl.Series(ITEM_IDX, idx_of_code[sub[ITEM_CODE].to_numpy()], dtype=pl.Int32)
+            seq = group_sequences(sub.lazy().select(pl.col(USER_CODE).alias(USER_ID), TIMESTAMP, item_idx)).collect()
             lengths.append(seq[LENGTH].to_numpy())
-            lo, hi = df[TIMESTAMP].min(), df[TIMESTAMP].max()
-            t_min = lo if t_min is None else min(t_min, lo)
-            t_max = hi if t_max is None else max(t_max, hi)
-        ok = True
-    finally:
-        events_writer.close(empty_events, ok=ok)
-        seq_writer.close(empty_seq, ok=ok)
-    assert start == keep.shape[0]
+            bounds.append((sub[TIMESTAMP].min(), sub[TIMESTAMP].max()))  # type: ignore[arg-type]
+            yield seq.with_columns(part.users.gather(seq[USER_ID]).alias(USER_ID))
+
+    user_type, item_type = parts[0].users.dtype, item_ids.dtype
+    events_schema = {USER_ID: user_type, ITEM_ID: item_type, TIMESTAMP: pl.Int64}
+    if has[EVENT_TYPE]:
+        events_schema[EVENT_TYPE] = pl.String
+    if has[VALUE]:
+        events_schema[VALUE] = pl.Float32
+    seq_schema = {USER_ID: user_type, ITEM_IDX: pl.List(pl.Int32), TIMESTAMP: pl.List(pl.Int64), LENGTH: pl.Int32}
+    for name, source, schema in ((EVENTS_FILE, events, events_schema), (SEQUENCES_FILE, sequences, seq_schema)):
+        with atomic_path(out / name) as tmp:
+            register_io_source(source, schema=schema).sink_parquet(tmp, compression="zstd", compression_level=1)
+    t_min = min(lo for lo, _ in bounds) if bounds else None
+    t_max = max(hi for _, hi in bounds) if bounds else None
     return np.concatenate(lengths).astype(np.int64), t_min, t_max

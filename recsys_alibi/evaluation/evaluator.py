@@ -235,7 +235,7 @@ class _Pass:
     """Per-user results of one pass over all users (row order = the examples' order)."""
 
     per_user: dict[str, np.ndarray]  # name -> (U,) float64
-    top: np.ndarray  # (U, K) int64 top-K items, 0 where the slot held a masked item
+    top: np.ndarray  # (U, K) int32 top-K items, 0 where the slot held a masked item
     tied: np.ndarray  # (U,) bool: the tie rule changes this user's ranks
 
 
@@ -249,6 +249,13 @@ def _progress_bar(enabled: bool, description: str, total: int) -> Iterator[Calla
     with Progress(transient=True) as bar:
         task = bar.add_task(description, total=total)
         yield lambda: bar.advance(task)
+
+
+def _tie_sensitive(scores: torch.Tensor, targets: torch.Tensor, ranks: torch.Tensor, ties: str) -> torch.Tensor:
+    """(B,) bool: the other tie rule would give this user different ranks (a target tied with an item)."""
+    other = target_ranks(scores, targets, ties="pessimistic" if ties == "optimistic" else "optimistic")
+    other = other.reshape(ranks.shape)
+    return (ranks.sort(dim=1).values != other.sort(dim=1).values).any(dim=1)
 
 
 def _score_pass(
@@ -266,7 +273,7 @@ def _score_pass(
     n_users = len(order)
     k_top = min(max(ks), n_items + 1)
     per_user = {name: np.empty(n_users) for name in metric_names(ks) if not name.startswith("Coverage@")}
-    top = np.zeros((n_users, k_top), dtype=np.int64)
+    top = np.zeros((n_users, k_top), dtype=np.int32)
     tied = np.zeros(n_users, dtype=bool)
     batches = [order[i : i + cfg.batch_size] for i in range(0, n_users, cfg.batch_size)]
     with _progress_bar(progress, f"{scorer.name} {label}", len(batches)) as advance, torch.no_grad():
@@ -285,11 +292,9 @@ def _score_pass(
                 raise ValueError(f"scorer '{scorer.name}' returned NaN scores; fix the model before evaluating")
             scores = mask_seen(scores, seen, exclude_seen=cfg.exclude_seen, keep=tgt)
             tgt_in = tgt[:, 0] if int(n_tgt.max()) == 1 else tgt  # (B,) fast path for one target each
-            ranks = target_ranks(scores, tgt_in, ties=cfg.ties)
-            other = target_ranks(scores, tgt_in, ties="pessimistic" if cfg.ties == "optimistic" else "optimistic")
-            ranks2 = ranks.reshape(len(rows), -1)
-            tied[rows] = (ranks2.sort(dim=1).values != other.reshape(len(rows), -1).sort(dim=1).values).any(1).cpu().numpy()
-            for name, values in per_user_metrics(ranks2.cpu().numpy(), ks).items():
+            ranks = target_ranks(scores, tgt_in, ties=cfg.ties).reshape(len(rows), -1)  # (B, T)
+            tied[rows] = _tie_sensitive(scores, tgt_in, ranks, cfg.ties).cpu().numpy()
+            for name, values in per_user_metrics(ranks.cpu().numpy(), ks).items():
                 per_user[name][rows] = values
             vals, items = topk(scores, k_top)
             top[rows] = torch.where(torch.isneginf(vals), 0, items).cpu().numpy()

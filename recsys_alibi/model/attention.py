@@ -15,7 +15,6 @@ ALiBi: Press, Smith & Lewis, "Train Short, Test Long", ICLR 2022. Sink tokens: X
 
 from __future__ import annotations
 
-import logging
 import math
 from collections.abc import Callable
 from typing import Literal
@@ -24,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from recsys_alibi.model.masks import MaskSpec, positions_in_sequence
+from recsys_alibi.model.masks import MaskSpec, zero_rows_of
 
 __all__ = [
     "BACKENDS",
@@ -36,72 +35,15 @@ __all__ = [
     "sdpa_attention",
 ]
 
-logger = logging.getLogger(__name__)
-
 Backend = Literal["auto", "flex", "sdpa", "eager"]
 
+FLEX_CPU_MIN_LEN = 2048  # auto picks flex on CPU (no grad, windowed) from this many keys on
 _CHUNK_MASK_BYTES = 32 << 20  # no-grad SDPA: chunk queries when the mask exceeds 2x this
 
 
 def needs_grad(*tensors: Tensor) -> bool:
     """True when autograd is on and any of ``tensors`` requires a gradient."""
     return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
-
-
-def _mask_spec(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    slopes: Tensor,
-    *,
-    causal: bool,
-    lengths: Tensor | None,
-    window: int | None,
-    seq_ids: Tensor | None,
-    sinks: int,
-    bias_clamp: float | None,
-) -> MaskSpec:
-    """Validate the inputs of an attention call and gather its visibility rules."""
-    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
-        raise ValueError(f"q, k, v must be (B, H, L, D); got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
-    b, h, lq, d = q.shape
-    lk = k.shape[2]
-    if k.shape != (b, h, lk, d) or v.shape[:3] != (b, h, lk):
-        raise ValueError(f"k, v must be (B, H, Lk, D) matching q {tuple(q.shape)}; got {tuple(k.shape)}, {tuple(v.shape)}")
-    if lq < 1 or lk < lq:
-        raise ValueError(f"need 1 <= Lq <= Lk (queries are the last Lq positions); got Lq={lq}, Lk={lk}")
-    if slopes.shape != (h,):
-        raise ValueError(f"slopes must be (H,) = ({h},), got {tuple(slopes.shape)}")
-    if window is not None and window < 1:
-        raise ValueError(f"window must be >= 1 or None, got {window}")
-    if sinks < 0:
-        raise ValueError(f"sinks must be >= 0, got {sinks}")
-    if bias_clamp is not None and not bias_clamp > 0:
-        raise ValueError(f"bias_clamp must be > 0 or None, got {bias_clamp}")
-    if lengths is not None:
-        lengths = torch.as_tensor(lengths, device=q.device).to(torch.int64)
-        if lengths.shape != (b,):
-            raise ValueError(f"lengths must be (B,) = ({b},), got {tuple(lengths.shape)}")
-        if lengths.device.type == "cpu" and lengths.numel() and (int(lengths.min()) < 0 or int(lengths.max()) > lk):
-            raise ValueError(f"lengths must lie in [0, Lk={lk}]")
-    pos_in_seq = None
-    if seq_ids is not None:
-        seq_ids = torch.as_tensor(seq_ids, device=q.device).to(torch.int64)
-        if seq_ids.shape != (b, lk):
-            raise ValueError(f"seq_ids must be (B, Lk) = ({b}, {lk}), got {tuple(seq_ids.shape)}")
-        pos_in_seq = positions_in_sequence(seq_ids)
-    return MaskSpec(
-        q_len=lq, k_len=lk, causal=causal, window=window, sinks=sinks,
-        lengths=lengths, seq_ids=seq_ids, pos_in_seq=pos_in_seq,
-    )  # fmt: skip
-
-
-def _zero(out: Tensor, *masks: Tensor | None) -> Tensor:
-    """Zero the rows of ``out`` (B, H, Lq, D) flagged by any (1 | B, 1, Lq, 1) mask."""
-    for m in masks:
-        if m is not None:
-            out = out.masked_fill(m, 0.0)
-    return out
 
 
 def eager_attention(
@@ -129,7 +71,7 @@ def eager_attention(
         (B, H, Lq, Lk) in ``q.dtype``, rows summing to 1, or to 0 for rows with no visible key
         (padding), which also get zero output, never NaN.
     """
-    spec = _mask_spec(
+    spec = MaskSpec.from_inputs(
         q, k, v, slopes, causal=causal, lengths=lengths, window=window,
         seq_ids=seq_ids, sinks=sinks, bias_clamp=bias_clamp,
     )  # fmt: skip
@@ -186,7 +128,7 @@ def sdpa_attention(
     Returns:
         (B, H, Lq, D) in ``q.dtype``; padded query rows are zero.
     """
-    spec = _mask_spec(
+    spec = MaskSpec.from_inputs(
         q, k, v, slopes, causal=causal, lengths=lengths, window=window,
         seq_ids=seq_ids, sinks=sinks, bias_clamp=bias_clamp,
     )  # fmt: skip
@@ -211,7 +153,7 @@ def sdpa_attention(
         out = F.scaled_dot_product_attention(
             q[:, :, r0 : r0 + query_chunk], k[:, :, lo:hi], v[:, :, lo:hi], attn_mask=mask, scale=scale
         )  # (B, H, chunk, D)
-        outs.append(_zero(out, empty, spec.zero_rows(q_pos)))
+        outs.append(zero_rows_of(out, empty, spec.zero_rows(q_pos)))
     return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
 
 
@@ -228,11 +170,14 @@ BACKENDS: dict[str, Callable[..., Tensor]] = {
 }
 
 
-def resolve_backend(backend: str, q: Tensor, *grad_inputs: Tensor) -> str:
+def resolve_backend(backend: str, q: Tensor, *grad_inputs: Tensor, window: int | None = None, k_len: int = 0) -> str:
     """The concrete backend for ``backend`` ("auto" resolved).
 
-    ``auto``: flex on CUDA; on CPU flex when no gradient is needed (flex has no CPU backward
-    in torch 2.13), else sdpa.
+    ``auto``: flex on CUDA. On CPU, sdpa, except flex for inputs that need no gradient (flex has
+    no CPU backward in torch 2.13) when a sliding window makes its block skipping pay
+    (``window`` set and ``k_len >= FLEX_CPU_MIN_LEN``). On CPU without a window flex is no faster
+    than sdpa (ENVIRONMENT.md) and costs ~15 s of compilation per new shape, while sdpa without
+    gradients works in query chunks and never holds a (B, H, L, L) tensor.
 
     Raises:
         ValueError: unknown backend name.
@@ -243,7 +188,9 @@ def resolve_backend(backend: str, q: Tensor, *grad_inputs: Tensor) -> str:
         return backend
     if q.device.type == "cuda":
         return "flex"
-    return "sdpa" if needs_grad(q, *grad_inputs) else "flex"
+    if window is not None and k_len >= FLEX_CPU_MIN_LEN and not needs_grad(q, *grad_inputs):
+        return "flex"
+    return "sdpa"
 
 
 def alibi_attention(
@@ -296,5 +243,5 @@ def alibi_attention(
         causal=causal, lengths=lengths, window=window, seq_ids=seq_ids,
         sinks=sinks, bias_clamp=bias_clamp, scale=scale,
     )  # fmt: skip
-    name = resolve_backend(backend, q, k, v, slopes)
+    name = resolve_backend(backend, q, k, v, slopes, window=window, k_len=k.shape[-2])
     return BACKENDS[name](q, k, v, slopes, **kw)

@@ -5,8 +5,8 @@ tensor; nothing of size L x L is materialised. Visibility (causal, padding, pack
 window, sinks) is a ``BlockMask``: blocks of 128 x 128 that no query sees are skipped, blocks
 that every query sees run without the ``mask_mod``.
 
-Shapes are bucketed: Lq and Lk are padded to multiples of 128 (the padding is masked and cut
-off again), and every rule is passed as a tensor (window, sinks, clamp, causal flag, sequence
+Shapes are bucketed: Lq and Lk are padded to multiples of 128 and B to the next power of two
+(the padding is masked, costs no attention blocks, and is cut off again), and every rule is passed as a tensor (window, sinks, clamp, causal flag, sequence
 ids), so one compiled kernel serves every call of one padded shape. The compiled callable and
 the block masks that depend only on the shape are cached in a :class:`FlexAlibi` object.
 
@@ -25,7 +25,8 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
-from recsys_alibi.model.masks import MaskSpec
+from recsys_alibi.model.attention import needs_grad, sdpa_attention
+from recsys_alibi.model.masks import MaskSpec, zero_rows_of
 
 __all__ = ["BLOCK", "FlexAlibi", "flex_alibi_attention", "flex_runner"]
 
@@ -39,20 +40,26 @@ def _round_up(n: int, m: int = BLOCK) -> int:
     return -(-n // m) * m
 
 
+def _bucket_batch(b: int) -> int:
+    """Batch size bucket: the next power of two (bounds recompiles across last batches)."""
+    return 1 << max(0, b - 1).bit_length()
+
+
 def build_block_mask(
-    spec: MaskSpec, batch_size: int, q_pad: int, k_pad: int, mask_mod, device: torch.device
+    spec: MaskSpec, batch: int, batch_pad: int, q_pad: int, k_pad: int, mask_mod, device: torch.device
 ) -> BlockMask:
-    """BlockMask of ``spec`` on a (q_pad, k_pad) grid, built block-row by block-row.
+    """BlockMask of ``spec`` on a (batch_pad, q_pad, k_pad) grid, built block-row by block-row.
 
     Evaluates :meth:`MaskSpec.visible` on slabs of query blocks (bounded memory: never B x L x L)
-    and classifies each 128 x 128 block as empty, partial (``mask_mod`` applied) or full.
+    and classifies each 128 x 128 block as empty, partial (``mask_mod`` applied) or full. Batch
+    rows ``>= batch`` (bucket padding) are empty.
 
     Returns:
-        BlockMask with batch dim B (always, so that one compiled kernel serves calls with and
-        without per-row rules) and head dim 1.
+        BlockMask with batch dim ``batch_pad`` (always, so that one compiled kernel serves calls
+        with and without per-row rules) and head dim 1.
     """
-    batch = spec.has_batch_data
-    rows_b = batch_size if batch else 1
+    per_row = spec.has_batch_data
+    rows_b = batch if per_row else 1
     n_qb, n_kb = q_pad // BLOCK, k_pad // BLOCK
     k_pos = torch.arange(spec.k_len, device=device)
     slab = max(1, (8 << 20) // max(1, rows_b * BLOCK * k_pad))  # query blocks per slab (~8 MB)
@@ -63,11 +70,12 @@ def build_block_mask(
         if len(q_pos) == 0:
             counts.append(torch.zeros(rows_b, (r1 - r0) // BLOCK, n_kb, dtype=torch.int32, device=device))
             continue
-        vis = spec.visible(q_pos, k_pos, batch=batch)[:, 0]  # (Bm, n, Lk)
+        vis = spec.visible(q_pos, k_pos, batch=per_row)[:, 0]  # (Bm, n, Lk)
         vis = F.pad(vis, (0, k_pad - spec.k_len, 0, (r1 - r0) - len(q_pos)))  # (Bm, r1 - r0, k_pad)
         vis = vis.expand(rows_b, -1, -1).reshape(rows_b, (r1 - r0) // BLOCK, BLOCK, n_kb, BLOCK)
         counts.append(vis.sum(dim=(2, 4), dtype=torch.int32))  # (Bm, n_blocks, n_kb)
-    count = torch.cat(counts, dim=1)[:, None].expand(batch_size, -1, -1, -1)  # (B, 1, n_qb, n_kb)
+    count = torch.cat(counts, dim=1)[:, None].expand(batch, -1, -1, -1)  # (B, 1, n_qb, n_kb)
+    count = F.pad(count, (0, 0, 0, 0, 0, 0, 0, batch_pad - batch))  # (B_pad, 1, n_qb, n_kb)
     full = count == BLOCK * BLOCK
     partial = (count > 0) & ~full
 
@@ -119,9 +127,9 @@ class FlexAlibi:
         """Run flex attention; see :func:`flex_alibi_attention`. ``with_bias=False``: no ALiBi."""
         b, h, lq, d = q.shape
         lk = spec.k_len
-        q_pad, k_pad = _round_up(lq), _round_up(lk)
+        b_pad, q_pad, k_pad = _bucket_batch(b), _round_up(lq), _round_up(lk)
         dev = q.device
-        meta = self._meta(spec, b, q_pad, k_pad, dev)
+        meta = self._meta(spec, b, b_pad, q_pad, k_pad, dev)
         q_off = torch.tensor(spec.q_offset, device=dev)
         causal = torch.tensor(spec.causal, device=dev)
         window = torch.tensor(spec.window if spec.window is not None else _NO_WINDOW, device=dev)
@@ -136,13 +144,13 @@ class FlexAlibi:
             dist = torch.where(causal, dist, dist.abs())
             return ok & ((dist < window) | (k_pos[b, kv_idx] < sinks))
 
-        key = (b, lq, lk, spec.causal, spec.window, spec.sinks, str(dev))
+        key = (b, b_pad, lq, lk, spec.causal, spec.window, spec.sinks, str(dev))
         if spec.has_batch_data:
-            block_mask = build_block_mask(spec, b, q_pad, k_pad, mask_mod, dev)
+            block_mask = build_block_mask(spec, b, b_pad, q_pad, k_pad, mask_mod, dev)
         else:
             block_mask = self._masks.get(key)
             if block_mask is None:
-                block_mask = build_block_mask(spec, b, q_pad, k_pad, mask_mod, dev)
+                block_mask = build_block_mask(spec, b, b_pad, q_pad, k_pad, mask_mod, dev)
                 self._masks[key] = block_mask
                 if len(self._masks) > self._max_masks:
                     self._masks.popitem(last=False)
@@ -161,17 +169,21 @@ class FlexAlibi:
                 dist = torch.where(s_causal, dist, dist.abs())
                 return score + torch.maximum(-m[h] * dist, -clamp)
 
-        pad_q, pad_k = q_pad - lq, k_pad - lk
-        qp = F.pad(q, (0, 0, 0, pad_q)) if pad_q else q
-        kp = F.pad(k, (0, 0, 0, pad_k)) if pad_k else k
-        vp = F.pad(v, (0, 0, 0, pad_k)) if pad_k else v
-        out = self._compiled(qp, kp, vp, score_mod=score_mod, block_mask=block_mask, scale=scale)
-        return out[:, :, :lq]
+        pad_b, pad_q, pad_k = b_pad - b, q_pad - lq, k_pad - lk
+        qp = F.pad(q, (0, 0, 0, pad_q, 0, 0, 0, pad_b)) if pad_q or pad_b else q  # (B_pad, H, q_pad, D)
+        kp = F.pad(k, (0, 0, 0, pad_k, 0, 0, 0, pad_b)) if pad_k or pad_b else k  # (B_pad, H, k_pad, D)
+        vp = F.pad(v, (0, 0, 0, pad_k, 0, 0, 0, pad_b)) if pad_k or pad_b else v
+        # one graph per padded shape; allow more than dynamo's default 8 before it gives up
+        with torch._dynamo.config.patch(recompile_limit=64):
+            out = self._compiled(qp, kp, vp, score_mod=score_mod, block_mask=block_mask, scale=scale)
+        return out[:b, :, :lq]
 
     @staticmethod
-    def _meta(spec: MaskSpec, b: int, q_pad: int, k_pad: int, dev: torch.device) -> tuple[Tensor, Tensor, Tensor]:
-        """Per-row tensors read by ``mask_mod``: query seq ids (B, q_pad), key seq ids and
-        key positions within their sequence (B, k_pad); 0 marks padding of any kind."""
+    def _meta(
+        spec: MaskSpec, b: int, b_pad: int, q_pad: int, k_pad: int, dev: torch.device
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """Per-row tensors read by ``mask_mod``: query seq ids (B_pad, q_pad), key seq ids and
+        key positions within their sequence (B_pad, k_pad); seq id 0 marks padding of any kind."""
         lk = spec.k_len
         if spec.seq_ids is not None:
             seq = spec.seq_ids.clone()
@@ -181,9 +193,9 @@ class FlexAlibi:
             pos = torch.arange(lk, device=dev).expand(b, lk)
         if spec.lengths is not None:
             seq = seq.masked_fill(torch.arange(lk, device=dev)[None] >= spec.lengths[:, None], 0)
-        k_seq = F.pad(seq, (0, k_pad - lk))
-        k_pos = F.pad(pos, (0, k_pad - lk))
-        q_seq = F.pad(seq[:, spec.q_offset :], (0, q_pad - spec.q_len))
+        k_seq = F.pad(seq, (0, k_pad - lk, 0, b_pad - b))
+        k_pos = F.pad(pos, (0, k_pad - lk, 0, b_pad - b))
+        q_seq = F.pad(seq[:, spec.q_offset :], (0, q_pad - spec.q_len, 0, b_pad - b))
         return q_seq, k_seq, k_pos
 
 
@@ -218,25 +230,25 @@ def flex_alibi_attention(
     Returns:
         (B, H, Lq, D) in ``q.dtype``; padded and empty rows are zeros.
     """
-    from recsys_alibi.model.attention import _mask_spec, _zero, needs_grad, sdpa_attention
-
     kw = dict(causal=causal, lengths=lengths, window=window, seq_ids=seq_ids, sinks=sinks, bias_clamp=bias_clamp)
-    spec = _mask_spec(q, k, v, slopes, **kw)
+    spec = MaskSpec.from_inputs(q, k, v, slopes, **kw)
     runner = flex_runner()
+    fallback_slopes = slopes if with_bias else torch.zeros_like(slopes)
     if q.device.type == "cpu" and needs_grad(q, k, v, slopes):
         runner.warn_once(
             "cpu-grad", "flex attention has no backward on CPU (torch 2.13); using sdpa for inputs that need gradients"
         )
-        return sdpa_attention(q, k, v, slopes, scale=scale, **kw)
-    signature = (tuple(q.shape[:2]), _round_up(q.shape[2]), _round_up(k.shape[2]), q.shape[3], q.dtype, str(q.device))
+        return sdpa_attention(q, k, v, fallback_slopes, scale=scale, **kw)
+    b, h, lq, d = q.shape
+    signature = (_bucket_batch(b), h, _round_up(lq), _round_up(spec.k_len), d, q.dtype, str(q.device))
     if signature not in runner.failed:
         try:
             out = runner(q, k, v, slopes, spec, bias_clamp=bias_clamp, scale=scale, with_bias=with_bias)
-            return _zero(out, spec.zero_rows(spec.q_positions(q.device)))
+            return zero_rows_of(out, spec.zero_rows(spec.q_positions(q.device)))
         except Exception as err:  # compile/codegen failures surface as many exception types
             runner.failed.add(signature)
             runner.warn_once(
                 f"fail-{type(err).__name__}",
                 f"flex attention failed for shape {tuple(q.shape)} ({type(err).__name__}: {err}); using sdpa",
             )
-    return sdpa_attention(q, k, v, slopes, scale=scale, **kw)
+    return sdpa_attention(q, k, v, fallback_slopes, scale=scale, **kw)

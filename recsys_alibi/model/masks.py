@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-__all__ = ["MaskSpec", "positions_in_sequence"]
+__all__ = ["MaskSpec", "positions_in_sequence", "zero_rows_of"]
 
 
 def positions_in_sequence(seq_ids: Tensor) -> Tensor:
@@ -63,6 +63,66 @@ class MaskSpec:
     lengths: Tensor | None = None
     seq_ids: Tensor | None = None
     pos_in_seq: Tensor | None = None
+
+    @classmethod
+    def from_inputs(
+        cls,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        slopes: Tensor,
+        *,
+        causal: bool,
+        lengths: Tensor | None,
+        window: int | None,
+        seq_ids: Tensor | None,
+        sinks: int,
+        bias_clamp: float | None,
+    ) -> MaskSpec:
+        """Validate the inputs of an attention call and gather its visibility rules.
+
+        Args: as :func:`recsys_alibi.model.attention.alibi_attention`.
+
+        Raises:
+            ValueError: shapes that do not match (B, H, Lq, D) / (B, H, Lk, D) / (H,), Lq > Lk,
+                lengths outside [0, Lk] (checked on CPU only: no device sync), window < 1,
+                sinks < 0, bias_clamp <= 0, seq_ids not (B, Lk).
+        """
+        if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+            shapes = f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
+            raise ValueError(f"q, k, v must be (B, H, L, D); got {shapes}")
+        b, h, lq, d = q.shape
+        lk = k.shape[2]
+        if k.shape != (b, h, lk, d) or v.shape[:3] != (b, h, lk):
+            shapes = f"{tuple(k.shape)}, {tuple(v.shape)}"
+            raise ValueError(f"k, v must be (B, H, Lk, D) matching q {tuple(q.shape)}; got {shapes}")
+        if lq < 1 or lk < lq:
+            raise ValueError(f"need 1 <= Lq <= Lk (queries are the last Lq positions); got Lq={lq}, Lk={lk}")
+        if slopes.shape != (h,):
+            raise ValueError(f"slopes must be (H,) = ({h},), got {tuple(slopes.shape)}")
+        if window is not None and window < 1:
+            raise ValueError(f"window must be >= 1 or None, got {window}")
+        if sinks < 0:
+            raise ValueError(f"sinks must be >= 0, got {sinks}")
+        if bias_clamp is not None and not bias_clamp > 0:
+            raise ValueError(f"bias_clamp must be > 0 or None, got {bias_clamp}")
+        if lengths is not None:
+            lengths = torch.as_tensor(lengths, device=q.device).to(torch.int64)
+            if lengths.shape != (b,):
+                raise ValueError(f"lengths must be (B,) = ({b},), got {tuple(lengths.shape)}")
+            on_cpu = lengths.device.type == "cpu" and lengths.numel() > 0
+            if on_cpu and (int(lengths.min()) < 0 or int(lengths.max()) > lk):
+                raise ValueError(f"lengths must lie in [0, Lk={lk}]")
+        pos_in_seq = None
+        if seq_ids is not None:
+            seq_ids = torch.as_tensor(seq_ids, device=q.device).to(torch.int64)
+            if seq_ids.shape != (b, lk):
+                raise ValueError(f"seq_ids must be (B, Lk) = ({b}, {lk}), got {tuple(seq_ids.shape)}")
+            pos_in_seq = positions_in_sequence(seq_ids)
+        return cls(
+            q_len=lq, k_len=lk, causal=causal, window=window, sinks=sinks,
+            lengths=lengths, seq_ids=seq_ids, pos_in_seq=pos_in_seq,
+        )  # fmt: skip
 
     @property
     def q_offset(self) -> int:
@@ -174,3 +234,11 @@ class MaskSpec:
         else:
             mask = torch.where(vis, bias, float("-inf"))  # (Bm, H, lq, lk)
         return mask, empty
+
+
+def zero_rows_of(out: Tensor, *masks: Tensor | None) -> Tensor:
+    """Zero the rows of ``out`` (B, H, Lq, D) flagged by any (1 | B, 1, Lq, 1) mask."""
+    for m in masks:
+        if m is not None:
+            out = out.masked_fill(m, 0.0)
+    return out

@@ -67,6 +67,7 @@ def fit_ranker(
         enable_progress_bar=progress,
         enable_model_summary=False,
         num_sanity_val_steps=0,
+        log_every_n_steps=10,
         deterministic=False,
     )
     started = time.perf_counter()

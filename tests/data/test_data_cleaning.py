@@ -8,6 +8,7 @@ from polars.testing import assert_frame_equal
 
 from recsys_alibi.data.cleaning import (
     drop_exact_duplicates,
+    drop_exact_duplicates_sorted,
     filter_min_value,
     k_core_mask,
     k_core_pass,
@@ -89,3 +90,23 @@ def test_min_value_filter():
 def test_sort_events_keeps_source_order_for_equal_times():
     lf = pl.LazyFrame({"user_id": [2, 1, 1, 1], "timestamp": [5, 9, 3, 9], "source_row": [0, 1, 2, 3]})
     assert sort_events(lf).collect()["source_row"].to_list() == [2, 1, 3, 0]
+
+
+def test_sorted_fast_paths_match_the_references():
+    rng = np.random.default_rng(1)
+    n = 5000
+    lf = pl.LazyFrame(
+        {
+            "user_id": rng.integers(0, 50, n),
+            "item_id": rng.integers(0, 20, n),
+            "timestamp": rng.integers(0, 30, n),  # many ties and many exact duplicates
+            "event_type": pl.Series(rng.choice(["a", "b", ""], n)).replace("", None),
+            "source_row": np.arange(n),
+        }
+    )
+    fast_sorted = sort_events(lf, in_source_order=True).collect()
+    assert_frame_equal(fast_sorted, sort_events(lf).collect())
+    fast = drop_exact_duplicates_sorted(fast_sorted.lazy()).collect()
+    reference = sort_events(drop_exact_duplicates(lf)).collect().select(fast.columns)
+    assert fast.height < n
+    assert_frame_equal(fast, reference)

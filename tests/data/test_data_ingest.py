@@ -259,3 +259,10 @@ def test_resolve_paths_skips_hidden_files(tmp_path):
     (tmp_path / "d" / ".hidden.csv").write_text("junk")
     (tmp_path / "d" / "_SUCCESS").write_text("")
     assert resolve_paths(tmp_path / "d") == [tmp_path / "d" / "a.csv"]
+
+
+def test_repeated_lines_without_timestamps_are_reconsumptions_not_duplicates(tmp_path):
+    path = _write(tmp_path / "r.txt", "1 5\n1 5\n1 6\n")
+    result = prepare(LOOSE, path, tmp_path / "out", fmt="sasrec")
+    assert result.counts["deduplicated"] == 0 and result.counts["events"] == 3
+    assert result.stats["time_from_line_order"] is True

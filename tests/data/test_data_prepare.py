@@ -155,3 +155,31 @@ def test_readers_fail_with_the_command_to_run(tmp_path):
     )
     with pytest.raises(DataError, match=r"item_idx should be List\(Int32\)"):
         read_sequences(tmp_path)
+
+
+def test_item_coder_table_growth_and_hash_fallback():
+    from recsys_alibi.data.prepare import _ItemCoder
+
+    coder = _ItemCoder()
+    assert coder.encode(pl.Series([10, 12, 10])).tolist() == [0, 1, 0]
+    assert coder.encode(pl.Series([5, 12, 30])).tolist() == [2, 1, 3]  # the table grows both ways
+    huge = _ItemCoder.MAX_TABLE_SPAN + 100
+    assert coder.encode(pl.Series([huge, 5])).tolist() == [4, 2]  # too sparse: hash map from now on
+    assert coder.encode(pl.Series([30, 7])).tolist() == [3, 5]
+    assert coder.ids().to_list() == [10, 12, 5, 30, huge, 7]
+    strings = _ItemCoder()
+    assert strings.encode(pl.Series(["b", "a", "b"])).tolist() == [0, 1, 0]
+    assert strings.encode(pl.Series(["c", "a"])).tolist() == [2, 1]
+    assert strings.ids().to_list() == ["b", "a", "c"]
+
+
+def test_string_ids_across_partitions(tmp_path):
+    df = generate_events(GenerateConfig(users=150, items=60, min_events=5, max_events=100), seed=5)
+    df = df.with_columns(pl.format("u{}", "user_id").alias("user_id"), pl.format("i{}", "item_id").alias("item_id"))
+    df.write_parquet(tmp_path / "s.parquet")
+    one = prepare(LOOSE, tmp_path / "s.parquet", tmp_path / "one")
+    many = prepare(LOOSE.model_copy(update={"partition_rows": 1000}), tmp_path / "s.parquet", tmp_path / "many")
+    assert many.stats["partitions"] > 1 and one.counts == many.counts
+    assert read_items(tmp_path / "one").schema["item_id"] == pl.String
+    assert_frame_equal(read_items(tmp_path / "one"), read_items(tmp_path / "many"))
+    assert_frame_equal(read_sequences(tmp_path / "one"), read_sequences(tmp_path / "many").sort("user_id"))

@@ -146,3 +146,18 @@ def test_mask_seen_accepts_inference_tensors():
         scores = torch.zeros(1, 4)  # e.g. a scorer decorated with @torch.inference_mode()
     out = mask_seen(scores, torch.tensor([[2]]))
     assert out.tolist() == [[NEG, 0.0, NEG, 0.0]]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_matches_cpu():
+    gen = torch.Generator().manual_seed(3)
+    scores = _tied_scores(gen, 32, 300, levels=50)
+    history = torch.randint(0, 300, (32, 40), generator=gen)
+    targets = torch.randint(1, 300, (32, 4), generator=gen)
+    cpu = mask_seen(scores.clone(), history, keep=targets)
+    gpu = mask_seen(scores.cuda(), history.cuda(), keep=targets.cuda())
+    assert torch.equal(gpu.cpu(), cpu)
+    assert torch.equal(target_ranks(gpu, targets.cuda()).cpu(), target_ranks(cpu, targets))
+    for got, want in zip(topk(gpu, 20), topk(cpu, 20)):
+        assert torch.equal(got.cpu(), want)

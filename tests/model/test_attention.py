@@ -26,38 +26,39 @@ TOL = dict(atol=1e-5, rtol=1e-5)
 
 
 def reference(q, k, v, slopes, *, causal=True, lengths=None, window=None, seq_ids=None, sinks=0, bias_clamp=None):
-    """Float64 ALiBi attention, one query row at a time with explicit visibility rules."""
+    """Float64 ALiBi attention with the visibility and bias of every (query, key) pair written
+    out by plain Python loops, then one explicit softmax per batch row."""
     q, k, v, slopes = q.double(), k.double(), v.double(), slopes.double()
     b_n, h_n, lq, d = q.shape
     lk = k.shape[2]
-    rows = []
+    outs = []
     for b in range(b_n):
         n = lk if lengths is None else int(lengths[b])
         ids = [1] * lk if seq_ids is None else [int(x) for x in seq_ids[b]]
         start = []  # first position of the run each key belongs to
         for j in range(lk):
             start.append(j if j == 0 or ids[j] != ids[j - 1] else start[j - 1])
+        visible = [[False] * lk for _ in range(lq)]
+        dist = [[0.0] * lk for _ in range(lq)]
         for r in range(lq):
             i = lk - lq + r
-            keys, dists = [], []
             for j in range(lk):
                 if i >= n or j >= n or ids[i] == 0 or ids[j] != ids[i] or (causal and j > i):
                     continue
-                dist = i - j if causal else abs(i - j)
-                if window is not None and dist >= window and j - start[j] >= sinks:
+                dist[r][j] = i - j if causal else abs(i - j)
+                if window is not None and dist[r][j] >= window and j - start[j] >= sinks:
                     continue
-                keys.append(j)
-                dists.append(dist)
-            if not keys:
-                rows.append(torch.zeros(h_n, d, dtype=torch.float64))
-                continue
-            idx = torch.tensor(keys)
-            bias = -slopes[:, None] * torch.tensor(dists, dtype=torch.float64)[None, :]  # (H, n)
-            if bias_clamp is not None:
-                bias = bias.clamp(min=-bias_clamp)
-            scores = (q[b, :, r, None, :] * k[b][:, idx]).sum(-1) / math.sqrt(d) + bias  # (H, n)
-            rows.append(torch.einsum("hn,hnd->hd", scores.softmax(-1), v[b][:, idx]))
-    return torch.stack(rows).reshape(b_n, lq, h_n, d).transpose(1, 2)  # (B, H, Lq, D)
+                visible[r][j] = True
+        vis = torch.tensor(visible)  # (Lq, Lk)
+        bias = -slopes[:, None, None] * torch.tensor(dist, dtype=torch.float64)  # (H, Lq, Lk)
+        if bias_clamp is not None:
+            bias = bias.clamp(min=-bias_clamp)
+        scores = q[b] @ k[b].transpose(-1, -2) / math.sqrt(d) + bias  # (H, Lq, Lk)
+        live = vis.any(-1, keepdim=True)  # (Lq, 1)
+        scores = scores.masked_fill(~vis, -math.inf).masked_fill(~live, 0.0)
+        weights = scores.softmax(-1) * live  # empty rows: zero weights
+        outs.append(weights @ v[b])  # (H, Lq, D)
+    return torch.stack(outs)  # (B, H, Lq, D)
 
 
 def _seq_ids() -> torch.Tensor:
@@ -276,10 +277,12 @@ def test_eager_weights():
 
 def test_auto_backend_and_fallback(caplog):
     q, k, v = _inputs()
-    assert resolve_backend("auto", q, k, v) == "flex"
-    assert resolve_backend("auto", q.requires_grad_(), k, v) == "sdpa"
+    # CPU: sdpa unless a window over a long history lets flex skip blocks (and no grad is needed)
+    assert resolve_backend("auto", q, k, v) == "sdpa"
+    assert resolve_backend("auto", q, k, v, window=256, k_len=4096) == "flex"
+    assert resolve_backend("auto", q.requires_grad_(), k, v, window=256, k_len=4096) == "sdpa"
     with torch.no_grad():
-        assert resolve_backend("auto", q, k, v) == "flex"
+        assert resolve_backend("auto", q, k, v, window=256, k_len=4096) == "flex"
     with pytest.raises(ValueError, match="unknown attention backend"):
         resolve_backend("triton", q, k, v)
     caplog.set_level(logging.WARNING, logger="recsys_alibi.model.flex")

@@ -1,0 +1,267 @@
+"""What the scoring job reads: users and their histories in the model's item indices, by shard.
+
+Three kinds of input (``--input``):
+
+=============== ===========================================================================
+``prepared``    a directory with ``sequences.parquet`` (and ``items.parquet``) from ``prepare``
+``sequences``   a sequences Parquet file (``user_id``, ``item_idx`` list<int32>)
+``events``      anything else: a raw event log in any format ``prepare`` reads (file,
+                directory or glob; Parquet, CSV/TSV, NDJSON, MovieLens, SASRec, S3-Rec, .gz)
+=============== ===========================================================================
+
+Raw events are staged once by :func:`recsys_alibi.data.prepare.prepare` itself (same readers,
+validation and rejects, same duplicate rule, users grouped and time-ordered the same way) into
+``output_dir/_input`` with the k-core switched off (``min_events_per_user/item = 1``: scoring
+keeps every user and every event). Its vocabulary is then mapped onto the model's training
+vocabulary by raw ``item_id``; so is a prepared directory whose ``items.parquet`` differs from
+the model's. Events of items the model does not know are dropped and counted
+(``unknown_events``; distinct items: ``unknown_items``); a user left with no known event is not
+scored and is counted (``skipped_users``). A bare sequences file without an ``items.parquet``
+beside it must already use the model's indices (checked: an index above N is an error).
+
+Shards are contiguous runs of ``score.shard_users`` users in the order of the sequences file;
+each is read alone (Parquet slice), so memory does not grow with the number of users.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from recsys_alibi.config import DataConfig
+from recsys_alibi.data import schema
+from recsys_alibi.data.ingest import DataError, resolve_paths
+from recsys_alibi.data.loader import FlatSequences
+
+log = logging.getLogger(__name__)
+
+STAGED_MARKER = "_staged.json"
+STAGED_KEEP = (schema.STATS_FILE, schema.REJECTS_FILE, STAGED_MARKER)  # kept when the job completes
+
+
+@dataclass(frozen=True)
+class Shard:
+    """One shard of users ready to rank.
+
+    Attributes:
+        user_ids: (U,) raw user ids (Int64 or String), in input order.
+        histories: U sequences of model item indices (1..N, int64), time order, unknown items
+            removed; a sequence may be empty (no known item: the user is skipped).
+        unknown_events: events dropped because the model does not know their item.
+    """
+
+    user_ids: pl.Series
+    histories: FlatSequences
+    unknown_events: int
+
+
+@dataclass(frozen=True)
+class ScoreInput:
+    """A resolved input: where the sequences are and how their indices map to the model's.
+
+    Attributes:
+        kind: ``"prepared"``, ``"sequences"`` or ``"events"``.
+        sequences: Parquet file with ``user_id`` and ``item_idx`` list columns.
+        n_users: rows (users) in ``sequences``.
+        remap: (M + 1,) int64, input item index -> model item index (0: unknown), or None when
+            the input already uses the model's indices.
+        stats: ``unknown_items`` and, for raw events, ``input_rows``, ``rejected_rows``,
+            ``duplicate_rows``, ``filtered_rows``.
+    """
+
+    kind: str
+    sequences: Path
+    n_users: int
+    remap: np.ndarray | None = None
+    stats: dict[str, int] = field(default_factory=dict)
+
+    def read_shard(self, start: int, n: int) -> Shard:
+        """Users ``start .. start + n - 1`` with their histories in model indices (bounded memory)."""
+        frame = (
+            pl.scan_parquet(self.sequences).select(schema.USER_ID, schema.ITEM_IDX).slice(start, n).collect()
+        )
+        histories = FlatSequences.from_series(frame.get_column(schema.ITEM_IDX))
+        histories, unknown = map_histories(histories, self.remap)
+        return Shard(user_ids=frame.get_column(schema.USER_ID), histories=histories, unknown_events=unknown)
+
+
+def map_histories(histories: FlatSequences, remap: np.ndarray | None) -> tuple[FlatSequences, int]:
+    """Translate item indices with ``remap`` and drop unknown (0) and padding entries.
+
+    Args:
+        histories: U sequences of input item indices (int64; 0 = padding, ignored).
+        remap: (M + 1,) int64 input index -> model index (0 = unknown), or None (identity).
+
+    Returns:
+        The sequences in model indices, order kept, and the number of dropped unknown events
+        (padding zeros are not counted).
+    """
+    values = histories.values
+    mapped = values.copy() if remap is None else np.where(values < remap.shape[0], remap[np.minimum(values, remap.shape[0] - 1)], 0)
+    keep = mapped > 0
+    if keep.all():
+        return FlatSequences(values=mapped.astype(np.int64), offsets=histories.offsets), 0
+    unknown = int(((values > 0) & ~keep).sum())
+    owner = np.repeat(np.arange(len(histories)), histories.lengths())  # (E,) user of each event
+    counts = np.bincount(owner[keep], minlength=len(histories))
+    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    return FlatSequences(values=mapped[keep].astype(np.int64), offsets=offsets), unknown
+
+
+def vocabulary_remap(input_items: pl.DataFrame, model_items: pl.DataFrame) -> tuple[np.ndarray | None, int]:
+    """Map an input vocabulary onto the model's by raw ``item_id``.
+
+    Args:
+        input_items: ``item_idx`` Int32, ``item_id`` of the input.
+        model_items: ``item_idx`` Int32, ``item_id`` of the model (its training vocabulary).
+
+    Returns:
+        ``(remap, unknown_items)``: remap (M + 1,) int64 from input to model index (0 for items
+        the model does not know), or None when both vocabularies are identical; and the number
+        of input items the model does not know.
+    """
+    a = input_items.select(schema.ITEM_IDX, schema.ITEM_ID).sort(schema.ITEM_IDX)
+    b = model_items.select(schema.ITEM_IDX, schema.ITEM_ID).sort(schema.ITEM_IDX)
+    if a.schema == b.schema and a.equals(b):
+        return None, 0
+    if a.schema[schema.ITEM_ID] != b.schema[schema.ITEM_ID]:  # e.g. ids read as text vs integers
+        a = a.with_columns(pl.col(schema.ITEM_ID).cast(pl.String))
+        b = b.with_columns(pl.col(schema.ITEM_ID).cast(pl.String))
+    joined = a.join(b.rename({schema.ITEM_IDX: "_model_idx"}), on=schema.ITEM_ID, how="left")
+    size = int(a[schema.ITEM_IDX].max() or 0) + 1
+    remap = np.zeros(size, dtype=np.int64)
+    remap[joined[schema.ITEM_IDX].to_numpy()] = joined["_model_idx"].fill_null(0).to_numpy()
+    return remap, int(joined["_model_idx"].null_count())
+
+
+def fingerprint(input_path: str | Path) -> list[int]:
+    """``[files, bytes, newest mtime_ns]`` of the input: a resumed job must read the same input."""
+    path = Path(input_path)
+    if path.is_dir() and (path / schema.SEQUENCES_FILE).is_file():
+        files = [p for p in (path / schema.SEQUENCES_FILE, path / schema.ITEMS_FILE) if p.is_file()]
+    elif path.is_file():
+        files = [path]
+    else:
+        files = resolve_paths(input_path)
+    stats = [p.stat() for p in files]
+    return [len(stats), sum(s.st_size for s in stats), max(s.st_mtime_ns for s in stats)]
+
+
+def input_kind(input_path: str | Path) -> str:
+    """``"prepared"``, ``"sequences"`` or ``"events"`` (see the module docstring)."""
+    path = Path(input_path)
+    if path.is_dir() and (path / schema.SEQUENCES_FILE).is_file():
+        return "prepared"
+    if path.is_file() and path.suffix == ".parquet":
+        try:
+            file_schema = pl.read_parquet_schema(path)
+        except (pl.exceptions.PolarsError, OSError) as err:
+            raise DataError(f"cannot read {path}: {str(err).splitlines()[0]}; check the file given as --input") from None
+        if isinstance(file_schema.get(schema.ITEM_IDX), pl.List):
+            return "sequences"
+    return "events"
+
+
+def _n_rows(path: Path) -> int:
+    return int(pl.scan_parquet(path).select(pl.len()).collect().item())
+
+
+def _check_sequences(path: Path) -> None:
+    found = pl.read_parquet_schema(path)
+    if schema.USER_ID not in found or not isinstance(found.get(schema.ITEM_IDX), pl.List):
+        raise DataError(
+            f"{path} lacks user_id / item_idx list columns; give a prepared dir, a sequences Parquet or raw events as --input"
+        )
+
+
+def stage_events(data: DataConfig, input_path: str | Path, staged_dir: Path) -> dict[str, int]:
+    """Prepare a raw event log for scoring into ``staged_dir`` once (reused when already staged).
+
+    Runs ``prepare`` with the k-core off; writes ``_staged.json`` last, so a staging that was
+    killed is redone from scratch.
+
+    Returns:
+        ``input_rows``, ``rejected_rows``, ``duplicate_rows``, ``filtered_rows``.
+
+    Raises:
+        DataError: unreadable, empty or fully rejected input (from ``prepare``).
+    """
+    from recsys_alibi.data.prepare import prepare
+
+    marker = staged_dir / STAGED_MARKER
+    key = {"input": str(Path(input_path).resolve()) if "*" not in str(input_path) else str(input_path),
+           "fingerprint": fingerprint(input_path), "data": data.model_dump(mode="json")}
+    if marker.is_file():
+        staged = json.loads(marker.read_text())
+        if staged.get("key") == key:
+            return staged["stats"]
+    shutil.rmtree(staged_dir, ignore_errors=True)
+    cfg = data.model_copy(update={"min_events_per_user": 1, "min_events_per_item": 1})
+    result = prepare(cfg, input_path, staged_dir)
+    c = result.counts
+    stats = {"input_rows": c["input_rows"], "rejected_rows": c["rejected"],
+             "duplicate_rows": c["deduplicated"], "filtered_rows": c["filtered"]}  # fmt: skip
+    marker.write_text(json.dumps({"key": key, "stats": stats}, indent=2) + "\n")
+    return stats
+
+
+def release_staged(staged_dir: Path) -> None:
+    """After a complete job: delete the staged events, keep the input report (stats, rejects)."""
+    if not staged_dir.is_dir():
+        return
+    for path in staged_dir.iterdir():
+        if path.name not in STAGED_KEEP:
+            shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
+
+
+def open_input(
+    input_path: str | Path, model_items: pl.DataFrame, data: DataConfig, staged_dir: Path
+) -> ScoreInput:
+    """Resolve ``input_path`` into a :class:`ScoreInput` in the model's item indices.
+
+    Args:
+        input_path: prepared dir, sequences Parquet or raw events (see the module docstring).
+        model_items: the model's vocabulary (``item_idx`` 1..N, ``item_id``).
+        data: the ``data`` config section (format, column map, cleaning) for raw events.
+        staged_dir: where raw events are staged (``output_dir/_input``).
+
+    Raises:
+        DataError: missing/unreadable/empty input, wrong columns, or a bare sequences file with
+            indices beyond the model's catalog.
+    """
+    kind = input_kind(input_path)
+    path = Path(input_path)
+    stats: dict[str, int] = {}
+    if kind == "prepared":
+        sequences, items_path = path / schema.SEQUENCES_FILE, path / schema.ITEMS_FILE
+    elif kind == "sequences":
+        sequences = path
+        items_path = path.with_name(schema.ITEMS_FILE) if path.name == schema.SEQUENCES_FILE else None
+    else:
+        stats = stage_events(data, input_path, staged_dir)
+        sequences, items_path = staged_dir / schema.SEQUENCES_FILE, staged_dir / schema.ITEMS_FILE
+    _check_sequences(sequences)
+    n_users = _n_rows(sequences)
+    if n_users == 0:
+        raise DataError(f"no users to score in {sequences}; check --input")
+    remap, unknown_items = None, 0
+    if items_path is not None and items_path.is_file():
+        remap, unknown_items = vocabulary_remap(pl.read_parquet(items_path), model_items)
+    else:
+        n_items = model_items.height
+        top = pl.scan_parquet(sequences).select(pl.col(schema.ITEM_IDX).list.max().max()).collect().item()
+        if top is not None and int(top) > n_items:
+            raise DataError(
+                f"{sequences} has item index {int(top)} but the model knows {n_items} items; "
+                "score the prepared dir (with its items.parquet) or the raw events instead"
+            )
+    stats["unknown_items"] = unknown_items
+    if unknown_items:
+        log.info("%d items of the input are not in the model's vocabulary; their events are skipped", unknown_items)
+    return ScoreInput(kind=kind, sequences=sequences, n_users=n_users, remap=remap, stats=stats)

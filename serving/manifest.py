@@ -1,0 +1,205 @@
+"""The output directory of a scoring job: part files, the manifest, and how a job resumes.
+
+Layout of ``output_dir``::
+
+    part-00000.parquet ...        one per shard of ``score.shard_users`` users (contract rankings)
+    _manifest.json                the job's identity and the shards recorded as done
+    _manifest.rank-R.json         while a multi-process job runs: shards done by rank R > 0
+    _input/                       raw-event input only: the events prepared for scoring (removed
+                                  when the job completes, except ``stats.json`` and rejects)
+
+The rules that make a job killed at any moment and started again end with exactly the output of
+an uninterrupted run:
+
+1. A part file is written to a unique hidden temporary name and renamed into place
+   (``os.replace``, atomic on POSIX), so a part file is either absent or complete.
+2. After the rename the shard is recorded in the rank's manifest file (also written to a
+   temporary file and renamed). A shard is *done* when it is recorded **and** its part file
+   exists; anything else is scored again. A shard scored again (a kill between rename and
+   record) rewrites the same file with the same content: scoring is deterministic.
+3. Part files are named by shard index, so a shard can never be written twice under two names:
+   no duplicate (user, rank) rows, whatever the number of processes in either run.
+4. On start, rank 0 folds leftover rank files into ``_manifest.json``, deletes stale temporary
+   files and checks the identity (model, input, K and every setting that changes the rows);
+   an output directory of another job is an error, never mixed.
+5. When every shard is done, rank 0 writes ``_manifest.json`` with ``"complete": true`` and only
+   then removes the rank files and the staged input; a job started on a complete directory
+   returns its result at once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+MANIFEST = "_manifest.json"
+RANK_MANIFEST = "_manifest.rank-{rank}.json"
+PART = "part-{shard:05d}.parquet"
+STAGED_INPUT = "_input"
+
+
+class OutputDirError(ValueError):
+    """``output_dir`` holds another job's rankings; the message names the fix."""
+
+
+def part_name(shard: int) -> str:
+    """``part-00012.parquet`` for shard 12."""
+    return PART.format(shard=shard)
+
+
+def write_atomic(path: Path, write) -> None:
+    """Call ``write(tmp_path)`` on a unique hidden temporary file beside ``path``, then rename.
+
+    The temporary file is removed if ``write`` fails, so only a hard kill can leave one behind
+    (:func:`remove_stale_temporaries` clears those).
+    """
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        write(Path(tmp))
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def write_json_atomic(path: Path, payload: dict) -> None:
+    """Write ``payload`` as indented JSON to ``path`` atomically."""
+    write_atomic(path, lambda tmp: tmp.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n"))
+
+
+def remove_stale_temporaries(output_dir: Path) -> int:
+    """Delete hidden ``.*.tmp`` files left by a killed job; returns how many."""
+    stale = [p for p in output_dir.glob(".*.tmp") if p.is_file()]
+    for p in stale:
+        p.unlink(missing_ok=True)
+    return len(stale)
+
+
+@dataclass
+class Manifest:
+    """The state of a scoring output directory.
+
+    Attributes:
+        identity: what defines the rows (model, run, input fingerprint, K, settings).
+        users: users in the input; n_shards: shards of the job (set once the input is read).
+        shards: part file name -> ``{"users", "rows", "skipped_users", "unknown_events"}``.
+        complete: every shard done and recorded.
+        input_stats: facts about the input (``unknown_items``, ``rejected_rows``, ...).
+    """
+
+    identity: dict[str, Any]
+    users: int | None = None
+    n_shards: int | None = None
+    shards: dict[str, dict[str, int]] = field(default_factory=dict)
+    complete: bool = False
+    input_stats: dict[str, int] = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return {
+            "identity": self.identity, "users": self.users, "n_shards": self.n_shards,
+            "shards": dict(sorted(self.shards.items())), "complete": self.complete,
+            "input_stats": self.input_stats,
+        }  # fmt: skip
+
+    @classmethod
+    def from_json(cls, payload: dict) -> "Manifest":
+        return cls(
+            identity=payload.get("identity", {}), users=payload.get("users"), n_shards=payload.get("n_shards"),
+            shards=payload.get("shards", {}), complete=bool(payload.get("complete", False)),
+            input_stats=payload.get("input_stats", {}),
+        )  # fmt: skip
+
+    def totals(self) -> dict[str, int]:
+        """Sums over the recorded shards: ``users``, ``rows``, ``skipped_users``, ``unknown_events``."""
+        keys = ("users", "rows", "skipped_users", "unknown_events")
+        return {key: sum(int(s.get(key, 0)) for s in self.shards.values()) for key in keys}
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except json.JSONDecodeError:  # only possible if edited by hand: writes are atomic
+        raise OutputDirError(f"{path} is not valid JSON; delete the output directory and score again") from None
+
+
+def rank_manifest_path(output_dir: Path, rank: int) -> Path:
+    """Where rank ``rank`` records its shards (``_manifest.json`` for rank 0)."""
+    return output_dir / (MANIFEST if rank == 0 else RANK_MANIFEST.format(rank=rank))
+
+
+def open_manifest(output_dir: Path, identity: dict[str, Any]) -> Manifest:
+    """Rank 0 at start: the directory's manifest with leftover rank files folded in (rule 4).
+
+    Creates ``output_dir`` and an empty manifest when there is none; deletes stale temporaries.
+
+    Raises:
+        OutputDirError: the directory holds rankings of another job (a different identity).
+    """
+    output_dir.mkdir(parents=True, exist_ok=True)
+    payload = _read_json(output_dir / MANIFEST)
+    if payload is None:
+        if any(output_dir.glob("part-*.parquet")):
+            raise OutputDirError(
+                f"{output_dir} holds part files but no {MANIFEST}; choose a new --output or delete that directory"
+            )
+        manifest = Manifest(identity=identity)
+    else:
+        manifest = Manifest.from_json(payload)
+        if manifest.identity != identity:
+            changed = sorted(k for k in set(identity) | set(manifest.identity) if identity.get(k) != manifest.identity.get(k))
+            raise OutputDirError(
+                f"{output_dir} holds rankings of another job (different {', '.join(changed)}); "
+                "choose a new --output or delete that directory"
+            )
+    for path in sorted(output_dir.glob(RANK_MANIFEST.format(rank="*"))):
+        other = _read_json(path)
+        if other is not None and other.get("identity") == identity:
+            manifest.shards.update(other.get("shards", {}))
+    remove_stale_temporaries(output_dir)
+    write_json_atomic(output_dir / MANIFEST, manifest.to_json())
+    for path in output_dir.glob(RANK_MANIFEST.format(rank="*")):
+        path.unlink(missing_ok=True)  # folded in above (or another job's leftovers)
+    return manifest
+
+
+def done_shards(output_dir: Path, manifest: Manifest) -> set[int]:
+    """Indices of shards recorded in ``manifest`` whose part file exists (rule 2)."""
+    done = set()
+    for name in manifest.shards:
+        if (output_dir / name).is_file():
+            done.add(int(name.removeprefix("part-").removesuffix(".parquet")))
+    return done
+
+
+def record_shard(output_dir: Path, rank: int, manifest: Manifest, name: str, stats: dict[str, int]) -> None:
+    """Record a shard whose part file is in place, in this rank's manifest file (rule 2)."""
+    manifest.shards[name] = stats
+    write_json_atomic(rank_manifest_path(output_dir, rank), manifest.to_json())
+
+
+def finish_manifest(output_dir: Path, manifest: Manifest, world_size: int) -> Manifest:
+    """Rank 0 after every rank finished: fold rank files in, mark complete when all shards are done (rule 5)."""
+    for rank in range(1, world_size):
+        other = _read_json(rank_manifest_path(output_dir, rank))
+        if other is not None:
+            manifest.shards.update(other.get("shards", {}))
+    assert manifest.n_shards is not None
+    manifest.shards = {name: s for name, s in manifest.shards.items() if (output_dir / name).is_file()}
+    manifest.complete = len(done_shards(output_dir, manifest)) == manifest.n_shards
+    write_json_atomic(output_dir / MANIFEST, manifest.to_json())
+    for rank in range(1, world_size):
+        rank_manifest_path(output_dir, rank).unlink(missing_ok=True)
+    return manifest
+
+
+def read_manifest(output_dir: Path) -> Manifest | None:
+    """The manifest of ``output_dir``, or None when there is none."""
+    payload = _read_json(output_dir / MANIFEST)
+    return None if payload is None else Manifest.from_json(payload)

@@ -1,0 +1,201 @@
+"""Rank the users of one shard: context windows, length-sorted batches, chunked top-K, raw ids.
+
+Histories and context (``score.max_context`` = C, ``score.sinks`` = S):
+
+- a history of at most C events is scored whole, even when longer than the training length
+  ``model.max_len``: ALiBi has no position table and extrapolates (Press et al. 2022);
+- a longer history is scored as its first S events followed by its last C - S events, one
+  sequence of C events. This is StreamingLLM's rolling cache with attention sinks (Xiao et al.
+  2023): the window slides over the history, the first events stay as sinks, and distances
+  (hence the ALiBi bias) are counted inside the kept events. Cost per user is bounded by C
+  whatever the history length. With S = 0 it is simply the last C events. A model trained
+  with ``model.window`` / ``model.sinks`` applies them inside the C events as in training;
+- models with learned positions (the SASRec baseline) cannot extrapolate: C is capped at
+  ``model.max_len``.
+
+Seen items are those of the *whole* history, not only of the context window.
+
+Users are sorted by context length inside the shard and cut into batches of at most
+``score.batch_size`` users and ``score.batch_tokens`` padded events, so activation memory is
+bounded whatever the history lengths. The output is sorted by (``user_id``, ``rank``), so it
+does not depend on the batching.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+
+import numpy as np
+import polars as pl
+import torch
+
+from recsys_alibi.config import ScoreConfig
+from recsys_alibi.data import schema
+from recsys_alibi.data.ingest import DataError
+from recsys_alibi.data.loader import FlatSequences, pad_right
+from serving.topk import chunked_topk
+
+log = logging.getLogger(__name__)
+
+
+def resolve_device(name: str) -> torch.device:
+    """``"auto"``: cuda when available, else cpu; any other torch device string as is."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def resolve_backend(name: str, device: torch.device) -> str | None:
+    """Attention backend for scoring; None means the model's own ``model.attention_backend``.
+
+    ``auto``: flex on CUDA; sdpa on CPU, where flex compiles one kernel per padded shape
+    (tens of seconds each) and was slower than sdpa at 2,000 events on the benchmark machine.
+    """
+    if name == "model":
+        return None
+    if name == "auto":
+        return "flex" if device.type == "cuda" else "sdpa"
+    return name
+
+
+def context_window(history: np.ndarray, max_context: int, sinks: int) -> np.ndarray:
+    """The events the model sees: all of ``history`` if it fits, else ``sinks`` first + the rest last.
+
+    Args:
+        history: (L,) int item indices in time order.
+        max_context: C >= 1, longest sequence given to the model.
+        sinks: S, 0 <= S < C, first events kept when the history is longer than C.
+
+    Returns:
+        (min(L, C),) int64.
+    """
+    if history.shape[0] <= max_context:
+        return history
+    return np.concatenate([history[:sinks], history[history.shape[0] - (max_context - sinks) :]])
+
+
+def plan_batches(lengths: np.ndarray, max_users: int, max_tokens: int) -> Iterator[tuple[int, int]]:
+    """Cut users sorted by ascending length into ``[start, end)`` batches.
+
+    A batch holds at most ``max_users`` users and ``users * longest <= max_tokens`` padded
+    events (a single user longer than ``max_tokens`` gets a batch of its own).
+    """
+    n = lengths.shape[0]
+    start = 0
+    while start < n:
+        end = start + 1
+        while end < n and end - start < max_users and (end - start + 1) * int(lengths[end]) <= max_tokens:
+            end += 1
+        yield start, end
+        start = end
+
+
+def item_id_lookup(items: pl.DataFrame, n_items: int) -> pl.Series:
+    """(N + 1,) raw item ids by item index (position 0, padding, is null).
+
+    Raises:
+        DataError: the vocabulary is not exactly the indices 1..N of the model's item table.
+    """
+    vocab = items.select(schema.ITEM_IDX, schema.ITEM_ID).sort(schema.ITEM_IDX)
+    if vocab.height != n_items or not vocab[schema.ITEM_IDX].equals(pl.Series(schema.ITEM_IDX, np.arange(1, n_items + 1), dtype=vocab.schema[schema.ITEM_IDX])):
+        raise DataError(
+            f"the model's vocabulary has {vocab.height} items but its item table {n_items}; "
+            "log the model again with `recsys-alibi train`"
+        )
+    ids = vocab.get_column(schema.ITEM_ID)
+    return pl.concat([pl.Series(schema.ITEM_ID, [None], dtype=ids.dtype), ids])
+
+
+class ShardRanker:
+    """Top-K rows (contract rankings schema) for shards of users, with one model.
+
+    Args:
+        model: an ``AlibiRanker`` (``last_hidden``, ``items.weight`` (N + 1, D), ``max_context``,
+            ``cfg.sinks``); put in eval mode and moved to ``cfg.device``.
+        items: the model's vocabulary: ``item_idx`` 1..N, ``item_id`` raw.
+        cfg: the ``score`` config section.
+        k: items per user.
+
+    Raises:
+        DataError: the vocabulary does not match the item table.
+        ValueError: ``score.sinks`` not below the context length.
+    """
+
+    def __init__(self, model, items: pl.DataFrame, cfg: ScoreConfig, k: int) -> None:
+        self.cfg = cfg
+        self.k = int(k)
+        self.device = resolve_device(cfg.device)
+        self.backend = resolve_backend(cfg.attention_backend, self.device)
+        self.model = model.eval().to(self.device)
+        self.table = model.items.weight.detach()  # (N + 1, D)
+        self.n_items = int(self.table.shape[0]) - 1
+        self.item_ids = item_id_lookup(items, self.n_items)
+        self.context = min(cfg.max_context, model.max_context or cfg.max_context)
+        model_sinks = int(getattr(model.cfg, "sinks", 0) or 0)
+        self.sinks = model_sinks if cfg.sinks is None else int(cfg.sinks)
+        if self.sinks >= self.context:
+            raise ValueError(
+                f"score.sinks={self.sinks} must be below the context of {self.context} events; lower score.sinks"
+            )
+
+    def settings(self) -> dict:
+        """What changes the rows (part of the job identity)."""
+        return {"k": self.k, "exclude_seen": self.cfg.exclude_seen, "max_context": self.context,
+                "sinks": self.sinks, "n_items": self.n_items}  # fmt: skip
+
+    def empty(self, user_dtype: pl.DataType) -> pl.DataFrame:
+        """A rankings frame with no rows and the contract schema."""
+        return pl.DataFrame(schema={schema.USER_ID: user_dtype, schema.RANK: pl.Int32,
+                                    schema.ITEM_ID: self.item_ids.dtype, schema.SCORE: pl.Float32})  # fmt: skip
+
+    @torch.inference_mode()
+    def rank(self, user_ids: pl.Series, histories: FlatSequences) -> tuple[pl.DataFrame, int]:
+        """Rank every user with at least one known event.
+
+        Args:
+            user_ids: (U,) raw user ids.
+            histories: U sequences of model item indices (1..N), time order.
+
+        Returns:
+            ``(rankings, skipped_users)``: rows ``user_id``, ``rank`` int32 1..K', ``item_id``,
+            ``score`` float32 sorted by (user_id, rank), ``K' = min(K, N - seen)`` rows per user
+            (``min(K, N)`` without seen-item exclusion); and the users with an empty history.
+        """
+        lengths = histories.lengths()
+        scored = np.flatnonzero(lengths > 0)
+        context_len = np.minimum(lengths[scored], self.context)
+        order = scored[np.argsort(context_len, kind="stable")]  # similar lengths together
+        sorted_len = np.minimum(lengths[order], self.context)
+        frames = []
+        for start, end in plan_batches(sorted_len, self.cfg.batch_size, self.cfg.batch_tokens):
+            rows = order[start:end]
+            frames.append(self._rank_batch(user_ids, histories, rows))
+        skipped = int(lengths.shape[0] - scored.shape[0])
+        if not frames:
+            return self.empty(user_ids.dtype), skipped
+        return pl.concat(frames).sort(schema.USER_ID, schema.RANK), skipped
+
+    def _rank_batch(self, user_ids: pl.Series, histories: FlatSequences, rows: np.ndarray) -> pl.DataFrame:
+        context, lengths = pad_right([context_window(histories.get(int(u)), self.context, self.sinks) for u in rows])
+        if self.cfg.exclude_seen:
+            seen, _ = pad_right([histories.get(int(u)) for u in rows])  # (B, S) the whole history
+        else:
+            seen = torch.zeros((len(rows), 0), dtype=torch.int64)
+        hidden = self.model.last_hidden(context.to(self.device), lengths.to(self.device), backend=self.backend)  # (B, D)
+        values, indices = chunked_topk(
+            hidden.to(self.table.dtype), self.table, seen, self.k, chunk=self.cfg.catalog_chunk,
+            exclude_seen=self.cfg.exclude_seen,
+        )  # (B, K'), (B, K')
+        values, indices = values.cpu(), indices.cpu()
+        valid = torch.isfinite(values)  # masked tail of users with fewer than K rankable items
+        ranks = (torch.arange(1, values.shape[1] + 1, dtype=torch.int32)).expand_as(values)[valid]
+        owner = np.repeat(rows, valid.sum(dim=1).numpy())
+        return pl.DataFrame(
+            {
+                schema.USER_ID: user_ids.gather(owner),
+                schema.RANK: pl.Series(ranks.numpy(), dtype=pl.Int32),
+                schema.ITEM_ID: self.item_ids.gather(indices[valid].numpy()),
+                schema.SCORE: pl.Series(values[valid].numpy(), dtype=pl.Float32),
+            }
+        )

@@ -1,0 +1,66 @@
+"""Top-K items per user over a catalog scored in chunks, and its full-matrix reference.
+
+``chunked_topk`` never holds the (B, N + 1) score matrix: it multiplies the hidden states with
+``catalog_chunk`` rows of the item table at a time, masks the padding column and the seen items
+of that chunk, and merges the chunk into a running top-K
+(:class:`recsys_alibi.evaluation.ranking.ChunkedTopK`). Working memory is
+O(B * (chunk + K) + B * S), independent of the catalog size N. Ties are broken by the lower item
+index, so the result does not depend on the chunk size. ``topk_reference`` builds the whole
+matrix and is what the tests hold the chunked path against.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from recsys_alibi.evaluation.ranking import ChunkedTopK, mask_seen, topk
+
+
+def chunked_topk(
+    hidden: torch.Tensor,
+    table: torch.Tensor,
+    seen: torch.Tensor,
+    k: int,
+    *,
+    chunk: int,
+    exclude_seen: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Best ``k`` items of each row, scoring the catalog ``chunk`` items at a time.
+
+    Args:
+        hidden: (B, D) float, user states (e.g. ``AlibiRanker.last_hidden``).
+        table: (N + 1, D) float, the item table; row 0 is padding and is never ranked.
+        seen: (B, S) int64 item indices of each user's history, right-padded with 0 (all of the
+            history, not only the context the model saw).
+        k: items kept per row (>= 1).
+        chunk: catalog rows scored at once (>= 1).
+        exclude_seen: give seen items -inf (never ranked).
+
+    Returns:
+        values (B, K') float32 and item indices (B, K') int64, best first, K' = min(k, N + 1).
+        Masked items carry -inf: a row with fewer than K' rankable items ends in -inf entries,
+        which callers drop.
+
+    Raises:
+        ValueError: k or chunk < 1, or mismatched shapes.
+    """
+    if chunk < 1:
+        raise ValueError(f"chunk must be >= 1, got {chunk}")
+    if hidden.ndim != 2 or table.ndim != 2 or hidden.shape[1] != table.shape[1]:
+        raise ValueError(f"hidden (B, D) and table (N + 1, D) expected, got {tuple(hidden.shape)}, {tuple(table.shape)}")
+    seen = seen.to(hidden.device, torch.int64)
+    running = ChunkedTopK(k)
+    for start in range(0, table.shape[0], chunk):
+        scores = (hidden @ table[start : start + chunk].T).float()  # (B, C)
+        scores = mask_seen(scores, seen, exclude_seen=exclude_seen, offset=start)
+        running.update(scores, offset=start)
+    return running.result()
+
+
+def topk_reference(
+    hidden: torch.Tensor, table: torch.Tensor, seen: torch.Tensor, k: int, *, exclude_seen: bool = True
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Full-matrix version of :func:`chunked_topk`: (B, N + 1) scores, mask, one top-K."""
+    scores = (hidden @ table.T).float()  # (B, N + 1)
+    scores = mask_seen(scores, seen.to(hidden.device, torch.int64), exclude_seen=exclude_seen)
+    return topk(scores, k)

@@ -1,0 +1,94 @@
+"""Scoring inputs: raw events in a contract format, other vocabularies, bare sequence files."""
+
+from __future__ import annotations
+
+import polars as pl
+import pytest
+from serving_fixtures import read_rankings, score_config, tiny_model, vocabulary
+
+from recsys_alibi.data import schema
+from recsys_alibi.data.ingest import DataError
+from serving.inputs import input_kind
+from serving.score import score_with_model
+
+# user, item, timestamp: items 1001..1030 are known to the model, 9xxx are not
+EVENTS = """user_id,item_id,timestamp
+u1,1005,30
+u1,1003,10
+u1,9001,15
+u1,1007,20
+u2,1002,5
+u2,9002,6
+u2,9001,7
+u2,1002,8
+u3,1010,1
+u3,1010,1
+u3,1011,abc
+u4,9003,3
+u4,9004,4
+"""
+
+
+def _sequences(path, users: dict[str, list[int]]):
+    path.mkdir(parents=True, exist_ok=True)
+    pl.DataFrame(
+        {schema.USER_ID: list(users), schema.ITEM_IDX: pl.Series(list(users.values()), dtype=pl.List(pl.Int32))}
+    ).write_parquet(path / schema.SEQUENCES_FILE)
+    return path / schema.SEQUENCES_FILE
+
+
+def test_raw_events_with_unknown_items(tmp_path):
+    events = tmp_path / "events.csv"
+    events.write_text(EVENTS)
+    assert input_kind(events) == "events"
+    result = score_with_model(score_config(k=5, shard_users=2), tiny_model(), vocabulary(), events, tmp_path / "out", progress=False)
+    # the same users, time-ordered, known items only, in the model's indices (item_id - 1000);
+    # u3's duplicate row is dropped and its bad-timestamp row rejected; u4 knows no item
+    want_input = _sequences(tmp_path / "manual", {"u1": [3, 7, 5], "u2": [2, 2], "u3": [10]})
+    score_with_model(score_config(k=5, shard_users=2), tiny_model(), vocabulary(), want_input, tmp_path / "want", progress=False)
+    got, want = read_rankings(tmp_path / "out"), read_rankings(tmp_path / "want")
+    assert got.equals(want)
+    assert set(got[schema.USER_ID]) == {"u1", "u2", "u3"}
+    assert (result.unknown_items, result.unknown_events, result.skipped_users, result.rejected_rows) == (4, 5, 1, 1)
+    assert result.users == 4 and result.users_scored == 4
+    assert "unknown items: 4 (5 events skipped)" in result.summary()
+    # the staged events are released, the input report stays
+    staged = tmp_path / "out" / "_input"
+    assert sorted(p.name for p in staged.iterdir()) == ["_staged.json", schema.REJECTS_FILE, schema.STATS_FILE]
+    assert pl.read_parquet(staged / schema.REJECTS_FILE)[schema.REJECT_REASON].to_list() == ["bad_timestamp"]
+
+
+def test_prepared_dir_with_another_vocabulary_is_mapped_by_raw_id(prepared, tmp_path):
+    score_with_model(score_config(), tiny_model(), vocabulary(), prepared, tmp_path / "a", progress=False)
+    # the same histories under another numbering of the items, plus an item the model lacks
+    other = tmp_path / "other"
+    other.mkdir()
+    vocab = vocabulary()
+    reverse = {i: vocab.height + 1 - i for i in range(1, vocab.height + 1)}
+    seq = pl.read_parquet(prepared / schema.SEQUENCES_FILE).with_columns(
+        pl.col(schema.ITEM_IDX).list.eval(pl.element().replace_strict(reverse) ).cast(pl.List(pl.Int32))
+    )
+    seq = seq.with_columns(pl.col(schema.ITEM_IDX).list.concat(pl.lit([31], dtype=pl.List(pl.Int32))))
+    seq.write_parquet(other / schema.SEQUENCES_FILE)
+    pl.concat([
+        vocab.with_columns(pl.col(schema.ITEM_IDX).replace_strict(reverse, return_dtype=pl.Int32)),
+        pl.DataFrame({schema.ITEM_IDX: [31], schema.ITEM_ID: [5555], schema.COUNT: [1]}, schema=vocab.schema),
+    ]).write_parquet(other / schema.ITEMS_FILE)
+    result = score_with_model(score_config(), tiny_model(), vocabulary(), other, tmp_path / "b", progress=False)
+    assert read_rankings(tmp_path / "a").equals(read_rankings(tmp_path / "b"))
+    assert (result.unknown_items, result.unknown_events) == (1, 23)
+
+
+def test_bare_sequences_file_must_fit_the_model(tmp_path):
+    ok = _sequences(tmp_path / "ok", {"a": [1, 2], "b": [30]}).rename(tmp_path / "ok" / "users.parquet")
+    assert input_kind(ok) == "sequences"
+    result = score_with_model(score_config(k=3), tiny_model(), vocabulary(), ok, tmp_path / "out", progress=False)
+    assert result.rows == 6
+    bad = _sequences(tmp_path / "bad", {"a": [1, 31]}).rename(tmp_path / "bad" / "users.parquet")
+    with pytest.raises(DataError, match="item index 31 but the model knows 30 items"):
+        score_with_model(score_config(), tiny_model(), vocabulary(), bad, tmp_path / "out2", progress=False)
+
+
+def test_missing_input_is_a_clear_error(tmp_path):
+    with pytest.raises(DataError, match="input not found"):
+        score_with_model(score_config(), tiny_model(), vocabulary(), tmp_path / "nope", tmp_path / "out", progress=False)
