@@ -109,9 +109,9 @@ class ProbeSize:
 
 
 SIZES = {
-    64: ProbeSize(64, 96, 400, 50, 20, 16),
-    512: ProbeSize(512, 768, 120, 50, 8, 8),
-    2048: ProbeSize(2048, 3072, 32, 50, 2, 4),
+    64: ProbeSize(64, 96, 200, 100, 6, 16),
+    512: ProbeSize(512, 768, 64, 100, 3, 8),
+    2048: ProbeSize(2048, 3072, 16, 100, 1, 4),
 }
 
 # variant name -> (train.precision, model overrides); values filled from the diagnosis are
@@ -216,7 +216,7 @@ def run_probe_one(size: ProbeSize, variant: str, work: Path, seed: int = 7) -> d
     ent = [[measured[f"attn/l{l}_h{h}_entropy"] for h in range(cfg.n_heads)] for l in range(cfg.n_layers)]
     record = {
         "distance": size.distance, "variant": variant, "precision": precision, "max_len": size.max_len,
-        "users": size.users, "items": size.items, "epochs": fit.epochs + 1, "batch_size": size.batch_size,
+        "users": size.users, "items": size.items, "epochs": fit.epochs, "batch_size": size.batch_size,
         "model": {k: getattr(cfg, k) for k in ("d_model", "n_heads", "n_layers", "max_bias", "bias_clamp",
                                                "window", "sinks", "learnable_slopes")},
         "slopes": slopes.tolist(),
@@ -229,19 +229,28 @@ def run_probe_one(size: ProbeSize, variant: str, work: Path, seed: int = 7) -> d
     return record
 
 
+def _setting(model: dict) -> str:
+    """The mitigation settings of a run that differ from the default model."""
+    parts = [f"max_bias={model['max_bias']:g}"] if model["max_bias"] != 8.0 else []
+    parts += [f"{k}={model[k]:g}" for k in ("bias_clamp", "window") if model[k] is not None]
+    parts += ["sinks=%d" % model["sinks"]] if model["sinks"] else []
+    parts += ["learnable slopes"] if model["learnable_slopes"] else []
+    return ", ".join(parts) or "default"
+
+
 def probe_markdown(records: list[dict]) -> str:
     """The probe table: one row per run."""
     lines = [
-        "| D | L | variant | HR@10 (chance) | blind heads pred. / meas. (l0, l1) | zero share pred. / meas. "
-        "(mean over heads, l0, l1) | mean entropy (nats) | train s |",
-        "|---|---|---|---|---|---|---|---|",
+        "| D | L | variant | setting | HR@10 (chance) | blind heads pred. / meas. (l0, l1) | zero share "
+        "pred. / meas. (mean over heads, l0, l1) | mean entropy (nats) | train s |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in records:
         pred = float(np.mean(r["predicted_zero_share"]))
         meas = ", ".join(f"{100 * float(np.mean(layer)):.1f}" for layer in r["measured_zero_share"])
         blind = ", ".join(str(b) for b in r["measured_blind_heads"])
         lines.append(
-            f"| {r['distance']} | {r['max_len']} | {r['variant']} | {r['hr_at_10']:.3f} ({r['chance_hr_at_10']:.2f}) "
+            f"| {r['distance']} | {r['max_len']} | {r['variant']} | {_setting(r['model'])} | {r['hr_at_10']:.3f} ({r['chance_hr_at_10']:.2f}) "
             f"| {r['predicted_blind_heads']} / {blind} | {100 * pred:.1f} / {meas} | {r['mean_entropy']:.2f} "
             f"| {r['train_seconds']:.0f} |"
         )

@@ -162,15 +162,16 @@ def configure_logging() -> None:
     Also silences the known, harmless warnings of the pinned dependencies (ENVIRONMENT.md).
     """
     os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     logging.basicConfig(level=logging.WARNING, format="%(message)s", stream=sys.stderr)
     for name in ("recsys_alibi", "pipelines", "serving"):
         logging.getLogger(name).setLevel(logging.INFO)
     for pattern in (r".*noload.*", r".*distutils.*", r".*LeafSpec.*", r".*litlogger.*", r".*is_fx_tracing.*"):
         warnings.filterwarnings("ignore", message=pattern)
-    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric", "torch.fx._symbolic_trace"):
+    logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)  # torchrec's is_fx_tracing notice
+    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric", "mlflow", "alembic"):
         logging.getLogger(name).setLevel(logging.WARNING)
-    logging.getLogger("mlflow").setLevel(logging.WARNING)
-    logging.getLogger("alembic").setLevel(logging.WARNING)
+    logging.getLogger("mlflow.pytorch").setLevel(logging.ERROR)  # the pickle notice: we log pickled on purpose
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:

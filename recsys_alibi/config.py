@@ -133,6 +133,7 @@ class ScoreConfig(_Section):
     batch_tokens: int = Field(131_072, ge=1)  # history events per batch (bounds activation memory)
     attention_backend: Literal["auto", "model", "flex", "sdpa", "eager"] = "auto"  # auto: sdpa on CPU, flex on GPU
     device: str = "auto"  # "auto": cuda when available, else cpu
+    overwrite: bool = False  # replace another job's rankings in --output instead of refusing (same job: resumed)
 
 
 class TrackingConfig(_Section):

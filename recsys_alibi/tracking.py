@@ -108,7 +108,8 @@ def log_ranker(model, items: pl.DataFrame, registered_name: str | None, workdir:
         serialization_format="pickle",  # the whole module; code is importable where it loads
     )
     version = getattr(info, "registered_model_version", None)
-    return LoggedModel(uri=info.model_uri, run_id=info.run_id, version=None if version is None else str(version))
+    uri = f"runs:/{info.run_id}/model"  # resolves to the logged model in MLflow 3 too
+    return LoggedModel(uri=uri, run_id=info.run_id, version=None if version is None else str(version))
 
 
 @dataclass(frozen=True)

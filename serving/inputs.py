@@ -103,7 +103,10 @@ def map_histories(histories: FlatSequences, remap: np.ndarray | None) -> tuple[F
         (padding zeros are not counted).
     """
     values = histories.values
-    mapped = values.copy() if remap is None else np.where(values < remap.shape[0], remap[np.minimum(values, remap.shape[0] - 1)], 0)
+    if remap is None:
+        mapped = values
+    else:  # indices beyond the input vocabulary cannot occur in prepared data; treat them as unknown
+        mapped = np.where(values < remap.shape[0], remap[np.minimum(values, remap.shape[0] - 1)], 0)
     keep = mapped > 0
     if keep.all():
         return FlatSequences(values=mapped.astype(np.int64), offsets=histories.offsets), 0
@@ -176,7 +179,8 @@ def _check_sequences(path: Path) -> None:
     found = pl.read_parquet_schema(path)
     if schema.USER_ID not in found or not isinstance(found.get(schema.ITEM_IDX), pl.List):
         raise DataError(
-            f"{path} lacks user_id / item_idx list columns; give a prepared dir, a sequences Parquet or raw events as --input"
+            f"{path} lacks user_id / item_idx list columns; "
+            "give a prepared dir, a sequences Parquet or raw events as --input"
         )
 
 

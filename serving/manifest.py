@@ -134,29 +134,47 @@ def rank_manifest_path(output_dir: Path, rank: int) -> Path:
     return output_dir / (MANIFEST if rank == 0 else RANK_MANIFEST.format(rank=rank))
 
 
-def open_manifest(output_dir: Path, identity: dict[str, Any]) -> Manifest:
+def clear_output(output_dir: Path) -> None:
+    """Delete what a scoring job writes in ``output_dir`` (part files, manifests, staged input, temporaries)."""
+    import shutil
+
+    for pattern in ("part-*.parquet", "_manifest*.json", ".*.tmp"):
+        for path in output_dir.glob(pattern):
+            path.unlink(missing_ok=True)
+    shutil.rmtree(output_dir / STAGED_INPUT, ignore_errors=True)
+
+
+def open_manifest(output_dir: Path, identity: dict[str, Any], *, overwrite: bool = False) -> Manifest:
     """Rank 0 at start: the directory's manifest with leftover rank files folded in (rule 4).
 
     Creates ``output_dir`` and an empty manifest when there is none; deletes stale temporaries.
+    With ``overwrite``, the output of another job is deleted (:func:`clear_output`) instead of
+    refused; the output of the same job is still resumed.
 
     Raises:
-        OutputDirError: the directory holds rankings of another job (a different identity).
+        OutputDirError: the directory holds rankings of another job (a different identity) and
+            ``overwrite`` is off.
     """
     output_dir.mkdir(parents=True, exist_ok=True)
     payload = _read_json(output_dir / MANIFEST)
+    if overwrite and (payload is None or payload.get("identity") != identity):
+        clear_output(output_dir)
+        payload = None
     if payload is None:
         if any(output_dir.glob("part-*.parquet")):
             raise OutputDirError(
-                f"{output_dir} holds part files but no {MANIFEST}; choose a new --output or delete that directory"
+                f"{output_dir} holds part files but no {MANIFEST}; choose a new --output, delete that directory "
+                "or set score.overwrite=true"
             )
         manifest = Manifest(identity=identity)
     else:
         manifest = Manifest.from_json(payload)
         if manifest.identity != identity:
-            changed = sorted(k for k in set(identity) | set(manifest.identity) if identity.get(k) != manifest.identity.get(k))
+            keys = set(identity) | set(manifest.identity)
+            changed = sorted(k for k in keys if identity.get(k) != manifest.identity.get(k))
             raise OutputDirError(
                 f"{output_dir} holds rankings of another job (different {', '.join(changed)}); "
-                "choose a new --output or delete that directory"
+                "choose a new --output, delete that directory or set score.overwrite=true"
             )
     for path in sorted(output_dir.glob(RANK_MANIFEST.format(rank="*"))):
         other = _read_json(path)

@@ -98,7 +98,8 @@ def item_id_lookup(items: pl.DataFrame, n_items: int) -> pl.Series:
         DataError: the vocabulary is not exactly the indices 1..N of the model's item table.
     """
     vocab = items.select(schema.ITEM_IDX, schema.ITEM_ID).sort(schema.ITEM_IDX)
-    if vocab.height != n_items or not vocab[schema.ITEM_IDX].equals(pl.Series(schema.ITEM_IDX, np.arange(1, n_items + 1), dtype=vocab.schema[schema.ITEM_IDX])):
+    expected = pl.Series(schema.ITEM_IDX, np.arange(1, n_items + 1), dtype=vocab.schema[schema.ITEM_IDX])
+    if vocab.height != n_items or not vocab[schema.ITEM_IDX].equals(expected):
         raise DataError(
             f"the model's vocabulary has {vocab.height} items but its item table {n_items}; "
             "log the model again with `recsys-alibi train`"

@@ -195,7 +195,7 @@ class _ScoreJob:
 
     def _open(self) -> tuple[Manifest, ScoreInput | None]:
         """Rank 0: check/create the manifest, stage and open the input, fix the shard plan."""
-        manifest = open_manifest(self.output_dir, self.identity)
+        manifest = open_manifest(self.output_dir, self.identity, overwrite=self.config.score.overwrite)
         if manifest.complete:  # a kill may have come between completing and releasing
             release_staged(self.output_dir / STAGED_INPUT)
             return manifest, None

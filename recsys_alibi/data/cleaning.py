@@ -18,12 +18,15 @@ round, so :func:`k_core_mask` runs on integer codes in numpy (two ``bincount`` p
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import polars as pl
 
 from recsys_alibi.data.schema import EVENT_TYPE, ITEM_ID, SOURCE_ROW, TIMESTAMP, USER_ID, VALUE
 
 EVENT_KEYS = (USER_ID, ITEM_ID, TIMESTAMP, EVENT_TYPE, VALUE)  # what makes two rows duplicates
+CHUNK = 1 << 22  # events per step of the k-core loop
 
 
 def filter_min_value(events: pl.LazyFrame, min_value: float | None) -> pl.LazyFrame:
@@ -54,6 +57,39 @@ def sort_events(events: pl.LazyFrame, *, in_source_order: bool = False) -> pl.La
     return events.sort(USER_ID, TIMESTAMP, SOURCE_ROW)
 
 
+def sort_permutation(users: np.ndarray, timestamps: np.ndarray, max_span: int = 1 << 26) -> np.ndarray | None:
+    """Fast path of :func:`sort_events` for integer user ids, as a permutation of the rows.
+
+    Rows must be in source order. Users get dense codes in id order (a lookup table over the id
+    span), then a stable LSD radix sort on 16-bit digits of the code (numpy's stable argsort is
+    a radix sort for 16-bit keys) orders by user; a first stable sort by time is skipped when
+    the rows already are in time order, as logs usually are.
+
+    Args:
+        users: (E,) int64 user ids in source order.
+        timestamps: (E,) int64 seconds in source order.
+        max_span: largest ``max(users) - min(users) + 1`` handled (the table costs 4 bytes each).
+
+    Returns:
+        (E,) int64 row order by (user, time, source row), or None when the ids span too much.
+    """
+    if users.shape[0] == 0:
+        return np.zeros(0, dtype=np.int64)
+    lo, hi = int(users.min()), int(users.max())
+    if hi - lo + 1 > max_span:
+        return None
+    seen = np.zeros(hi - lo + 1, dtype=bool)
+    seen[users - lo] = True
+    codes = (np.cumsum(seen, dtype=np.int32) - 1)[users - lo].astype(np.uint32)  # dense, in id order
+    order = None if bool((np.diff(timestamps) >= 0).all()) else np.argsort(timestamps, kind="stable")
+    if order is not None:
+        codes = codes[order]
+    perm = np.argsort((codes & 0xFFFF).astype(np.uint16), kind="stable")
+    if int(codes.max()) > 0xFFFF:
+        perm = perm[np.argsort((codes[perm] >> 16).astype(np.uint16), kind="stable")]
+    return perm if order is None else order[perm]
+
+
 def drop_exact_duplicates_sorted(events: pl.LazyFrame) -> pl.LazyFrame:
     """:func:`drop_exact_duplicates` for events sorted by :func:`sort_events`, keeping that order.
 
@@ -80,41 +116,65 @@ def k_core_pass(events: pl.LazyFrame, min_user: int, min_item: int) -> pl.LazyFr
     )
 
 
-def k_core_mask(users: np.ndarray, items: np.ndarray, min_user: int, min_item: int) -> tuple[np.ndarray, int]:
+def k_core_mask(
+    users: np.ndarray | Sequence[np.ndarray],
+    items: np.ndarray | Sequence[np.ndarray],
+    min_user: int,
+    min_item: int,
+) -> tuple[np.ndarray, int]:
     """Iterative k-core on integer codes.
 
     Args:
-        users: (E,) non-negative int user code of each event.
-        items: (E,) non-negative int item code of each event.
+        users: (E,) non-negative int user code of each event, or a list of chunks of them
+            (chunks are read in place, never concatenated).
+        items: (E,) non-negative int item code of each event, chunked like ``users``.
         min_user: events a user needs to stay.
         min_item: events an item needs to stay.
 
     Returns:
         ``(keep, rounds)``: (E,) bool mask of the events in the k-core, and the number of rounds
-        that removed events (0 when the input already is a k-core).
+        that removed events (0 when the input already is a k-core). Each round drops, at once,
+        every event whose user or item is below its threshold given the previous round's
+        counts; the fixed point does not depend on the order of removal.
 
     Example:
         >>> keep, rounds = k_core_mask(np.array([0, 0, 1]), np.array([0, 1, 0]), 2, 1)
         >>> keep.tolist(), rounds
         ([True, True, False], 1)
     """
-    n = users.shape[0]
+    user_chunks = _chunks(users)
+    item_chunks = _chunks(items)
+    n = sum(c.shape[0] for c in user_chunks)
     keep = np.ones(n, dtype=bool)
     if n == 0 or (min_user <= 1 and min_item <= 1):
         return keep, 0
-    user_count = np.bincount(users, minlength=int(users.max()) + 1)
-    item_count = np.bincount(items, minlength=int(items.max()) + 1)
-    alive: np.ndarray | None = None  # indices of the events still kept (None: all of them)
-    u, i = users, items
+    n_users = max(int(c.max()) for c in user_chunks if c.size) + 1
+    n_items = max(int(c.max()) for c in item_chunks if c.size) + 1
+    # int32 counts: the per-event gathers below then take 4 bytes per event, not 8
+    user_count = sum(np.bincount(c, minlength=n_users) for c in user_chunks).astype(np.int32)
+    item_count = sum(np.bincount(c, minlength=n_items) for c in item_chunks).astype(np.int32)
+    starts = np.cumsum([0] + [c.shape[0] for c in user_chunks])
     rounds = 0
     while True:
-        bad = (user_count[u] < min_user) | (item_count[i] < min_item)
-        if not bad.any():
+        user_drop = np.zeros_like(user_count)
+        item_drop = np.zeros_like(item_count)
+        removed = 0
+        for k, (u, i) in enumerate(zip(user_chunks, item_chunks)):
+            for lo in range(0, u.shape[0], CHUNK):  # bounded temporaries: CHUNK events at a time
+                uu, ii = u[lo : lo + CHUNK], i[lo : lo + CHUNK]
+                kept = keep[starts[k] + lo : starts[k] + lo + uu.shape[0]]  # a view: written in place
+                bad = kept & ((user_count[uu] < min_user) | (item_count[ii] < min_item))
+                if bad.any():
+                    kept[bad] = False
+                    user_drop += np.bincount(uu[bad], minlength=n_users).astype(np.int32)
+                    item_drop += np.bincount(ii[bad], minlength=n_items).astype(np.int32)
+                    removed += int(bad.sum())
+        if removed == 0:
             return keep, rounds
         rounds += 1
-        keep[np.flatnonzero(bad) if alive is None else alive[bad]] = False
-        user_count -= np.bincount(u[bad], minlength=user_count.shape[0])
-        item_count -= np.bincount(i[bad], minlength=item_count.shape[0])
-        good = ~bad
-        alive = np.flatnonzero(good) if alive is None else alive[good]
-        u, i = u[good], i[good]
+        user_count -= user_drop
+        item_count -= item_drop
+
+
+def _chunks(codes: np.ndarray | Sequence[np.ndarray]) -> list[np.ndarray]:
+    return [codes] if isinstance(codes, np.ndarray) else list(codes)

@@ -14,17 +14,18 @@ into place with ``os.replace``):
 
 How it runs within bounded memory (the input may be larger than memory):
 
-A. one streaming pass over the input (Polars streaming engine): rows are tagged (canonical
-   columns + reject reason); rejects are sunk to one Parquet file, good events to ``P``
-   user-hash partitions in Arrow IPC (``P = ceil(estimated rows / data.partition_rows)``, 1 for
-   small inputs) in a temporary directory inside ``output_dir``;
+A. streaming passes over the input (Polars streaming engine): rows are tagged (canonical
+   columns + reject reason); good events are sunk to ``P`` user-hash partitions in Arrow IPC
+   (``P = ceil(estimated rows / data.partition_rows)``, 1 for small inputs) in a temporary
+   directory inside ``output_dir``, then rejects to one Parquet file (a second pass: sharing
+   one scan between the two sinks would cache the whole input in memory);
 B. per partition (in memory, one at a time): ``min_value`` filter, sort by (user, time, source
    row), exact-duplicate removal (a user's events all live in one partition, so this is exact),
    then integer codes; the partition is kept slim (Int32 user and item codes, timestamp,
    event type as an Enum, value: ~17-21 bytes per event) and its file deleted;
 C. the iterative k-core on the codes of all events at once (two Int32 arrays);
-D. per partition: k-core filter, vocabulary indices, raw ids restored; its events and
-   sequences are appended (one row group each) to the output files.
+D. per partition: k-core filter, vocabulary indices, raw ids restored; events and sequences
+   are streamed into their output files by the polars Parquet writer, one partition at a time.
 
 Peak memory is about 20-30 bytes per event plus one partition's worth of working space.
 
@@ -52,7 +53,13 @@ import polars as pl
 from polars.io.plugins import register_io_source
 
 from recsys_alibi.config import DataConfig
-from recsys_alibi.data.cleaning import drop_exact_duplicates_sorted, filter_min_value, k_core_mask, sort_events
+from recsys_alibi.data.cleaning import (
+    drop_exact_duplicates_sorted,
+    filter_min_value,
+    k_core_mask,
+    sort_events,
+    sort_permutation,
+)
 from recsys_alibi.data.ingest import (
     DataError,
     Source,
@@ -219,22 +226,21 @@ def _prepare(cfg: DataConfig, source: Source, out: Path, work: Path) -> PrepareR
     # B: per partition, min_value filter, sort, duplicate removal, integer codes (held slim in memory)
     coder = _ItemCoder()
     cleaned: list[_Part] = []
-    n_after_min = n_after_dedup = 0
+    n_after_min = n_after_dedup = n_users_seen = 0
     for files in parts:
         if files:
-            part, n_min, n_dedup = _clean_partition(cfg, files, coder)
+            part, n_min, n_dedup = _clean_partition(cfg, files, coder, user_offset=n_users_seen)
             cleaned.append(part)
+            n_users_seen += part.users.len()
             n_after_min += n_min
             n_after_dedup += n_dedup
         for f in files:  # free the disk as we go
             f.unlink()
 
     # C: k-core on the codes of all events at once
-    offsets = np.cumsum([0] + [p.users.len() for p in cleaned])
-    users = np.concatenate([p.frame[USER_CODE].to_numpy() + off for p, off in zip(cleaned, offsets)])
-    items = np.concatenate([p.frame[ITEM_CODE].to_numpy() for p in cleaned])
+    items = [p.frame[ITEM_CODE].to_numpy() for p in cleaned]  # views, no copies
+    users = [p.frame[USER_CODE].to_numpy() for p in cleaned]
     keep, rounds = k_core_mask(users, items, cfg.min_events_per_user, cfg.min_events_per_item)
-    del users
     kept = int(keep.sum())
     if kept == 0:
         raise DataError(
@@ -243,8 +249,12 @@ def _prepare(cfg: DataConfig, source: Source, out: Path, work: Path) -> PrepareR
             "lower data.min_events_per_user / data.min_events_per_item"
         )
     item_ids = coder.ids()
-    item_count = np.bincount(items[keep], minlength=item_ids.len())
-    del items
+    item_count = np.zeros(item_ids.len(), dtype=np.int64)
+    start = 0
+    for codes in items:
+        item_count += np.bincount(codes[keep[start : start + codes.shape[0]]], minlength=item_ids.len())
+        start += codes.shape[0]
+    del items, users
     present = np.flatnonzero(item_count)
     vocab = build_vocabulary(
         pl.LazyFrame({ITEM_ID: item_ids.gather(present), COUNT: item_count[present].astype(np.int64)})
@@ -301,7 +311,7 @@ def _prepare(cfg: DataConfig, source: Source, out: Path, work: Path) -> PrepareR
 
 
 def _ingest(cfg: DataConfig, source: Source, work: Path, n_parts: int) -> list[list[Path]]:
-    """A: one streaming pass; good events to user-hash partitions (Arrow IPC), rejects to Parquet."""
+    """A: streaming; good events to user-hash partitions (Arrow IPC), rejects to Parquet."""
     tagged = tag_rows(source, cfg)
     valid = valid_events(tagged)
     rejects = rejected_rows(tagged, source.raw_columns)
@@ -313,7 +323,9 @@ def _ingest(cfg: DataConfig, source: Source, work: Path, n_parts: int) -> list[l
             pl.PartitionBy(work / "valid", key=BUCKET, include_key=False), compression=None, lazy=True, mkdir=True
         )
     try:
-        pl.collect_all([valid_sink, rejects.sink_parquet(work / REJECTS_FILE, lazy=True)], engine="streaming")
+        # two passes: in one collect_all the shared scan is cached whole in memory
+        pl.collect_all([valid_sink], engine="streaming")
+        rejects.sink_parquet(work / REJECTS_FILE, engine="streaming")
     except (pl.exceptions.PolarsError, OSError) as err:
         raise DataError(
             f"cannot read '{source.paths[0]}' as {source.fmt}: {_first_line(err)}; check the file or --format"
@@ -328,14 +340,16 @@ class _Part:
     """One user-hash partition after cleaning, held slim in memory (~20 bytes per event).
 
     Attributes:
-        users: raw ids of the partition's users in sorted order; a local user code is a position.
-        frame: one row per event, sorted by (user, time, source row): ``_u`` Int32 local user
-            code, ``_i`` Int32 item code, ``timestamp``, and ``event_type`` (Enum) and
-            ``value`` when present.
+        users: raw ids of the partition's users in sorted order.
+        frame: one row per event, sorted by (user, time, source row): ``_u`` Int32 global
+            user code (``user_offset`` + position in ``users``), ``_i`` Int32 item code,
+            ``timestamp``, and ``event_type`` (Enum) and ``value`` when present.
+        user_offset: global code of the partition's first user.
     """
 
     users: pl.Series
     frame: pl.DataFrame
+    user_offset: int
 
 
 class _ItemCoder:
@@ -403,8 +417,12 @@ class _ItemCoder:
         return True
 
 
-def _clean_partition(cfg: DataConfig, files: list[Path], coder: _ItemCoder) -> tuple[_Part, int, int]:
+def _clean_partition(
+    cfg: DataConfig, files: list[Path], coder: _ItemCoder, user_offset: int
+) -> tuple[_Part, int, int]:
     """B for one partition: min_value filter, sort, exact duplicates, codes.
+
+    User codes are global: ``user_offset`` plus the user's rank in the partition.
 
     Returns the slim partition and the event counts after the min_value filter and after dedup.
     """
@@ -413,19 +431,26 @@ def _clean_partition(cfg: DataConfig, files: list[Path], coder: _ItemCoder) -> t
     if EVENT_TYPE in df.columns:  # a partition-local Enum: 1-2 bytes per event, cheap to turn back into strings
         kinds = df[EVENT_TYPE].unique().drop_nulls().sort()
         df = df.with_columns(pl.col(EVENT_TYPE).cast(pl.Enum(kinds)))
+    # item codes replace the raw ids from here on (a bijection: duplicates stay duplicates)
+    df = df.with_columns(pl.Series(ITEM_ID, coder.encode(df[ITEM_ID]), dtype=pl.Int32))
     in_source_order = bool((df[SOURCE_ROW].diff().fill_null(0) >= 0).all())
-    if in_source_order:  # eager: the lazy optimiser would merge the two stable sorts into one slower sort
-        df = df.sort(TIMESTAMP, maintain_order=True).sort(USER_ID, maintain_order=True)
+    perm = None
+    if in_source_order and df.schema[USER_ID] == pl.Int64:
+        perm = sort_permutation(df[USER_ID].to_numpy(), df[TIMESTAMP].to_numpy())
+    if perm is not None:
+        df = df.drop(SOURCE_ROW).gather(perm)
+    elif in_source_order:  # eager: the lazy optimiser would merge the two stable sorts into one slower sort
+        df = df.sort(TIMESTAMP, maintain_order=True).sort(USER_ID, maintain_order=True).drop(SOURCE_ROW)
     else:
-        df = sort_events(df.lazy()).collect()
-    if cfg.drop_duplicates:
+        df = sort_events(df.lazy()).collect().drop(SOURCE_ROW)
+    if cfg.drop_duplicates:  # sorted: the first of equal rows is the first in source order
         df = drop_exact_duplicates_sorted(df.lazy()).collect()
     first = df[USER_ID].ne_missing(df[USER_ID].shift(1)).fill_null(True)
-    local = (first.cum_sum() - 1).cast(pl.Int32)
+    local = (first.cum_sum() - 1 + user_offset).cast(pl.Int32)
     frame = df.select([c for c in (TIMESTAMP, EVENT_TYPE, VALUE) if c in df.columns]).with_columns(
-        local.alias(USER_CODE), pl.Series(ITEM_CODE, coder.encode(df[ITEM_ID]), dtype=pl.Int32)
+        local.alias(USER_CODE), df[ITEM_ID].alias(ITEM_CODE)
     )
-    return _Part(users=df[USER_ID].filter(first), frame=frame), n_after_min, df.height
+    return _Part(users=df[USER_ID].filter(first), frame=frame, user_offset=user_offset), n_after_min, df.height
 
 
 def _write_outputs(
@@ -449,7 +474,7 @@ def _write_outputs(
     def events(*_: object) -> Iterator[pl.DataFrame]:
         for k, part in enumerate(parts):
             sub = kept(k)
-            cols = [part.users.gather(sub[USER_CODE]).alias(USER_ID), item_ids.gather(sub[ITEM_CODE]).alias(ITEM_ID), sub[TIMESTAMP]]
+            cols = [part.users.gather(sub[USER_CODE] - part.user_offset).alias(USER_ID), item_ids.gather(sub[ITEM_CODE]).alias(ITEM_ID), sub[TIMESTAMP]]
             if has[EVENT_TYPE]:
                 cols.append(sub[EVENT_TYPE].cast(pl.String))
             if has[VALUE]:
@@ -468,7 +493,7 @@ def _write_outputs(
             seq = group_sequences(sub.lazy().select(pl.col(USER_CODE).alias(USER_ID), TIMESTAMP, item_idx)).collect()
             lengths.append(seq[LENGTH].to_numpy())
             bounds.append((sub[TIMESTAMP].min(), sub[TIMESTAMP].max()))  # type: ignore[arg-type]
-            yield seq.with_columns(part.users.gather(seq[USER_ID]).alias(USER_ID))
+            yield seq.with_columns(part.users.gather(seq[USER_ID] - part.user_offset).alias(USER_ID))
 
     user_type, item_type = parts[0].users.dtype, item_ids.dtype
     events_schema = {USER_ID: user_type, ITEM_ID: item_type, TIMESTAMP: pl.Int64}

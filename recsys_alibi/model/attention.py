@@ -100,6 +100,11 @@ def _key_range(spec: MaskSpec, first: int, last: int) -> tuple[int, int]:
     return lo, hi
 
 
+def _shift_invariant(spec: MaskSpec, batch: bool) -> bool:
+    """Whether the chunk masks are slices of one (causal, no per-row rule, no sinks)."""
+    return spec.causal and not batch and (spec.window is None or spec.sinks == 0)
+
+
 def sdpa_attention(
     q: Tensor,
     k: Tensor,
@@ -144,12 +149,25 @@ def sdpa_attention(
     if query_chunk <= 0 or query_chunk >= lq:
         query_chunk = lq
     q_pos_all = spec.q_positions(q.device)
+    mask_kw = dict(bias_clamp=bias_clamp, batch=batch, dtype=q.dtype)
+    template = None
+    if query_chunk < lq and _shift_invariant(spec, batch):
+        # causal, same for every row, no sinks: the mask only depends on i - j, so the mask of
+        # the last chunk (all keys) holds every other chunk's mask as a slice; build it once
+        last = torch.arange(spec.k_len - query_chunk, spec.k_len, device=q.device)
+        template, no_rows = spec.additive_mask(slopes, last, torch.arange(spec.k_len, device=q.device), **mask_kw)
     outs = []
     for r0 in range(0, lq, query_chunk):
         q_pos = q_pos_all[r0 : r0 + query_chunk]
-        lo, hi = _key_range(spec, int(q_pos[0]), int(q_pos[-1]))
-        k_pos = torch.arange(lo, hi, device=q.device)
-        mask, empty = spec.additive_mask(slopes, q_pos, k_pos, bias_clamp=bias_clamp, batch=batch, dtype=q.dtype)
+        p0, n = int(q_pos[0]), len(q_pos)
+        lo, hi = _key_range(spec, p0, int(q_pos[-1]))
+        if template is not None:
+            row0 = query_chunk - n  # a short last chunk takes the template's last rows
+            col0 = lo + spec.k_len - query_chunk + row0 - p0
+            mask, empty = template[:, :, row0 : row0 + n, col0 : col0 + hi - lo], no_rows[:, :, :n]
+        else:
+            k_pos = torch.arange(lo, hi, device=q.device)
+            mask, empty = spec.additive_mask(slopes, q_pos, k_pos, **mask_kw)
         out = F.scaled_dot_product_attention(
             q[:, :, r0 : r0 + query_chunk], k[:, :, lo:hi], v[:, :, lo:hi], attn_mask=mask, scale=scale
         )  # (B, H, chunk, D)

@@ -6,9 +6,15 @@ window, sinks) is a ``BlockMask``: blocks of 128 x 128 that no query sees are sk
 that every query sees run without the ``mask_mod``.
 
 Shapes are bucketed: Lq and Lk are padded to multiples of 128 and B to the next power of two
-(the padding is masked, costs no attention blocks, and is cut off again), and every rule is passed as a tensor (window, sinks, clamp, causal flag, sequence
-ids), so one compiled kernel serves every call of one padded shape. The compiled callable and
-the block masks that depend only on the shape are cached in a :class:`FlexAlibi` object.
+(the padding is masked, costs no attention blocks, and is cut off again), and every rule is
+passed as a tensor (window, sinks, clamp, causal flag, sequence ids), so one compiled kernel
+serves every call of one padded shape. The compiled callable and the block masks that depend
+only on the shape are cached in a :class:`FlexAlibi` object.
+
+The BlockMask is built here (:func:`build_block_mask`) from the same visibility rules as the
+other backends, one slab of query blocks at a time, and handed to ``BlockMask.from_kv_blocks``:
+``create_block_mask`` uncompiled holds B x L x L booleans (1.7 GB at L=4096), compiled it costs
+a ~17 s compile per shape on this CPU; the slab build costs neither.
 
 CPU (torch 2.13): forward only; ``backend="auto"`` uses sdpa when gradients are needed.
 """

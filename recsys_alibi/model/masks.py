@@ -158,9 +158,13 @@ class MaskSpec:
         Returns:
             (B, 1, lq, lk) bool when per-row rules apply, else (1, 1, lq, lk).
         """
+        d = q_pos.to(torch.int32)[:, None] - k_pos.to(torch.int32)[None, :]  # (lq, lk)
+        return self._rules(d, q_pos, k_pos, batch)
+
+    def _rules(self, d: Tensor, q_pos: Tensor, k_pos: Tensor, batch: bool) -> Tensor:
+        """:meth:`visible` given the signed distances ``d = i - j`` (lq, lk), int or float."""
         if not batch and self.seq_ids is not None:
             raise ValueError("seq_ids make visibility depend on the batch row")
-        d = q_pos.to(torch.int32)[:, None] - k_pos.to(torch.int32)[None, :]  # (lq, lk)
         vis = d >= 0 if self.causal else torch.ones_like(d, dtype=torch.bool)
         if self.window is not None:
             dist = d if self.causal else d.abs()
@@ -220,20 +224,21 @@ class MaskSpec:
             empty: (1 | B, 1, lq, 1) bool, the rows with no visible key (their output must be
             zeroed by the caller).
         """
-        vis = self.visible(q_pos, k_pos, batch=batch)  # (Bm, 1, lq, lk)
-        empty = ~vis.any(dim=-1, keepdim=True)  # (Bm, 1, lq, 1)
-        vis = vis | empty  # keep softmax finite; the caller zeroes these rows
         ct = torch.promote_types(dtype, torch.float32)  # bias computed in >= float32
-        dist = (q_pos.to(ct)[:, None] - k_pos.to(ct)[None, :]).abs_()  # (lq, lk)
-        bias = dist * (-slopes.to(ct))[:, None, None]  # (H, lq, lk)
-        if bias_clamp is not None:
-            bias = bias.clamp(min=-bias_clamp)
-        bias = bias.to(dtype)[None]  # (1, H, lq, lk)
-        if vis.shape[0] == 1 and not bias.requires_grad:
-            mask = bias.masked_fill_(~vis, float("-inf"))
+        d = q_pos.to(ct)[:, None] - k_pos.to(ct)[None, :]  # (lq, lk) signed i - j
+        vis = self._rules(d, q_pos, k_pos, batch)  # (Bm, 1, lq, lk)
+        empty = ~vis.any(dim=-1, keepdim=True)  # (Bm, 1, lq, 1)
+        if q_pos.device.type != "cpu" or empty.any():  # (no host sync on a GPU)
+            vis = vis | empty  # keep softmax finite; the caller zeroes these rows
+        # 0 where visible, -inf elsewhere: adding the (finite) bias keeps -inf, never NaN
+        blocked = torch.zeros(vis.shape, dtype=ct, device=vis.device).masked_fill_(~vis, float("-inf"))
+        dist = d.abs_()  # (lq, lk)
+        neg_slopes = -slopes.to(ct)[:, None, None]  # (H, 1, 1)
+        if bias_clamp is None:
+            mask = torch.addcmul(blocked, dist, neg_slopes)  # (Bm, H, lq, lk), one pass
         else:
-            mask = torch.where(vis, bias, float("-inf"))  # (Bm, H, lq, lk)
-        return mask, empty
+            mask = (dist * neg_slopes).clamp(min=-bias_clamp) + blocked
+        return mask.to(dtype), empty
 
 
 def zero_rows_of(out: Tensor, *masks: Tensor | None) -> Tensor:

@@ -202,5 +202,6 @@ def batch_padding_waste(lengths: Sequence[int] | Tensor, batch_size: int, max_le
     lens = _as_lengths(lengths)
     if max_len is not None:
         lens = np.minimum(lens, max_len)
-    cells = sum(int(lens[i : i + batch_size].max()) * len(lens[i : i + batch_size]) for i in range(0, len(lens), batch_size))
+    batches = [lens[i : i + batch_size] for i in range(0, len(lens), batch_size)]
+    cells = sum(int(b.max()) * len(b) for b in batches)
     return 0.0 if cells == 0 else 1.0 - float(lens.sum()) / cells

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import polars as pl
+import pytest
 from polars.testing import assert_frame_equal
 
 from recsys_alibi.data.cleaning import (
@@ -13,6 +14,7 @@ from recsys_alibi.data.cleaning import (
     k_core_mask,
     k_core_pass,
     sort_events,
+    sort_permutation,
 )
 
 
@@ -110,3 +112,29 @@ def test_sorted_fast_paths_match_the_references():
     reference = sort_events(drop_exact_duplicates(lf)).collect().select(fast.columns)
     assert fast.height < n
     assert_frame_equal(fast, reference)
+
+
+def test_k_core_mask_in_chunks_matches_one_array(monkeypatch):
+    import recsys_alibi.data.cleaning as cleaning
+
+    rng = np.random.default_rng(2)
+    users = (rng.zipf(1.5, 2000) % 200).astype(np.int32)
+    items = (rng.zipf(1.3, 2000) % 100).astype(np.int32)
+    whole, rounds = k_core_mask(users, items, 3, 3)
+    monkeypatch.setattr(cleaning, "CHUNK", 7)  # many steps per chunk, and a ragged last step
+    parts, parts_rounds = k_core_mask([users[:555], users[555:1234], users[1234:]], [items[:555], items[555:1234], items[1234:]], 3, 3)
+    assert rounds >= 2 and parts_rounds == rounds
+    assert np.array_equal(parts, whole)
+
+
+@pytest.mark.parametrize("n_users", [40, 70_000])  # one and two 16-bit radix digits
+@pytest.mark.parametrize("time_ordered", [True, False])
+def test_sort_permutation_matches_the_three_key_sort(n_users, time_ordered):
+    rng = np.random.default_rng(n_users)
+    n = 200_000
+    users = rng.integers(-5, n_users, n) * 3  # negative and sparse ids
+    times = np.sort(rng.integers(0, 1000, n)) if time_ordered else rng.integers(0, 1000, n)
+    lf = pl.LazyFrame({"user_id": users, "timestamp": times, "source_row": np.arange(n)})
+    expected = sort_events(lf).collect()["source_row"].to_numpy()
+    assert np.array_equal(sort_permutation(users, times), expected)
+    assert sort_permutation(np.array([0, 10**12]), np.array([0, 0])) is None  # span too large

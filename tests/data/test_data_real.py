@@ -19,7 +19,7 @@ def _path(relative: str) -> Path:
     return path
 
 
-def _clean(cfg: DataConfig, c: dict) -> None:
+def _clean(c: dict) -> None:
     assert c["rejected"] == c["deduplicated"] == c["filtered"] == 0
     assert c["input_rows"] == c["kept"]
 
@@ -30,7 +30,7 @@ def test_ml1m_sasrec_gz(tmp_path):
     c = result.counts
     assert result.stats["format"] == "sasrec" and result.stats["time_from_line_order"]
     assert (c["events"], c["users"], c["items"], c["kcore_rounds"]) == (999_611, 6_040, 3_416, 0)
-    _clean(cfg, c)
+    _clean(c)
     h = result.stats["history_length"]
     assert (h["min"], h["p50"], h["max"]) == (18, 96, 2277)
     first = read_sequences(tmp_path).row(0, named=True)
@@ -42,7 +42,7 @@ def test_ml100k_udata(tmp_path):
     result = prepare(cfg, _path("ml-100k/u.data"), tmp_path)
     c, s = result.counts, result.stats
     assert (c["input_rows"], c["users"], c["items"]) == (100_000, 943, 1_682)
-    _clean(cfg, c)
+    _clean(c)
     assert (s["timestamp_min"], s["timestamp_max"]) == (874_724_710, 893_286_638)
     assert (s["history_length"]["min"], s["history_length"]["p50"], s["history_length"]["max"]) == (20, 65, 737)
     liked = prepare(cfg.model_copy(update={"min_value": 4.0}), _path("ml-100k/u.data"), tmp_path / "liked")
@@ -56,7 +56,7 @@ def test_amazon_beauty_s3rec(tmp_path):
     c = result.counts
     assert result.stats["format"] == "s3rec"
     assert (c["events"], c["users"], c["items"]) == (198_502, 22_363, 12_101)
-    _clean(cfg, c)
+    _clean(c)
     h = result.stats["history_length"]
     assert (h["min"], h["p50"], h["max"]) == (5, 6, 204)
 
@@ -70,7 +70,7 @@ def test_ml_latest_small_csv(tmp_path):
     result = prepare(cfg, _path("ml-latest-small/ratings.csv"), tmp_path)
     c, s = result.counts, result.stats
     assert (c["input_rows"], c["users"], c["items"]) == (100_836, 610, 9_724)
-    _clean(cfg, c)
+    _clean(c)
     assert (s["timestamp_min"], s["timestamp_max"]) == (828_124_615, 1_537_799_250)
     assert s["history_length"]["p50"] == 70.5
 
@@ -81,5 +81,5 @@ def test_ml1m_raw_ratings_dat_gz(tmp_path):
     c, s = result.counts, result.stats
     assert s["format"] == "movielens"
     assert (c["input_rows"], c["users"], c["items"]) == (487_650, 2_999, 3_615)
-    _clean(cfg, c)
+    _clean(c)
     assert (s["timestamp_min"], s["timestamp_max"]) == (970_620_734, 1_046_388_675)

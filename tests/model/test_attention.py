@@ -345,3 +345,11 @@ def test_flex_cuda_bfloat16_runs():
     q, k, v = (t.to(dev, torch.bfloat16) for t in _inputs())
     out = alibi_attention(q, k, v, alibi_slopes(H).to(dev), lengths=torch.tensor([130, 37], device=dev))
     assert out.dtype == torch.bfloat16 and torch.isfinite(out).all()
+
+
+def test_auto_uses_flex_under_inference_mode(no_flex_fallback):
+    q, k, v = _inputs()
+    lengths = torch.tensor([130, 37])
+    with torch.inference_mode():
+        got = alibi_attention(q, k, v, alibi_slopes(H), lengths=lengths)  # auto -> flex
+    torch.testing.assert_close(got, eager_attention(q, k, v, alibi_slopes(H), lengths=lengths), **TOL)

@@ -60,3 +60,20 @@ def score_config(**score) -> JobConfig:
 
 def read_rankings(output_dir: Path) -> pl.DataFrame:
     return pl.read_parquet(output_dir / "part-*.parquet").sort(schema.USER_ID, schema.RANK)
+
+
+class Killed(Exception):
+    """Stands for a kill: raised by the hook, it skips everything the job would do next."""
+
+
+def kill_at(point: str, shard: int):
+    def hook(at: str, s: int) -> None:
+        if (at, s) == (point, shard):
+            raise Killed(f"{at} {s}")
+
+    return hook
+
+
+def snapshot(output_dir: Path) -> dict[str, bytes]:
+    """Every file below ``output_dir`` by relative path (part files, manifest, staged input)."""
+    return {str(p.relative_to(output_dir)): p.read_bytes() for p in sorted(output_dir.rglob("*")) if p.is_file()}

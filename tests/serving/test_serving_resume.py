@@ -12,7 +12,7 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-from serving_fixtures import score_config, tiny_model, vocabulary
+from serving_fixtures import Killed, kill_at, score_config, snapshot, tiny_model, vocabulary
 
 from recsys_alibi.data import schema
 from serving.manifest import OutputDirError
@@ -20,23 +20,6 @@ from serving.score import score_with_model
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
-
-
-class Killed(Exception):
-    """Stands for a kill: raised by the hook, it skips everything the job would do next."""
-
-
-def kill_at(point: str, shard: int):
-    def hook(at: str, s: int) -> None:
-        if (at, s) == (point, shard):
-            raise Killed(f"{at} {s}")
-
-    return hook
-
-
-def snapshot(output_dir: Path) -> dict[str, bytes]:
-    """Every file below ``output_dir`` by relative path (part files, manifest, staged input)."""
-    return {str(p.relative_to(output_dir)): p.read_bytes() for p in sorted(output_dir.rglob("*")) if p.is_file()}
 
 
 def _events_csv(prepared: Path, path: Path) -> Path:
@@ -91,7 +74,7 @@ def test_hard_kill_of_a_process_then_resume(prepared, tmp_path):
         f"""
         import os, signal, sys
         sys.path.insert(0, {str(HERE)!r})
-        from serving_fixtures import score_config, tiny_model, vocabulary
+        from serving_fixtures import Killed, kill_at, score_config, snapshot, tiny_model, vocabulary
         from serving.score import score_with_model
 
         def hook(point, shard):
@@ -112,10 +95,17 @@ def test_hard_kill_of_a_process_then_resume(prepared, tmp_path):
     assert snapshot(tmp_path / "killed") == snapshot(tmp_path / "clean")
 
 
-def test_output_dir_of_another_job_is_refused(prepared, tmp_path):
+def test_output_dir_of_another_job_is_refused_or_replaced(prepared, tmp_path):
     _run(prepared, tmp_path / "out")
     with pytest.raises(OutputDirError, match="different k"):
         score_with_model(score_config(k=3), tiny_model(), vocabulary(), prepared, tmp_path / "out", progress=False)
+    replaced = score_with_model(score_config(k=3, overwrite=True), tiny_model(), vocabulary(), prepared, tmp_path / "out",
+                                progress=False)
+    score_with_model(score_config(k=3), tiny_model(), vocabulary(), prepared, tmp_path / "k3", progress=False)
+    assert replaced.shards_skipped == 0
+    manifest = json.loads((tmp_path / "out" / "_manifest.json").read_text())
+    assert manifest == json.loads((tmp_path / "k3" / "_manifest.json").read_text())
+    assert snapshot(tmp_path / "out") == snapshot(tmp_path / "k3")
     (tmp_path / "stray").mkdir()
     (tmp_path / "stray" / "part-00000.parquet").write_bytes(b"x")
     with pytest.raises(OutputDirError, match="no _manifest.json"):
