@@ -2,7 +2,7 @@
 
 Run (from the repository root):
 
-    python -m benchmarks.numerics paths --output runs/numerics          # ~1 min: backends' softmax paths
+    python -m benchmarks.numerics paths --output runs/numerics          # ~2 min: backends' softmax paths
     python -m benchmarks.numerics probe --output runs/numerics          # the long-range probe runs
     python -m benchmarks.numerics probe --distances 64 --variants fp32,bf16 --output runs/numerics
 

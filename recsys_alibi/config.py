@@ -57,7 +57,7 @@ class DataConfig(_Section):
     min_value: float | None = None  # keep events with value >= this (e.g. ratings >= 4)
     drop_duplicates: bool = True  # drop exact duplicate (user, item, timestamp, ...) rows
     partition_rows: int = Field(4_000_000, ge=1_000)  # events per user-hash partition (bounds memory)
-    id_type: Literal["auto", "int", "str"] = "auto"  # ids of text formats; auto: int when the first rows are
+    id_type: Literal["auto", "int", "str"] = "auto"  # ids of text formats; auto: int when the first 1,000 are
 
 
 class ModelConfig(_Section):

@@ -378,25 +378,33 @@ def bias_clamp_limit(path: SoftmaxPath, slopes: torch.Tensor | list[float] | Non
     lo, hi = 0.0, 1.0
     while ok(hi):
         lo, hi = hi, 2 * hi
-    for _ in range(40):
+    while hi - lo > 2e-4:
         mid = (lo + hi) / 2
         lo, hi = (mid, hi) if ok(mid) else (lo, mid)
     return math.floor(lo * 1000) / 1000
 
 
 def min_max_bias(
-    n_heads: int, max_len: int, path: SoftmaxPath, window: int | None = None, sinks: int = 0
+    n_heads: int,
+    max_len: int,
+    path: SoftmaxPath,
+    window: int | None = None,
+    sinks: int = 0,
+    head: int | None = None,
 ) -> float | None:
     """Smallest ``max_bias`` (to 0.01, rounded up) for which no head of the fixed slope scheme
-    (:func:`recsys_alibi.model.alibi.alibi_slopes`) loses a visible key at ``max_len``.
+    (:func:`recsys_alibi.model.alibi.alibi_slopes`), or only head ``head``, loses a visible key
+    at ``max_len``.
 
-    Larger ``max_bias`` means flatter slopes, so the answer is found by bisection. None when
+    Every slope falls as ``max_bias`` grows (flatter), so the answer is found by bisection. It
+    is below the default 8 when nothing is blind at 8 (steeper slopes would still do). None when
     even ``max_bias = 64`` is not enough.
     """
 
     def ok(max_bias: float) -> bool:
-        steepest = float(alibi_slopes(n_heads, max_bias).max())
-        return zero_share(path_zero_distance(steepest, path), max_len, window, sinks) == 0.0
+        slopes = alibi_slopes(n_heads, max_bias)
+        slope = float(slopes.max() if head is None else slopes[head])
+        return zero_share(path_zero_distance(slope, path), max_len, window, sinks) == 0.0
 
     lo, hi = 0.0, 64.0
     if not ok(hi):
@@ -423,8 +431,12 @@ class HeadDiagnosis:
         zero_share: share of visible causal (query, key) pairs at ``max_len`` that get no
             weight from the bias alone (window and sinks applied).
         blind: ``zero_share > 0``.
-        max_window: the largest sliding window with no gone key for this head (``zero_distance``);
-            None when no window is needed.
+        max_window: remedy, the largest sliding window with no gone key for this head
+            (``zero_distance``); None when no window is needed.
+        bias_clamp: remedy, the largest ``|bias|`` clamp that keeps this head's weights normal
+            at any length (:func:`bias_clamp_limit` with the head's normaliser).
+        max_bias: remedy, the smallest ``max_bias`` of the fixed scheme at which this head
+            (its place in the scheme) is not blind at ``max_len`` (:func:`min_max_bias`).
     """
 
     head: int
@@ -435,6 +447,8 @@ class HeadDiagnosis:
     zero_share: float
     blind: bool
     max_window: int | None
+    bias_clamp: float
+    max_bias: float | None
 
 
 def diagnose_heads(
@@ -490,6 +504,8 @@ def diagnose_heads(
                 normal_distance=path_normal_distance(slope, path, bias_clamp),
                 zero_distance=zero_d, zero_share=share, blind=share > 0,
                 max_window=zero_d if share > 0 else None,
+                bias_clamp=bias_clamp_limit(path, [slope]),
+                max_bias=min_max_bias(n_heads, max_len, path, window, sinks, head=h),
             )
         )  # fmt: skip
     return heads
@@ -644,15 +660,15 @@ def diagnose(
             n_heads, max_len, dt, max_bias, slopes, path=p, bias_clamp=bias_clamp, window=window, sinks=sinks
         )
         heads[p.name] = hs
-        hs_slopes = [h.slope for h in hs]
         blind = [h for h in hs if h.blind]
+        per_head_mb = [h.max_bias for h in hs]
         remedies[p.name] = PathRemedy(
             path=p.name,
             blind_heads=len(blind),
             zero_share=float(np.mean([h.zero_share for h in hs])),
-            bias_clamp=bias_clamp_limit(p, hs_slopes),
+            bias_clamp=min(h.bias_clamp for h in hs),
             window=min(h.max_window for h in blind) if blind else None,
-            max_bias=min_max_bias(n_heads, max_len, p, window, sinks),
+            max_bias=None if None in per_head_mb else max(per_head_mb),
         )
     return DiagnosisReport(
         n_heads=n_heads, max_len=max_len, dtype=_name(dt), device=device, max_bias=float(max_bias),

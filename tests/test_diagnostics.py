@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -147,6 +148,10 @@ def test_predicted_zero_share_bounds_sdpa_backend(dtype):
     predicted = np.array([h.zero_share for h in report.heads["sdpa"]])
     np.testing.assert_allclose(measured, predicted, atol=0.01)
     assert (measured > 0).tolist() == (predicted > 0).tolist()
+    assert (measured <= predicted + 2e-3).all()  # upper bound: the normal floor
+    sdpa = next(p for p in softmax_paths(dtype) if p.name == "sdpa")
+    lower = [h.zero_share for h in diagnose_heads(4, length, dtype, 4.0, path=replace(sdpa, floor="zero"))]
+    assert (measured >= np.array(lower) - 2e-3).all()  # lower bound: the subnormal floor
 
 
 def test_probe_weights_only_for_eager():
@@ -180,6 +185,12 @@ def test_min_max_bias_is_the_smallest_non_blind_scheme():
         return any(h.blind for h in diagnose_heads(8, 1024, "bfloat16", max_bias, path=path))
 
     assert not blind(mb) and blind(mb - 0.02)
+    heads = diagnose_heads(8, 1024, "bfloat16", path=path)
+    assert max(h.max_bias for h in heads) == mb  # the steepest head decides
+    for h in heads:
+        again = diagnose_heads(8, 1024, "bfloat16", h.max_bias, path=path)[h.head]
+        assert not again.blind
+    assert min_max_bias(8, 96, path) < 8  # nothing blind at 8: steeper slopes would still do
 
 
 def test_diagnose_heads_slopes_window_and_errors():
@@ -188,6 +199,7 @@ def test_diagnose_heads_slopes_window_and_errors():
     assert heads[0].slope == 0.25 and heads[0].zero_distance == underflow_distance(0.25, torch.float16)
     assert heads[0].blind and heads[0].max_window == heads[0].zero_distance
     assert heads[0].normal_distance == subnormal_distance(0.25, torch.float16)
+    assert heads[0].bias_clamp == bias_clamp_limit(exp_path(torch.float16))  # exp path: no normaliser
     # a window shorter than the zero distance leaves no key without weight
     windowed = diagnose_heads(4, 2048, "float16", window=heads[0].zero_distance)
     assert not windowed[0].blind
