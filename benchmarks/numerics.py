@@ -250,8 +250,8 @@ def probe_markdown(records: list[dict]) -> str:
         meas = ", ".join(f"{100 * float(np.mean(layer)):.1f}" for layer in r["measured_zero_share"])
         blind = ", ".join(str(b) for b in r["measured_blind_heads"])
         lines.append(
-            f"| {r['distance']} | {r['max_len']} | {r['variant']} | {_setting(r['model'])} | {r['hr_at_10']:.3f} ({r['chance_hr_at_10']:.2f}) "
-            f"| {r['predicted_blind_heads']} / {blind} | {100 * pred:.1f} / {meas} | {r['mean_entropy']:.2f} "
+            f"| {r['distance']} | {r['max_len']} | {r['variant']} | {_setting(r['model'])} "
+            f"| {r['hr_at_10']:.3f} ({r['chance_hr_at_10']:.2f}) | {r['predicted_blind_heads']} / {blind} | {100 * pred:.1f} / {meas} | {r['mean_entropy']:.2f} "
             f"| {r['train_seconds']:.0f} |"
         )
     return "\n".join(lines) + "\n"

@@ -24,8 +24,8 @@ Which dtype the softmax really runs in depends on the attention backend, so the 
 registry of :class:`SoftmaxPath` (``SOFTMAX_PATHS``) measured with :func:`probe_zero_share`
 on the backends of :mod:`recsys_alibi.model.attention` (see ``docs/numerics.md``). Remedies:
 clamp the bias (``model.bias_clamp``), bound the context with a sliding window
-(``model.window``, optionally with StreamingLLM sink tokens, Xiao et al. 2023), or use a larger
-``model.max_bias`` (flatter slopes).
+(``model.window``; StreamingLLM sink tokens, Xiao et al. 2023, still get the full bias and vanish
+too unless the bias is clamped), or use a larger ``model.max_bias`` (flatter slopes).
 """
 
 from __future__ import annotations
@@ -94,8 +94,9 @@ class SoftmaxPath:
     The weight of a key at distance ``d`` from the bias alone is modelled as
     ``w = exp(x) / Z`` with ``x = -slope * d`` computed in ``bias_compute_dtype`` and rounded to
     ``bias_dtype`` (the dtype the additive mask or score has), ``exp`` evaluated in
-    ``exp_dtype``, ``Z = 1 / (1 - exp(-slope))`` when ``normalized`` (the row normaliser of a
-    row longer than the zero distance, where it has converged) and ``w`` stored in
+    ``exp_dtype``, ``Z = (1 - exp(-slope * n)) / (1 - exp(-slope))`` when ``normalized`` (the
+    softmax normaliser of a row of ``n`` keys from the bias alone; ``n = L``, the longest row of
+    a length-L context, gives the largest ``Z``; no length: ``n -> inf``) and ``w`` stored in
     ``weight_dtype``. ``floor="zero"``: the weight vanishes when it rounds to 0 in
     ``weight_dtype``; ``floor="normal"``: already below the smallest normal number of
     ``weight_dtype`` (a kernel on the path flushes subnormals: vectorised exp, a bf16 GEMM).
@@ -130,14 +131,26 @@ class SoftmaxPath:
             return math.log(fi.smallest_normal)
         return math.log(fi.smallest_normal * fi.eps / 2)  # half the smallest subnormal
 
-    def is_gone(self, slope: float, d: torch.Tensor, bias_clamp: float | None = None) -> torch.Tensor:
-        """Whether the weight of keys at distances ``d`` ((n,) int64) is gone (``(n,)`` bool)."""
+    def log_z(self, slope: float, row_len: int | None = None) -> float:
+        """``ln Z`` of a row of ``row_len`` keys (None: infinitely many); 0 when not normalised."""
+        if not self.normalized:
+            return 0.0
+        full = 1.0 if row_len is None else -math.expm1(-slope * row_len)
+        return math.log(full) - math.log(-math.expm1(-slope))
+
+    def is_gone(
+        self, slope: float, d: torch.Tensor, bias_clamp: float | None = None, row_len: int | None = None
+    ) -> torch.Tensor:
+        """Whether the weight of keys at distances ``d`` ((k,) int64) is gone, (k,) bool.
+
+        ``row_len``: keys in the row (sets the normaliser Z); None: infinitely many.
+        """
         x = -(torch.tensor(slope, dtype=self.bias_compute_dtype) * d.to(self.bias_compute_dtype))
         if bias_clamp is not None:
             x = x.clamp(min=-bias_clamp)
         y = torch.exp(x.to(self.bias_dtype).to(self.exp_dtype))
         if self.normalized:
-            y = y * (-math.expm1(-slope))  # divide by Z = 1 / (1 - e^-m)
+            y = y * math.exp(-self.log_z(slope, row_len))  # divide by Z
         w = y.to(self.weight_dtype)
         if self.floor == "zero":
             return w == 0
@@ -239,7 +252,9 @@ def _check_slope(slope: float) -> float:
     return slope
 
 
-def _first_gone(slope: float, path: SoftmaxPath, bias_clamp: float | None = None) -> int | None:
+def _first_gone(
+    slope: float, path: SoftmaxPath, bias_clamp: float | None = None, row_len: int | None = None
+) -> int | None:
     """Smallest integer d >= 0 whose weight is gone along ``path``; None if no d <= 2**53 is.
 
     Closed-form estimate ``d ~ -log_floor / slope``, a bracket grown around it until the
@@ -250,13 +265,13 @@ def _first_gone(slope: float, path: SoftmaxPath, bias_clamp: float | None = None
     slope = _check_slope(slope)
 
     def gone(d: int) -> bool:
-        return bool(path.is_gone(slope, torch.tensor([d], dtype=torch.int64), bias_clamp)[0])
+        return bool(path.is_gone(slope, torch.tensor([d], dtype=torch.int64), bias_clamp, row_len)[0])
 
     if gone(0):
         return 0
     if not gone(_MAX_DISTANCE):
         return None
-    log_z = -math.log(-math.expm1(-slope)) if path.normalized else 0.0
+    log_z = path.log_z(slope, row_len)
     est = min(_MAX_DISTANCE, max(1, int((-path.log_floor() - log_z) / slope)))
     lo, hi, pad = max(0, est - est // 32 - 2), min(_MAX_DISTANCE, est + est // 32 + 2), est // 32 + 2
     while lo > 0 and gone(lo):
@@ -268,7 +283,7 @@ def _first_gone(slope: float, path: SoftmaxPath, bias_clamp: float | None = None
         mid = (lo + hi) // 2
         lo, hi = (lo, mid) if gone(mid) else (mid, hi)
     cand = torch.arange(lo, hi + 1, dtype=torch.int64)
-    flags = path.is_gone(slope, cand, bias_clamp)
+    flags = path.is_gone(slope, cand, bias_clamp, row_len)
     return int(cand[int(torch.nonzero(flags)[0])])
 
 
@@ -311,19 +326,23 @@ def subnormal_distance(slope: float, dtype: torch.dtype) -> int:
     return d
 
 
-def path_zero_distance(slope: float, path: SoftmaxPath, bias_clamp: float | None = None) -> int | None:
+def path_zero_distance(
+    slope: float, path: SoftmaxPath, bias_clamp: float | None = None, row_len: int | None = None
+) -> int | None:
     """Smallest distance whose weight from the bias alone is gone along ``path`` (None: never).
 
     With ``bias_clamp`` the bias is ``max(-slope * d, -bias_clamp)``, so a small enough clamp
-    returns None.
+    returns None. ``row_len``: keys in the row, for the normaliser (use the context length L;
+    None: unbounded, which for flat slopes, ``1 / slope >> L``, overstates Z and the loss).
     """
-    return _first_gone(slope, path, bias_clamp)
+    return _first_gone(slope, path, bias_clamp, row_len)
 
 
-def path_normal_distance(slope: float, path: SoftmaxPath, bias_clamp: float | None = None) -> int | None:
+def path_normal_distance(
+    slope: float, path: SoftmaxPath, bias_clamp: float | None = None, row_len: int | None = None
+) -> int | None:
     """Smallest distance whose weight falls below the smallest normal of ``path.weight_dtype``."""
-    normal = replace(path, floor="normal")
-    return _first_gone(slope, normal, bias_clamp)
+    return _first_gone(slope, replace(path, floor="normal"), bias_clamp, row_len)
 
 
 def _pair_counts(max_len: int, window: int | None, sinks: int) -> np.ndarray:
@@ -354,16 +373,19 @@ def zero_share(zero_distance: int | None, max_len: int, window: int | None = Non
     return float(counts[zero_distance:].sum() / counts.sum())
 
 
-def bias_clamp_limit(path: SoftmaxPath, slopes: torch.Tensor | list[float] | None = None) -> float:
+def bias_clamp_limit(
+    path: SoftmaxPath, slopes: torch.Tensor | list[float] | None = None, row_len: int | None = None
+) -> float:
     """Largest ``model.bias_clamp`` (``|bias|``, rounded down to 1e-3) that keeps every weight
     from the bias alone at or above the smallest normal of ``path.weight_dtype``.
 
     Without ``slopes`` the rule is the weight ratio: ``exp(-c)`` (the bias rounded and ``exp``
     evaluated as along ``path``, no normaliser) ``>= smallest normal``; e.g. 87.25 for bf16
-    (the bias is rounded to bf16's 0.5 spacing there), 87.336 for fp32, 9.707 for fp16 (rounds to -9.703 in fp16). With
-    ``slopes`` each head's normaliser ``Z`` is included when ``path.normalized``, so the limit is
-    lower by up to ``ln Z`` of the steepest head that the clamp binds. The clamp makes the result
-    independent of the length. Leave headroom for score differences between keys.
+    (the bias is rounded to bf16's 0.5 spacing there), 87.336 for fp32, 9.707 for fp16 (-9.703
+    after rounding to fp16). With ``slopes`` each head's normaliser ``Z`` over rows of
+    ``row_len`` keys (None: any length) is included when ``path.normalized``, so the limit is
+    lower by ``ln Z`` of the flattest head (``Z`` is at most ``row_len``). Leave headroom for
+    score differences between keys.
     """
     normal = replace(path, floor="normal")
     if slopes is None:
@@ -373,7 +395,7 @@ def bias_clamp_limit(path: SoftmaxPath, slopes: torch.Tensor | list[float] | Non
         slope_list = [float(s) for s in torch.as_tensor(slopes, dtype=torch.float64).flatten()]
 
     def ok(c: float) -> bool:
-        return all(_first_gone(m, normal, c) is None for m in slope_list)
+        return all(_first_gone(m, normal, c, row_len) is None for m in slope_list)
 
     lo, hi = 0.0, 1.0
     while ok(hi):
@@ -404,7 +426,7 @@ def min_max_bias(
     def ok(max_bias: float) -> bool:
         slopes = alibi_slopes(n_heads, max_bias)
         slope = float(slopes.max() if head is None else slopes[head])
-        return zero_share(path_zero_distance(slope, path), max_len, window, sinks) == 0.0
+        return zero_share(path_zero_distance(slope, path, row_len=max_len), max_len, window, sinks) == 0.0
 
     lo, hi = 0.0, 64.0
     if not ok(hi):
@@ -434,7 +456,7 @@ class HeadDiagnosis:
         max_window: remedy, the largest sliding window with no gone key for this head
             (``zero_distance``); None when no window is needed.
         bias_clamp: remedy, the largest ``|bias|`` clamp that keeps this head's weights normal
-            at any length (:func:`bias_clamp_limit` with the head's normaliser).
+            in rows of up to ``max_len`` keys (:func:`bias_clamp_limit` with the head's normaliser).
         max_bias: remedy, the smallest ``max_bias`` of the fixed scheme at which this head
             (its place in the scheme) is not blind at ``max_len`` (:func:`min_max_bias`).
     """
@@ -496,15 +518,15 @@ def diagnose_heads(
         path = found[path]
     heads = []
     for h, slope in enumerate(slope_list):
-        zero_d = path_zero_distance(slope, path, bias_clamp)
+        zero_d = path_zero_distance(slope, path, bias_clamp, row_len=max_len)
         share = zero_share(zero_d, max_len, window, sinks)
         heads.append(
             HeadDiagnosis(
                 head=h, slope=slope, path=path.name,
-                normal_distance=path_normal_distance(slope, path, bias_clamp),
+                normal_distance=path_normal_distance(slope, path, bias_clamp, row_len=max_len),
                 zero_distance=zero_d, zero_share=share, blind=share > 0,
                 max_window=zero_d if share > 0 else None,
-                bias_clamp=bias_clamp_limit(path, [slope]),
+                bias_clamp=bias_clamp_limit(path, [slope], row_len=max_len),
                 max_bias=min_max_bias(n_heads, max_len, path, window, sinks, head=h),
             )
         )  # fmt: skip
@@ -518,7 +540,7 @@ class PathRemedy:
     Attributes:
         path: path name. blind_heads: how many heads lose keys. zero_share: mean over heads.
         bias_clamp: :func:`bias_clamp_limit` with the heads' slopes, the largest
-            ``model.bias_clamp`` that keeps every weight normal at any length.
+            ``model.bias_clamp`` that keeps every weight normal at ``max_len``.
         window: largest ``model.window`` with no gone key in any head (None: not needed).
         max_bias: smallest ``model.max_bias`` of the fixed scheme with no blind head.
     """
