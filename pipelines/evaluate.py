@@ -14,13 +14,10 @@ import polars as pl
 from recsys_alibi.config import JobConfig
 from recsys_alibi.data.prepare import read_items, read_sequences
 from recsys_alibi.data.splits import default_cutoff, leave_one_out, temporal_split
-from recsys_alibi.evaluation.baselines import PopularityScorer
+from recsys_alibi.evaluation.baselines import BASELINES
 from recsys_alibi.evaluation.evaluator import EvaluationResult, evaluate
 from recsys_alibi.evaluation.report import write_report
 from recsys_alibi.tracking import metric_key
-
-BASELINES = {"popularity": PopularityScorer}
-
 
 @dataclass(frozen=True)
 class EvaluateJobResult:
@@ -54,7 +51,7 @@ def baseline_scorer(name: str, examples: pl.DataFrame, n_items: int):
     """
     if name not in BASELINES:
         raise ValueError(f"unknown baseline '{name}'; choose one of {sorted(BASELINES)}")
-    return BASELINES[name].fit(examples.get_column("history"), n_items)
+    return BASELINES[name]().fit(examples.get_column("history"), n_items)
 
 
 def evaluate_scorer(

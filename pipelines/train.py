@@ -48,6 +48,15 @@ def data_fingerprint(datamodule: SequenceDataModule) -> dict[str, float]:
     }
 
 
+def training_callbacks(config: JobConfig) -> list:
+    """Extra Lightning callbacks of the job: attention health for ALiBi models (when enabled)."""
+    from recsys_alibi.training.attention_health import AttentionHealth
+
+    if config.model.position == "alibi" and config.train.attention_health:
+        return [AttentionHealth(zero_share_threshold=config.train.zero_share_threshold)]
+    return []
+
+
 def run_train(config: JobConfig, prepared_dir: str | Path, *, progress: bool = True, register: bool = True) -> TrainJobResult:
     """Train on ``prepared_dir`` and log everything to a new MLflow run.
 
@@ -66,7 +75,10 @@ def run_train(config: JobConfig, prepared_dir: str | Path, *, progress: bool = T
         mlflow.log_metrics(data_fingerprint(datamodule))
         mlflow.set_tags({"recsys_alibi.position": config.model.position, "recsys_alibi.prepared": str(prepared_dir)})
         logger = MLFlowLogger(tracking_uri=tracking_uri(config.tracking), run_id=run_id)
-        fit = fit_ranker(config, datamodule, Path(config.output) / "checkpoints" / run_id, logger, progress=progress)
+        fit = fit_ranker(
+            config, datamodule, Path(config.output) / "checkpoints" / run_id, logger,
+            callbacks=training_callbacks(config), progress=progress,
+        )
         mlflow.log_metrics({"best_val_ndcg_at_10": fit.best_val_ndcg_at_10, "train_seconds": fit.train_seconds})
         registered = config.tracking.registered_model if register else None
         logged = log_ranker(fit.module.model, read_items(prepared_dir), registered, Path(config.output) / "model" / run_id)

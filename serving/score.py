@@ -224,7 +224,8 @@ class _ScoreJob:
         started = time.perf_counter()
         self.manifest, source = self.world.run_on_main(self._open)
         if self.manifest.complete:
-            log.info("%s is complete already; nothing to score", self.output_dir)
+            if self.world.is_main:
+                log.info("%s is complete already; nothing to score", self.output_dir)
             return self._result(started, scored=(0, 0))
         assert source is not None and self.manifest.n_shards is not None
         self.hook("staged", -1)
@@ -240,10 +241,7 @@ class _ScoreJob:
         self.world.barrier()
         self.manifest = self.world.run_on_main(self._finish)
         counts = self.world.all_gather((users_scored, len(todo)))
-        result = self._result(started, scored=(sum(c[0] for c in counts), sum(c[1] for c in counts)))
-        if self.world.is_main:
-            log.info(result.summary())
-        return result
+        return self._result(started, scored=(sum(c[0] for c in counts), sum(c[1] for c in counts)))
 
     def _score_shard(self, source: ScoreInput, shard: int) -> int:
         shard_users = self.config.score.shard_users

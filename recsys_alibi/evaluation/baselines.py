@@ -9,8 +9,7 @@ flatter the baseline.
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -41,17 +40,6 @@ def _flat_items(train_histories: Any) -> np.ndarray:
     return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
 
 
-class _fit_method:
-    """``Cls.fit(...)`` fits a new default instance; ``obj.fit(...)`` fits ``obj`` itself."""
-
-    def __init__(self, func: Callable[..., Any]) -> None:
-        self.func = func
-        functools.update_wrapper(self, func)
-
-    def __get__(self, obj: Any, cls: type) -> Callable[..., Any]:
-        return functools.partial(self.func, cls() if obj is None else obj)
-
-
 class PopularityScorer:
     """Score by number of training events of the item, identical for every user.
 
@@ -62,7 +50,7 @@ class PopularityScorer:
 
     Example::
 
-        pop = PopularityScorer.fit(train_sequences, n_items=N)     # DataFrame with item_idx lists
+        pop = PopularityScorer().fit(train_sequences, n_items=N)   # DataFrame with item_idx lists
         raw = PopularityScorer(tie_break=False).fit(train_sequences, n_items=N)
         scores = pop.score(history, lengths)                        # (B, N+1) float32
     """
@@ -82,7 +70,6 @@ class PopularityScorer:
             raise RuntimeError("PopularityScorer is not fitted: call fit(train_histories, n_items) first")
         return self.counts.shape[0] - 1
 
-    @_fit_method
     def fit(self, train_histories: pl.DataFrame | pl.Series | Iterable[Sequence[int]], n_items: int) -> "PopularityScorer":
         """Count item occurrences in the training histories.
 

@@ -47,7 +47,9 @@ def fit_ranker(
     """
     L.seed_everything(config.seed, workers=True, verbose=False)
     torch.set_float32_matmul_precision("high")
-    module = RankerModule(config.model, config.train, datamodule.n_items, datamodule.item_counts())
+    module = RankerModule(
+        config.model, config.train, datamodule.n_items, datamodule.item_counts(), config.evaluate.exclude_seen
+    )
     checkpoint = ModelCheckpoint(
         dirpath=checkpoint_dir, filename="best", monitor=VAL_MONITOR, mode="max", save_top_k=1, save_last=True
     )

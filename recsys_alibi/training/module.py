@@ -38,12 +38,21 @@ class RankerModule(L.LightningModule):
         train_cfg: loss, optimiser and schedule.
         n_items: catalog size N.
         item_counts: (N + 1,) int64 training counts per item (sampled-softmax logQ).
+        exclude_seen: validation ranks exclude the history's items, as ``evaluate.exclude_seen``.
     """
 
-    def __init__(self, model_cfg: ModelConfig, train_cfg: TrainConfig, n_items: int, item_counts: torch.Tensor) -> None:
+    def __init__(
+        self,
+        model_cfg: ModelConfig,
+        train_cfg: TrainConfig,
+        n_items: int,
+        item_counts: torch.Tensor,
+        exclude_seen: bool = True,
+    ) -> None:
         super().__init__()
         self.model_cfg = model_cfg
         self.train_cfg = train_cfg
+        self.exclude_seen = exclude_seen
         self.model = AlibiRanker(model_cfg, n_items)
         self.loss = build_loss(train_cfg, item_counts)
         self._val_ranks: list[torch.Tensor] = []
@@ -57,7 +66,7 @@ class RankerModule(L.LightningModule):
 
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
         scores = self.model.score(batch["history"], batch["lengths"])  # (B, N + 1)
-        scores = mask_seen(scores, batch["history"], exclude_seen=True, keep=batch["targets"])
+        scores = mask_seen(scores, batch["history"], exclude_seen=self.exclude_seen, keep=batch["targets"])
         self._val_ranks.append(target_ranks(scores, batch["targets"]).cpu())
 
     def on_validation_epoch_end(self) -> None:

@@ -71,8 +71,8 @@ def test_errors():
         PopularityScorer().fit(pl.DataFrame({"x": [[1]]}), n_items=5)
 
 
-def test_fit_on_the_class_or_an_instance():
-    fitted = PopularityScorer.fit(pl.Series("history", TRAIN), 5)  # as the evaluate job calls it
+def test_fit_returns_the_fitted_instance():
+    fitted = PopularityScorer().fit(pl.Series("history", TRAIN), 5)  # as the evaluate job calls it
     assert isinstance(fitted, PopularityScorer) and fitted.counts.tolist() == [0, 1, 2, 3, 0, 2]
     raw = PopularityScorer(tie_break=False)
     assert raw.fit(TRAIN, 5) is raw and not raw.tie_break

@@ -59,6 +59,7 @@ def test_pipeline_command_runs_every_step_and_writes_contract_files(tmp_path, ml
     run = mlflow.MlflowClient().get_run(run_id)
     assert "best_val_ndcg_at_10" in run.data.metrics and "test/NDCG_at_10" in run.data.metrics
     assert run.data.params["model.position"] == "alibi"
+    assert {"attn/l0_h0_entropy", "attn/l0_h1_zero_share"} <= set(run.data.metrics)  # attention health
     versions = mlflow.MlflowClient().search_model_versions(f"name='{load_config().tracking.registered_model}'")
     assert [v.run_id for v in versions] == [run_id]
 
