@@ -63,7 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("score", help="batch top-K rankings per user to Parquet")
     _common(p)
     p.add_argument("--model-uri", required=True)
-    p.add_argument("--input", type=Path, help="prepared dir or sequences Parquet")
+    p.add_argument("--input", type=Path, help="prepared dir, sequences Parquet, or raw events (any prepare format)")
     p.add_argument("--output", type=Path, help="rankings directory")
     p.add_argument("--k", type=int)
 

@@ -21,7 +21,7 @@ from pipelines.evaluate import (
     test_examples,
 )
 from pipelines.train import TrainJobResult, run_train
-from recsys_alibi.config import JobConfig
+from recsys_alibi.config import JobConfig, with_overrides
 from recsys_alibi.data.prepare import read_items, read_sequences
 from recsys_alibi.evaluation.report import format_metrics_table
 from serving.score import ScoreJobResult, run_score
@@ -85,7 +85,9 @@ def run_pipeline(config: JobConfig, *, progress: bool = True) -> PipelineResult:
         config, scorer, examples, n_items, out / "report", baselines={"popularity": popularity.result}
     )
     log_report_to_run(trained.run_id, model_eval)
-    scored = run_score(config, trained.model.uri, prepared_dir, out / "rankings", progress=progress)
+    # a new model replaces the rankings of an earlier pipeline run in the same output directory
+    rescore = with_overrides(config, score={"overwrite": True})
+    scored = run_score(rescore, trained.model.uri, prepared_dir, out / "rankings", progress=progress)
     return PipelineResult(
         output_dir=out,
         prepare_summary=prepared.summary(),

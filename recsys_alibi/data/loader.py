@@ -91,6 +91,28 @@ def collate_next_item(samples: list[np.ndarray]) -> dict[str, torch.Tensor]:
     return {"inputs": inputs, "targets": tokens[:, 1:], "lengths": lengths - 1}
 
 
+def collate_packed_next_item(samples: list[np.ndarray], row_len: int) -> dict[str, torch.Tensor]:
+    """Windows packed several to a row of ``row_len`` positions (no padding compute).
+
+    Returns ``inputs`` / ``targets`` (R, row_len) int64 (0 = padding / no target), ``seq_ids``
+    (R, row_len) int64 (s + 1 for sample s, 0 = padding) and ``lengths`` (R,) filled positions.
+    R <= B rows; a sample's outputs do not depend on what it shares a row with (ALiBi needs only
+    distances, so no position offsets). Packing: ``recsys_alibi.model.packing``.
+    """
+    from recsys_alibi.model.packing import pack_items, pack_sequences
+
+    inputs = [torch.from_numpy(np.asarray(w[:-1], dtype=np.int64)) for w in samples]
+    targets = [torch.from_numpy(np.asarray(w[1:], dtype=np.int64)) for w in samples]
+    plan = pack_sequences([len(t) for t in inputs], row_len)
+    packed = pack_items(inputs, row_len, plan=plan)
+    return {
+        "inputs": packed.tokens,
+        "targets": pack_items(targets, row_len, plan=plan).tokens,
+        "seq_ids": packed.seq_ids,
+        "lengths": (packed.seq_ids > 0).sum(1),
+    }
+
+
 class HistoryTargets(Dataset):
     """Evaluation samples: (last ``max_len`` events of a history, its held-out target item)."""
 

@@ -193,8 +193,9 @@ def resolve_backend(backend: str, q: Tensor, *grad_inputs: Tensor, window: int |
 
     ``auto``: flex on CUDA. On CPU, sdpa, except flex for inputs that need no gradient (flex has
     no CPU backward in torch 2.13) when a sliding window makes its block skipping pay
-    (``window`` set and ``k_len >= FLEX_CPU_MIN_LEN``). On CPU without a window flex is no faster
-    than sdpa (ENVIRONMENT.md) and costs ~15 s of compilation per new shape, while sdpa without
+    (``window`` set and ``k_len >= FLEX_CPU_MIN_LEN``). Without a window flex is still the
+    faster forward once compiled (docs/benchmarks.md: 2.5 s vs 3.9 s for chunked sdpa at
+    L = 8192), but each new padded shape costs 5-30 s of compilation on CPU, while sdpa without
     gradients works in query chunks and never holds a (B, H, L, L) tensor.
 
     Raises:

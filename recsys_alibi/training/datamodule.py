@@ -6,6 +6,7 @@ event from the events before it (the test event is never seen during training or
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 import lightning as L
@@ -21,6 +22,7 @@ from recsys_alibi.data.loader import (
     NextItemWindows,
     collate_history_targets,
     collate_next_item,
+    collate_packed_next_item,
 )
 from recsys_alibi.data.prepare import read_items, read_sequences
 from recsys_alibi.data.splits import leave_one_out
@@ -70,7 +72,12 @@ class SequenceDataModule(L.LightningDataModule):
 
     def train_dataloader(self) -> DataLoader:
         dataset = NextItemWindows(self.train_histories, self.model_cfg.max_len)
-        return DataLoader(dataset, batch_size=self.train_cfg.batch_size, shuffle=True, collate_fn=collate_next_item)
+        collate = (
+            partial(collate_packed_next_item, row_len=self.model_cfg.max_len)
+            if self.train_cfg.packing
+            else collate_next_item
+        )
+        return DataLoader(dataset, batch_size=self.train_cfg.batch_size, shuffle=True, collate_fn=collate)
 
     def val_dataloader(self) -> DataLoader:
         max_len = self.model_cfg.max_len

@@ -58,7 +58,7 @@ class RankerModule(L.LightningModule):
         self._val_ranks: list[torch.Tensor] = []
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
-        hidden = self.model.encode(batch["inputs"], batch["lengths"])  # (B, L, D)
+        hidden = self.model.encode(batch["inputs"], batch["lengths"], batch.get("seq_ids"))  # (B, L, D)
         supervised = batch["targets"] > 0  # (B, L)
         loss = self.loss(hidden[supervised], batch["targets"][supervised], self.model.items.weight)
         self.log("train/loss", loss, prog_bar=True, batch_size=int(supervised.sum()))

@@ -54,3 +54,23 @@ def test_history_targets_truncate_to_last_events():
     assert batch["history"].tolist() == [[2, 3, 4], [5, 0, 0], [6, 7, 0]]
     assert batch["targets"].tolist() == [10, 11, 12]
     assert torch.equal(batch["lengths"], torch.tensor([3, 1, 2]))
+
+
+def test_packed_batches_hold_the_same_pairs_as_padded_ones():
+    from recsys_alibi.data.loader import collate_packed_next_item
+
+    windows = [np.array([1, 2, 3, 4]), np.array([6, 7]), np.array([8, 9, 5])]
+    packed = collate_packed_next_item(windows, row_len=4)
+    assert packed["inputs"].shape[0] == 2  # 3 + 1 + 2 input positions fit in two rows of 4
+    pairs = {
+        (int(i), int(t), int(s))
+        for i, t, s in zip(packed["inputs"].flatten(), packed["targets"].flatten(), packed["seq_ids"].flatten())
+        if s > 0
+    }
+    ids = {}
+    for i, t, s in pairs:
+        ids.setdefault(s, []).append((i, t))
+    assert sorted(sorted(v) for v in ids.values()) == [[(1, 2), (2, 3), (3, 4)], [(6, 7)], [(8, 9), (9, 5)]]
+    assert packed["lengths"].tolist() == (packed["seq_ids"] > 0).sum(1).tolist()
+    padded = collate_next_item(windows)
+    assert int((padded["targets"] > 0).sum()) == int((packed["targets"] > 0).sum()) == 6

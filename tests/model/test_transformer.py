@@ -66,3 +66,15 @@ def test_gradients_reach_the_rows_looked_up_and_slopes_when_learnable():
     scores[0, 5].backward()
     assert model.slopes.parameters().__next__().grad is not None
     assert model.items.weight.grad is not None
+
+
+def test_packed_rows_give_each_user_the_hidden_states_it_has_alone():
+    model = _model()
+    a, b = torch.tensor([3, 4, 5]), torch.tensor([9, 8])
+    tokens = torch.tensor([[3, 4, 5, 9, 8, 0]])
+    seq_ids = torch.tensor([[1, 1, 1, 2, 2, 0]])
+    packed = model.encode(tokens, torch.tensor([5]), seq_ids)
+    alone_a = model.encode(a[None], torch.tensor([3]))
+    alone_b = model.encode(b[None], torch.tensor([2]))
+    torch.testing.assert_close(packed[:, :3], alone_a, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(packed[:, 3:5], alone_b, atol=1e-5, rtol=1e-5)

@@ -1,0 +1,85 @@
+"""Train short, test long on MovieLens-1M: ALiBi trained at L=50, evaluated at longer contexts.
+
+Trains (same data, protocol and budget): ALiBi at max_len 50, SASRec (learned positions) at 50,
+and reuses or trains ALiBi at 200; evaluates each with the last L events for L in 50, 100, 200,
+400 and the whole history (leave-one-out, full catalog, seen items excluded). Writes
+``docs/results/extrapolation-ml1m.json``.
+
+Usage (from the repository root, after ``recsys-alibi prepare`` of ML-1M):
+
+    .venv/bin/python benchmarks/extrapolation.py --prepared runs/movielens-1m/prepared \
+        [--alibi-200-uri runs:/ID/model] [--epochs 6]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from pipelines.cli import configure_logging
+from pipelines.evaluate import evaluate_scorer, test_examples
+from pipelines.train import run_train
+from recsys_alibi.config import load_config, with_overrides
+from recsys_alibi.data.prepare import read_items, read_sequences
+from recsys_alibi.model.scorer import RankerScorer
+from recsys_alibi.tracking import load_ranker, setup_tracking
+
+CONTEXTS = [50, 100, 200, 400]
+
+
+def _train(config, prepared: Path, **model) -> str:
+    trained = run_train(with_overrides(config, model=model), prepared, progress=False, register=False)
+    print(f"trained {model}: {trained.summary()}", flush=True)
+    return trained.model.uri
+
+
+def _sweep(config, uri: str, examples, n_items: int, out: Path, name: str) -> dict[str, float | None]:
+    model = load_ranker(uri).model
+    job = evaluate_scorer(config, RankerScorer(model, name=name), examples, n_items, out / name)
+    return {key: (None if m.get("NDCG@10") is None else m["NDCG@10"]) for key, m in job.result.by_context_length.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--prepared", type=Path, default=Path("runs/movielens-1m/prepared"))
+    parser.add_argument("--config", type=Path, default=Path("configs/movielens-1m.yaml"))
+    parser.add_argument("--alibi-200-uri", help="an ALiBi model trained at max_len 200 on the same data")
+    parser.add_argument("--epochs", type=int, default=6)
+    parser.add_argument("--output", type=Path, default=Path("docs/results/extrapolation-ml1m.json"))
+    args = parser.parse_args()
+    configure_logging()
+    started = time.perf_counter()
+    config = load_config(args.config, [f"train.max_epochs={args.epochs}", "output=runs/extrapolation"])
+    config = with_overrides(config, evaluate={"context_lengths": CONTEXTS})
+    setup_tracking(config.tracking)
+    examples = test_examples(config, read_sequences(args.prepared))
+    n_items = read_items(args.prepared).height
+    out = Path(config.output)
+
+    alibi_50 = _sweep(config, _train(config, args.prepared, max_len=50), examples, n_items, out, "alibi-50")
+    sasrec_50 = _sweep(
+        config, _train(config, args.prepared, max_len=50, position="learned"), examples, n_items, out, "sasrec-50"
+    )
+    uri_200 = args.alibi_200_uri or _train(config, args.prepared, max_len=200)
+    alibi_200 = _sweep(config, uri_200, examples, n_items, out, "alibi-200")
+    result = {
+        "train_len": 50,
+        "NDCG@10": {key.replace("full", "whole"): value for key, value in alibi_50.items()},
+        "sasrec_50": sasrec_50.get("50"),
+        "trained_at_200": alibi_200.get("200"),
+        "trained_at_200_by_context": alibi_200,
+        "sasrec_50_by_context": sasrec_50,
+        "epochs": args.epochs,
+        "seconds": round(time.perf_counter() - started, 1),
+        "command": "python benchmarks/extrapolation.py --prepared runs/movielens-1m/prepared "
+        f"--epochs {args.epochs}" + (f" --alibi-200-uri {args.alibi_200_uri}" if args.alibi_200_uri else ""),
+    }
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(result, indent=2))
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
