@@ -40,7 +40,6 @@ def _rusage() -> dict[str, float]:
 
 def generate(size: int, path: Path) -> None:
     """A time-ordered synthetic log of about ``size`` events (default task, ~212 events per user)."""
-    import polars as pl
 
     from recsys_alibi.config import GenerateConfig
     from recsys_alibi.data.synthetic import generate_events

@@ -21,6 +21,7 @@ from recsys_alibi.config import ConfigError, JobConfig, load_config
 log = logging.getLogger("recsys_alibi")
 
 EXIT_USER_ERROR = 2
+EXIT_FAILURE = 1  # pipeline only: any other error (store unreachable, training crashed, ...), traceback logged
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -182,7 +183,11 @@ def _user_errors() -> tuple[type[BaseException], ...]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run one subcommand; returns the process exit code (0 ok, 2 user error)."""
+    """Run one subcommand; returns the process exit code (0 ok, 2 user error).
+
+    ``pipeline`` is a scheduled job: 0 when the new model was promoted or the champion kept,
+    2 on a user error, 1 on any other failure (logged with its traceback) instead of raising.
+    """
     args = build_parser().parse_args(argv)
     configure_logging()
     try:
@@ -192,6 +197,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         message = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         print(f"error: {message}", file=sys.stderr)
         return EXIT_USER_ERROR
+    except Exception as err:  # noqa: BLE001 - a scheduled pipeline reports failure by exit code
+        if args.command != "pipeline":
+            raise
+        log.exception("pipeline failed")
+        message = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        print(f"error: pipeline failed: {type(err).__name__}: {message}", file=sys.stderr)
+        return EXIT_FAILURE
     print(summary)
     return 0
 

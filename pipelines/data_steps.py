@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from recsys_alibi.atomic import atomic_path
 from recsys_alibi.config import JobConfig
 
 
@@ -29,9 +29,8 @@ def run_generate(config: JobConfig, output: str | Path) -> GenerateJobResult:
     events = generate_events(config.generate, config.seed)
     output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
-    tmp = output.with_name(f".{output.name}.tmp")
-    events.write_parquet(tmp)
-    os.replace(tmp, output)
+    with atomic_path(output) as tmp:
+        events.write_parquet(tmp)
     return GenerateJobResult(
         path=output,
         events=events.height,

@@ -109,9 +109,9 @@ def run_diagnose(
     if health is not None:
         report = report.with_health(health)
     if output is not None:
-        from recsys_alibi.tracking import write_json
+        from recsys_alibi.atomic import write_json_atomic
 
         output = Path(output)
         output.parent.mkdir(parents=True, exist_ok=True)
-        write_json(output, report.to_dict())
+        write_json_atomic(output, report.to_dict())
     return report

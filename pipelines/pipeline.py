@@ -1,8 +1,13 @@
-"""``recsys-alibi pipeline``: generate (when configured) -> prepare -> train -> evaluate -> score.
+"""``recsys-alibi pipeline``: generate (when configured) -> prepare -> train -> evaluate -> gate -> score.
 
 Everything lands under ``config.output``: ``events.parquet`` (generated), ``prepared/``,
-``checkpoints/``, ``report/`` (the model's report, with the popularity baseline beside it) and
-``rankings/`` (top-K part files). The model is logged and registered in MLflow by ``train``.
+``checkpoints/``, ``report/`` (the new model's test report, with the popularity baseline beside
+it) and ``rankings/`` (top-K part files). The model is logged and registered in MLflow by
+``train``; the training run gets ``lineage.*`` tags; the promotion gate (:mod:`pipelines.promotion`)
+compares the new version with the ``tracking.champion_alias`` version on validation examples and
+moves the alias or tags the new version ``rejected``; rankings come from ``models:/NAME@ALIAS``,
+i.e. from whichever model holds the alias after the gate. Made to run as a scheduled job
+(docs/scheduling.md).
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from pipelines.evaluate import (
     log_report_to_run,
     test_examples,
 )
+from pipelines.promotion import GateResult, lineage_tags, log_gate_to_run, run_gate, tag_lineage
 from pipelines.train import TrainJobResult, run_train
 from recsys_alibi.config import JobConfig, with_overrides
 from recsys_alibi.data.prepare import read_items, read_sequences
@@ -41,6 +47,31 @@ class PipelineResult:
     score: ScoreJobResult
     seconds: float
     ks: tuple[int, ...]
+    gate: GateResult
+    lineage: dict[str, str]
+    same_lineage_runs: tuple[str, ...]  # earlier runs with the same data fingerprint and config hash
+
+    def lineage_line(self) -> str:
+        """The data fingerprint and config hash, and whether an earlier run had the same."""
+        tags = self.lineage
+        same = (
+            f"same data and config as earlier run(s) {', '.join(self.same_lineage_runs[:3])}"
+            if self.same_lineage_runs
+            else "no earlier run with this data and config"
+        )
+        return (
+            f"lineage: data sha256 {tags['lineage.data.sha256'][:12]}, config sha256 "
+            f"{tags['lineage.config_sha256'][:12]}, version {tags['lineage.project_version']}, "
+            f"commit {tags['lineage.git_commit'][:12]}, seed {tags['lineage.seed']}; {same}"
+        )
+
+    def decision_line(self) -> str:
+        """The one-line outcome of a scheduled run."""
+        tags = self.lineage
+        return (
+            f"pipeline: data {tags['lineage.data.events']} events, {tags['lineage.data.users']} users, "
+            f"{tags['lineage.data.items']} items; run {self.train.run_id}; {self.gate.line()}"
+        )
 
     def summary(self) -> str:
         table = format_metrics_table(
@@ -54,14 +85,22 @@ class PipelineResult:
                 f"mlflow_run_id: {self.train.run_id}",
                 f"model_uri: {self.train.model.uri}",
                 f"report: {self.model_eval.report_dir / 'report.md'}",
-                f"rankings: {self.score.output_dir}",
+                f"rankings: {self.score.output_dir} (from {self.gate.champion_uri})",
+                self.lineage_line(),
                 f"pipeline finished in {self.seconds:.0f} s",
+                self.decision_line(),
             ]
         )
 
 
 def run_pipeline(config: JobConfig, *, progress: bool = True) -> PipelineResult:
-    """Run every step of the job on ``config`` and return their results."""
+    """Run every step of the job on ``config`` and return their results.
+
+    Raises:
+        ValueError: ``tracking.registered_model`` is empty (the gate needs a registry entry).
+    """
+    if not config.tracking.registered_model:
+        raise ValueError("the pipeline registers and promotes models: set tracking.registered_model to a name")
     started = time.perf_counter()
     out = Path(config.output)
     input_path = config.data.input
@@ -72,22 +111,30 @@ def run_pipeline(config: JobConfig, *, progress: bool = True) -> PipelineResult:
     prepared_dir = out / "prepared"
     prepared = run_prepare(config, input_path, prepared_dir)
 
+    lineage = lineage_tags(config, prepared_dir)
+
     trained = run_train(config, prepared_dir, progress=progress)
-    examples = test_examples(config, read_sequences(prepared_dir))
-    n_items = read_items(prepared_dir).height
+    same_lineage = tag_lineage(trained.run_id, lineage)
+    sequences = read_sequences(prepared_dir)
+    items = read_items(prepared_dir)
+    examples = test_examples(config, sequences)
+    n_items = items.height
     popularity = evaluate_scorer(
         config, baseline_scorer("popularity", examples, n_items), examples, n_items, out / "report" / "popularity"
     )
     from recsys_alibi.model.scorer import RankerScorer
 
-    scorer = RankerScorer(trained_model(trained), name=config.model.position)
+    model = trained_model(trained)
+    scorer = RankerScorer(model, name=config.model.position)
     model_eval = evaluate_scorer(
         config, scorer, examples, n_items, out / "report", baselines={"popularity": popularity.result}
     )
     log_report_to_run(trained.run_id, model_eval)
-    # a new model replaces the rankings of an earlier pipeline run in the same output directory
+    gate = run_gate(config, model, str(trained.model.version), items, sequences)
+    log_gate_to_run(trained.run_id, gate)
+    # the champion's rankings replace those of an earlier pipeline run in the same output directory
     rescore = with_overrides(config, score={"overwrite": True})
-    scored = run_score(rescore, trained.model.uri, prepared_dir, out / "rankings", progress=progress)
+    scored = run_score(rescore, gate.champion_uri, prepared_dir, out / "rankings", progress=progress)
     return PipelineResult(
         output_dir=out,
         prepare_summary=prepared.summary(),
@@ -97,6 +144,9 @@ def run_pipeline(config: JobConfig, *, progress: bool = True) -> PipelineResult:
         score=scored,
         seconds=time.perf_counter() - started,
         ks=tuple(config.evaluate.ks),
+        gate=gate,
+        lineage=lineage,
+        same_lineage_runs=tuple(same_lineage),
     )
 
 

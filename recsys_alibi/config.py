@@ -145,6 +145,9 @@ class TrackingConfig(_Section):
     uri: str | None = None
     experiment: str = "recsys-alibi"
     registered_model: str = "recsys-alibi-ranker"
+    champion_alias: str = "champion"  # registry alias the pipeline moves to a better model; scoring loads it
+    promotion_metric: str = "NDCG@10"  # compared on leave-one-out validation examples (a name in evaluate.ks)
+    promotion_margin: float = 0.0  # promote only when new - champion > margin (a tie keeps the champion)
 
 
 class JobConfig(_Section):

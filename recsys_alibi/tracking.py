@@ -9,7 +9,6 @@ score: ``runs:/RUN_ID/model``, ``models:/NAME/VERSION`` or ``models:/NAME@ALIAS`
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
@@ -175,10 +174,3 @@ def model_run_id(model_uri: str) -> str | None:
         except Exception:  # noqa: BLE001 - a logged-model id that is not a registry name
             return None
     return None
-
-
-def write_json(path: Path, payload: dict) -> None:
-    """Write JSON atomically (temp file in the same directory, then rename)."""
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(payload, indent=2, sort_keys=False))
-    os.replace(tmp, path)

@@ -30,11 +30,11 @@ an uninterrupted run:
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from recsys_alibi.atomic import atomic_path, write_json_atomic
 
 MANIFEST = "_manifest.json"
 RANK_MANIFEST = "_manifest.rank-{rank}.json"
@@ -52,24 +52,12 @@ def part_name(shard: int) -> str:
 
 
 def write_atomic(path: Path, write) -> None:
-    """Call ``write(tmp_path)`` on a unique hidden temporary file beside ``path``, then rename.
+    """Call ``write(tmp_path)`` on a hidden temporary file beside ``path``, then rename it onto ``path``.
 
-    The temporary file is removed if ``write`` fails, so only a hard kill can leave one behind
-    (:func:`remove_stale_temporaries` clears those).
+    Only a hard kill can leave the temporary behind (:func:`remove_stale_temporaries` clears those).
     """
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        write(Path(tmp))
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-
-
-def write_json_atomic(path: Path, payload: dict) -> None:
-    """Write ``payload`` as indented JSON to ``path`` atomically."""
-    write_atomic(path, lambda tmp: tmp.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n"))
+    with atomic_path(path) as tmp:
+        write(tmp)
 
 
 def remove_stale_temporaries(output_dir: Path) -> int:

@@ -44,7 +44,6 @@ import shutil
 import tempfile
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -52,6 +51,7 @@ import numpy as np
 import polars as pl
 from polars.io.plugins import register_io_source
 
+from recsys_alibi.atomic import atomic_path
 from recsys_alibi.config import DataConfig
 from recsys_alibi.data.cleaning import (
     drop_exact_duplicates_sorted,
@@ -125,31 +125,6 @@ class PrepareResult:
             f"from {c['input_rows']:,} rows ({c['rejected']:,} rejected, {c['deduplicated']:,} duplicates, "
             f"{c['filtered']:,} filtered) -> {self.output_dir}"
         )
-
-
-# ----------------------------------------------------------------------------- atomic files
-
-
-def _temp_beside(path: Path) -> Path:
-    """An empty temporary file in the directory of ``path``, with the usual (umask) permissions."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)
-    return Path(tmp)
-
-
-@contextmanager
-def atomic_path(path: Path) -> Iterator[Path]:
-    """A temporary path beside ``path``; moved onto ``path`` only when the block succeeds."""
-    tmp = _temp_beside(path)
-    try:
-        yield tmp
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
 
 
 # ----------------------------------------------------------------------------- prepare

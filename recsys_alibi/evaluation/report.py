@@ -6,10 +6,8 @@ Every file is written to a temporary name in the output directory and moved into
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -19,6 +17,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (backend chosen first)
 from matplotlib.figure import Figure  # noqa: E402
 
+from recsys_alibi.atomic import atomic_path
 from recsys_alibi.evaluation.evaluator import FULL, EvaluationResult  # noqa: E402
 
 __all__ = ["format_metrics_table", "headline_k", "write_report"]
@@ -31,15 +30,8 @@ HISTORY_PLOT = "history_length.png"
 
 def _atomic_write(path: Path, write: Callable[[str], None]) -> Path:
     """Call ``write(tmp_path)`` on a temporary file next to ``path``, then rename it onto ``path``."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
+    with atomic_path(path) as tmp:
+        write(str(tmp))
     return path
 
 

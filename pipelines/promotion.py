@@ -1,0 +1,267 @@
+"""The promotion gate of the scheduled pipeline, and the lineage tags of every training run.
+
+Gate: the new model and the model holding the registry alias ``tracking.champion_alias`` are
+evaluated on the same prepared data with the same protocol (leave-one-out "valid" examples, full
+catalog) and compared on ``tracking.promotion_metric``. The alias moves to the new version only
+when ``new - champion > tracking.promotion_margin`` (a tie keeps the champion); otherwise the new
+version is tagged ``rejected`` with the reason. No champion yet: the new version is promoted. A
+champion trained on another item vocabulary cannot be scored on this data: it is not compared, the
+reason is logged and tagged, and the new version is promoted.
+
+Lineage: tags ``lineage.*`` on the training run (data fingerprint, config hash, project version,
+git commit, seed); two runs with the same ``lineage.data.sha256`` and ``lineage.config_sha256``
+trained the same config on the same data.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import polars as pl
+
+from recsys_alibi.config import JobConfig
+from recsys_alibi.data import schema
+from recsys_alibi.tracking import metric_key
+
+log = logging.getLogger(__name__)
+
+VALID_PREFIX = "valid"  # version tags ``valid.NDCG_at_10`` ...; run metrics ``valid/NDCG_at_10``
+REJECTED_TAG = "rejected"
+DECISION_TAG = "promotion.decision"
+DATA_HASH_TAG = "lineage.data.sha256"
+CONFIG_HASH_TAG = "lineage.config_sha256"
+_CHUNK = 1 << 20
+
+
+# --- lineage -------------------------------------------------------------------------------------
+
+
+def file_sha256(path: Path) -> str:
+    """sha256 of a file's bytes (a directory: of its files' relative names and bytes, sorted)."""
+    digest = hashlib.sha256()
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    for file in files:
+        if path.is_dir():
+            digest.update(str(file.relative_to(path)).encode())
+        with file.open("rb") as handle:
+            while chunk := handle.read(_CHUNK):
+                digest.update(chunk)
+    return digest.hexdigest()
+
+
+def config_sha256(config: JobConfig) -> str:
+    """sha256 of the resolved config without where things go (``output``, ``tracking``).
+
+    Two runs that differ only in their output directory or MLflow store hash the same.
+    """
+    tree = config.model_dump(mode="json", exclude={"output", "tracking"})
+    return hashlib.sha256(json.dumps(tree, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def git_commit(repo: Path | None = None) -> str:
+    """``git rev-parse HEAD`` of the checkout holding this code, or ``"unknown"``."""
+    repo = repo or Path(__file__).resolve().parents[1]
+    try:
+        done = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True, timeout=10, check=False
+        )
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    commit = done.stdout.strip()
+    return commit if done.returncode == 0 and commit else "unknown"
+
+
+def lineage_tags(config: JobConfig, prepared_dir: Path) -> dict[str, str]:
+    """The ``lineage.*`` tags of a training run on ``prepared_dir`` with ``config``."""
+    from recsys_alibi import __version__
+
+    sequences_path = prepared_dir / schema.SEQUENCES_FILE
+    lengths = pl.read_parquet(sequences_path, columns=[schema.LENGTH]).get_column(schema.LENGTH)
+    n_items = pl.scan_parquet(prepared_dir / schema.ITEMS_FILE).select(pl.len()).collect().item()
+    return {
+        "lineage.data.events": str(int(lengths.sum())),
+        "lineage.data.users": str(lengths.len()),
+        "lineage.data.items": str(n_items),
+        DATA_HASH_TAG: file_sha256(sequences_path),
+        CONFIG_HASH_TAG: config_sha256(config),
+        "lineage.project_version": __version__,
+        "lineage.git_commit": git_commit(),
+        "lineage.seed": str(config.seed),
+    }
+
+
+def tag_lineage(run_id: str, tags: dict[str, str]) -> list[str]:
+    """Set ``tags`` on the run; return the ids of earlier runs of its experiment with the same lineage."""
+    import mlflow
+
+    client = mlflow.MlflowClient()
+    for key, value in tags.items():
+        client.set_tag(run_id, key, value)
+    experiment_id = client.get_run(run_id).info.experiment_id
+    query = (
+        f"tags.`{DATA_HASH_TAG}` = '{tags[DATA_HASH_TAG]}' and tags.`{CONFIG_HASH_TAG}` = '{tags[CONFIG_HASH_TAG]}'"
+    )
+    same = client.search_runs([experiment_id], filter_string=query, max_results=50, order_by=["attributes.start_time DESC"])
+    return [run.info.run_id for run in same if run.info.run_id != run_id]
+
+
+# --- gate ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Whether the new version takes the alias, and why (one phrase)."""
+
+    promote: bool
+    reason: str
+
+
+def decide(new: float, champion: float | None, margin: float, metric: str) -> Decision:
+    """The gate on one metric: promote when there is no champion or ``new - champion > margin``.
+
+    >>> decide(0.30, 0.25, 0.01, "NDCG@10").promote
+    True
+    >>> decide(0.25, 0.25, 0.0, "NDCG@10").reason
+    'NDCG@10 0.2500 does not beat champion 0.2500 by more than margin 0.0000'
+    """
+    if champion is None:
+        return Decision(True, "no champion yet")
+    if new != new:  # NaN never wins
+        return Decision(False, f"{metric} is NaN")
+    if new - champion > margin:
+        return Decision(True, f"{metric} {new:.4f} beats champion {champion:.4f} by more than margin {margin:.4f}")
+    return Decision(False, f"{metric} {new:.4f} does not beat champion {champion:.4f} by more than margin {margin:.4f}")
+
+
+@dataclass(frozen=True)
+class GateResult:
+    """What the gate saw and did."""
+
+    decision: Decision
+    metric: str
+    new_value: float
+    new_metrics: dict[str, float]
+    version: str
+    champion_version: str | None  # the version that held the alias before the gate
+    champion_value: float | None  # None: no champion, or not comparable
+    champion_uri: str  # models:/NAME@ALIAS after the gate
+
+    def line(self) -> str:
+        """``promoted``/``rejected`` with both metric values and the reason."""
+        word = "promoted" if self.decision.promote else "rejected (champion kept)"
+        old = "n/a" if self.champion_value is None else f"{self.champion_value:.4f}"
+        held = f"v{self.champion_version}" if self.champion_version else "none"
+        return (
+            f"version {self.version}; valid {self.metric} new {self.new_value:.4f} vs champion ({held}) {old}; "
+            f"decision: {word}: {self.decision.reason}"
+        )
+
+
+def validation_examples(sequences: pl.DataFrame) -> pl.DataFrame:
+    """The gate's examples: leave-one-out "valid" (history up to the second-to-last event)."""
+    from recsys_alibi.data.splits import leave_one_out
+
+    return leave_one_out(sequences, "valid")
+
+
+def validation_metrics(config: JobConfig, model, examples: pl.DataFrame, n_items: int) -> dict[str, float]:
+    """Full-catalog metrics of ``model`` on ``examples`` (the configured ks; no context sweep)."""
+    from recsys_alibi.evaluation.evaluator import evaluate
+    from recsys_alibi.model.scorer import RankerScorer
+
+    cfg = config.evaluate.model_copy(update={"context_lengths": []})
+    result = evaluate(RankerScorer(model, name="gate"), examples, n_items, cfg, protocol_name="leave_one_out/valid")
+    return {name: float(value) for name, value in result.metrics.items()}
+
+
+def current_champion(name: str, alias: str):
+    """The model version holding ``alias`` of registered model ``name``, or None."""
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return mlflow.MlflowClient().get_model_version_by_alias(name, alias)
+    except MlflowException:
+        return None
+
+
+def run_gate(config: JobConfig, new_model, new_version: str, items: pl.DataFrame, sequences: pl.DataFrame) -> GateResult:
+    """Compare the new version with the champion on the validation examples and move or keep the alias.
+
+    Tags the new version with its validation metrics (``valid.<metric>``), the champion's value,
+    ``promotion.decision``, and ``rejected`` (the reason) when it does not take the alias.
+
+    Raises:
+        ValueError: the promotion metric is not among the evaluated metrics (check ``evaluate.ks``).
+        ModelUriError: the champion's model cannot be loaded.
+    """
+    import mlflow
+
+    from recsys_alibi.tracking import load_ranker
+
+    tracking = config.tracking
+    name, alias, metric = tracking.registered_model, tracking.champion_alias, tracking.promotion_metric
+    client = mlflow.MlflowClient()
+    examples = validation_examples(sequences)
+    n_items = items.height
+    new_metrics = validation_metrics(config, new_model, examples, n_items)
+    if metric not in new_metrics:
+        raise ValueError(
+            f"tracking.promotion_metric={metric} is not evaluated; choose one of {sorted(new_metrics)} or change evaluate.ks"
+        )
+    held = current_champion(name, alias)
+    champion_value: float | None = None
+    if held is None:
+        decision = Decision(True, "no champion yet")
+    else:
+        champion = load_ranker(f"models:/{name}/{held.version}")
+        if not champion.items.get_column(schema.ITEM_ID).equals(items.get_column(schema.ITEM_ID)):
+            decision = Decision(
+                True,
+                f"champion v{held.version} has another item vocabulary ({champion.items.height} items, "
+                f"data has {n_items}): not comparable, new version promoted",
+            )
+            log.warning("promotion: %s", decision.reason)
+        else:
+            champion_value = validation_metrics(config, champion.model, examples, n_items)[metric]
+            decision = decide(new_metrics[metric], champion_value, tracking.promotion_margin, metric)
+
+    tags = {f"{VALID_PREFIX}.{metric_key(k)}": f"{v:.6f}" for k, v in new_metrics.items()}
+    tags["promotion.metric"] = metric
+    tags["promotion.champion_version"] = held.version if held is not None else "none"
+    if champion_value is not None:
+        tags[f"promotion.champion.{metric_key(metric)}"] = f"{champion_value:.6f}"
+    tags[DECISION_TAG] = "promoted" if decision.promote else "rejected"
+    for key, value in tags.items():
+        client.set_model_version_tag(name, new_version, key, value)
+    if decision.promote:
+        client.set_registered_model_alias(name, alias, new_version)
+    else:
+        client.set_model_version_tag(name, new_version, REJECTED_TAG, decision.reason)
+    log.info("promotion: version %s %s (%s)", new_version, tags[DECISION_TAG], decision.reason)
+    return GateResult(
+        decision=decision,
+        metric=metric,
+        new_value=new_metrics[metric],
+        new_metrics=new_metrics,
+        version=new_version,
+        champion_version=held.version if held is not None else None,
+        champion_value=champion_value,
+        champion_uri=f"models:/{name}@{alias}",
+    )
+
+
+def log_gate_to_run(run_id: str, gate: GateResult) -> None:
+    """The gate's validation metrics and decision on the training run too."""
+    import mlflow
+
+    client = mlflow.MlflowClient()
+    for key, value in gate.new_metrics.items():
+        client.log_metric(run_id, metric_key(f"{VALID_PREFIX}/{key}"), value)
+    client.set_tag(run_id, DECISION_TAG, "promoted" if gate.decision.promote else "rejected")
+    client.set_tag(run_id, "promotion.reason", gate.decision.reason[:5000])

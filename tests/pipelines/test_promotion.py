@@ -1,0 +1,148 @@
+"""The promotion gate on the embedded store: first version promotes, worse is rejected, margin holds.
+
+Models are tiny untrained rankers logged and registered for real; their validation metric is
+faked (a number carried by each model) so the expected decisions are known exactly.
+"""
+
+from __future__ import annotations
+
+import math
+
+import mlflow
+import polars as pl
+import pytest
+
+from pipelines import promotion
+from recsys_alibi.config import ModelConfig, load_config
+from recsys_alibi.data import schema
+from recsys_alibi.model.transformer import AlibiRanker
+from recsys_alibi.tracking import log_ranker, setup_tracking
+
+N_ITEMS = 12
+NAME = "gate-test-ranker"
+
+
+def _items(prefix: str = "i") -> pl.DataFrame:
+    return pl.DataFrame(
+        {
+            schema.ITEM_IDX: pl.Series(range(1, N_ITEMS + 1), dtype=pl.Int32),
+            schema.ITEM_ID: [f"{prefix}{k}" for k in range(1, N_ITEMS + 1)],
+            "count": pl.Series([5] * N_ITEMS, dtype=pl.Int64),
+        }
+    )
+
+
+def _sequences() -> pl.DataFrame:
+    rows = [[(u + t) % N_ITEMS + 1 for t in range(6)] for u in range(8)]
+    return pl.DataFrame(
+        {
+            schema.USER_ID: list(range(8)),
+            schema.ITEM_IDX: pl.Series(rows, dtype=pl.List(pl.Int32)),
+            schema.TIMESTAMP: pl.Series([list(range(6))] * 8, dtype=pl.List(pl.Int64)),
+            schema.LENGTH: pl.Series([6] * 8, dtype=pl.Int32),
+        }
+    )
+
+
+def _config(margin: float = 0.0):
+    return load_config(None, [f"tracking.registered_model={NAME}", f"tracking.promotion_margin={margin}", "evaluate.ks=[1,5,10]"])
+
+
+def _register(config, fake_ndcg: float, items: pl.DataFrame, tmp_path) -> tuple[AlibiRanker, str]:
+    """Log and register a tiny ranker whose faked validation NDCG@10 is ``fake_ndcg``."""
+    model = AlibiRanker(ModelConfig(d_model=8, n_heads=2, n_layers=1, max_len=8), n_items=items.height)
+    model.fake_ndcg = fake_ndcg  # pickled with the model, so the loaded champion carries it too
+    setup_tracking(config.tracking)
+    with mlflow.start_run() as run:
+        logged = log_ranker(model, items, NAME, tmp_path / "model" / run.info.run_id)
+    return model, str(logged.version)
+
+
+@pytest.fixture
+def fake_metrics(monkeypatch):
+    monkeypatch.setattr(promotion, "validation_metrics", lambda config, model, examples, n: {"NDCG@10": model.fake_ndcg})
+
+
+def _champion_version() -> str:
+    return mlflow.MlflowClient().get_model_version_by_alias(NAME, "champion").version
+
+
+def test_first_version_promotes_and_worse_one_is_rejected_with_its_metric(tmp_path, mlflow_store, fake_metrics):
+    config, items, sequences = _config(), _items(), _sequences()
+    first, v1 = _register(config, 0.30, items, tmp_path)
+    gate = promotion.run_gate(config, first, v1, items, sequences)
+    assert gate.decision.promote and gate.decision.reason == "no champion yet" and gate.champion_version is None
+    assert _champion_version() == v1
+
+    worse, v2 = _register(config, 0.20, items, tmp_path)
+    gate = promotion.run_gate(config, worse, v2, items, sequences)
+    assert not gate.decision.promote and gate.champion_version == v1 and gate.champion_value == pytest.approx(0.30)
+    assert _champion_version() == v1
+    tags = mlflow.MlflowClient().get_model_version(NAME, v2).tags
+    assert tags["rejected"] == "NDCG@10 0.2000 does not beat champion 0.3000 by more than margin 0.0000"
+    assert float(tags["valid.NDCG_at_10"]) == pytest.approx(0.20)
+    assert tags["promotion.decision"] == "rejected" and tags["promotion.champion_version"] == v1
+    assert "rejected" not in mlflow.MlflowClient().get_model_version(NAME, v1).tags
+    assert "rejected (champion kept)" in gate.line() and "0.2000" in gate.line() and "0.3000" in gate.line()
+
+
+def test_margin_is_respected(tmp_path, mlflow_store, fake_metrics):
+    config, items, sequences = _config(margin=0.05), _items(), _sequences()
+    model, v1 = _register(config, 0.30, items, tmp_path)
+    promotion.run_gate(config, model, v1, items, sequences)
+    slightly, v2 = _register(config, 0.33, items, tmp_path)
+    assert not promotion.run_gate(config, slightly, v2, items, sequences).decision.promote
+    clearly, v3 = _register(config, 0.36, items, tmp_path)
+    gate = promotion.run_gate(config, clearly, v3, items, sequences)
+    assert gate.decision.promote and _champion_version() == v3
+    assert mlflow.MlflowClient().get_model_version(NAME, v3).tags["promotion.decision"] == "promoted"
+
+
+def test_champion_with_another_vocabulary_is_not_compared_and_the_new_one_promotes(tmp_path, mlflow_store, fake_metrics):
+    config, sequences = _config(), _sequences()
+    old, v1 = _register(config, 0.90, _items("old"), tmp_path)
+    promotion.run_gate(config, old, v1, _items("old"), sequences)
+    new, v2 = _register(config, 0.10, _items("new"), tmp_path)
+    gate = promotion.run_gate(config, new, v2, _items("new"), sequences)
+    assert gate.decision.promote and "another item vocabulary" in gate.decision.reason
+    assert gate.champion_value is None and _champion_version() == v2
+
+
+def test_decide_ties_nan_and_margin():
+    assert promotion.decide(0.5, None, 0.0, "NDCG@10").promote
+    assert not promotion.decide(0.25, 0.25, 0.0, "NDCG@10").promote  # a tie keeps the champion
+    assert not promotion.decide(math.nan, 0.1, 0.0, "NDCG@10").promote
+    assert promotion.decide(0.2501, 0.25, 0.0, "NDCG@10").promote
+    assert not promotion.decide(0.26, 0.25, 0.02, "NDCG@10").promote
+
+
+def test_real_validation_metrics_of_an_untrained_model_are_in_range():
+    model = AlibiRanker(ModelConfig(d_model=8, n_heads=2, n_layers=1, max_len=8), n_items=N_ITEMS)
+    examples = promotion.validation_examples(_sequences())
+    assert examples.height == 8 and examples.get_column("targets").list.len().to_list() == [1] * 8
+    metrics = promotion.validation_metrics(_config(), model, examples, N_ITEMS)
+    assert 0.0 <= metrics["NDCG@10"] <= 1.0 and "HR@10" in metrics
+
+
+def test_lineage_hashes_and_same_lineage_lookup(tmp_path, mlflow_store):
+    config = _config()
+    assert promotion.config_sha256(config) == promotion.config_sha256(load_config(None, [
+        f"tracking.registered_model={NAME}", "evaluate.ks=[1,5,10]", "output=elsewhere"]))
+    assert promotion.config_sha256(config) != promotion.config_sha256(load_config(None, ["evaluate.ks=[1,5,10]", "seed=7"]))
+    prepared = tmp_path / "prepared"
+    prepared.mkdir()
+    _sequences().write_parquet(prepared / schema.SEQUENCES_FILE)
+    _items().write_parquet(prepared / schema.ITEMS_FILE)
+    tags = promotion.lineage_tags(config, prepared)
+    assert tags["lineage.data.events"] == "48" and tags["lineage.data.users"] == "8" and tags["lineage.data.items"] == "12"
+    assert tags["lineage.seed"] == "42" and tags["lineage.project_version"]
+    assert len(tags["lineage.git_commit"]) == 40 or tags["lineage.git_commit"] == "unknown"
+
+    setup_tracking(config.tracking)
+    ids = []
+    for _ in range(2):
+        with mlflow.start_run() as run:
+            ids.append(run.info.run_id)
+        same = promotion.tag_lineage(run.info.run_id, tags)
+    assert same == [ids[0]]
+    assert mlflow.MlflowClient().get_run(ids[1]).data.tags["lineage.data.sha256"] == tags["lineage.data.sha256"]
