@@ -25,7 +25,7 @@ from pipelines.evaluate import (
     log_report_to_run,
     test_examples,
 )
-from pipelines.promotion import GateResult, lineage_tags, log_gate_to_run, run_gate, tag_lineage
+from pipelines.promotion import GateResult, check_promotion_metric, lineage_tags, log_gate_to_run, run_gate, tag_lineage
 from pipelines.train import TrainJobResult, run_train
 from recsys_alibi.config import JobConfig, with_overrides
 from recsys_alibi.data.prepare import read_items, read_sequences
@@ -97,10 +97,12 @@ def run_pipeline(config: JobConfig, *, progress: bool = True) -> PipelineResult:
     """Run every step of the job on ``config`` and return their results.
 
     Raises:
-        ValueError: ``tracking.registered_model`` is empty (the gate needs a registry entry).
+        ValueError: ``tracking.registered_model`` is empty (the gate needs a registry entry), or
+            ``tracking.promotion_metric`` is not among the evaluated metrics (checked before training).
     """
     if not config.tracking.registered_model:
         raise ValueError("the pipeline registers and promotes models: set tracking.registered_model to a name")
+    check_promotion_metric(config)
     started = time.perf_counter()
     out = Path(config.output)
     input_path = config.data.input

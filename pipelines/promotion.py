@@ -179,6 +179,22 @@ def validation_metrics(config: JobConfig, model, examples: pl.DataFrame, n_items
     return {name: float(value) for name, value in result.metrics.items()}
 
 
+def check_promotion_metric(config: JobConfig) -> None:
+    """Fail before training when ``tracking.promotion_metric`` will not be in the validation report.
+
+    Raises:
+        ValueError: not ``MRR`` nor ``HR|NDCG|Recall|Coverage@K`` with K in ``evaluate.ks``.
+    """
+    metric = config.tracking.promotion_metric
+    name, _, k = metric.partition("@")
+    if metric == "MRR" or (name in {"HR", "NDCG", "Recall", "Coverage"} and k.isdigit() and int(k) in config.evaluate.ks):
+        return
+    raise ValueError(
+        f"tracking.promotion_metric={metric} is not evaluated; use MRR or HR|NDCG|Recall|Coverage@K with K in "
+        f"evaluate.ks={list(config.evaluate.ks)}"
+    )
+
+
 def current_champion(name: str, alias: str):
     """The model version holding ``alias`` of registered model ``name``, or None."""
     import mlflow
@@ -215,15 +231,16 @@ def run_gate(config: JobConfig, new_model, new_version: str, items: pl.DataFrame
             f"tracking.promotion_metric={metric} is not evaluated; choose one of {sorted(new_metrics)} or change evaluate.ks"
         )
     held = current_champion(name, alias)
+    held_version = None if held is None else str(held.version)  # an int on some stores
     champion_value: float | None = None
     if held is None:
         decision = Decision(True, "no champion yet")
     else:
-        champion = load_ranker(f"models:/{name}/{held.version}")
+        champion = load_ranker(f"models:/{name}/{held_version}")
         if not champion.items.get_column(schema.ITEM_ID).equals(items.get_column(schema.ITEM_ID)):
             decision = Decision(
                 True,
-                f"champion v{held.version} has another item vocabulary ({champion.items.height} items, "
+                f"champion v{held_version} has another item vocabulary ({champion.items.height} items, "
                 f"data has {n_items}): not comparable, new version promoted",
             )
             log.warning("promotion: %s", decision.reason)
@@ -233,7 +250,7 @@ def run_gate(config: JobConfig, new_model, new_version: str, items: pl.DataFrame
 
     tags = {f"{VALID_PREFIX}.{metric_key(k)}": f"{v:.6f}" for k, v in new_metrics.items()}
     tags["promotion.metric"] = metric
-    tags["promotion.champion_version"] = held.version if held is not None else "none"
+    tags["promotion.champion_version"] = held_version or "none"
     if champion_value is not None:
         tags[f"promotion.champion.{metric_key(metric)}"] = f"{champion_value:.6f}"
     tags[DECISION_TAG] = "promoted" if decision.promote else "rejected"
@@ -250,7 +267,7 @@ def run_gate(config: JobConfig, new_model, new_version: str, items: pl.DataFrame
         new_value=new_metrics[metric],
         new_metrics=new_metrics,
         version=new_version,
-        champion_version=held.version if held is not None else None,
+        champion_version=held_version,
         champion_value=champion_value,
         champion_uri=f"models:/{name}@{alias}",
     )

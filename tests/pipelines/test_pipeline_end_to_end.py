@@ -62,6 +62,11 @@ def test_pipeline_command_runs_every_step_and_writes_contract_files(tmp_path, ml
     assert {"attn/l0_h0_entropy", "attn/l0_h1_zero_share"} <= set(run.data.metrics)  # attention health
     versions = mlflow.MlflowClient().search_model_versions(f"name='{load_config().tracking.registered_model}'")
     assert [v.run_id for v in versions] == [run_id]
+    # the first pipeline run has no champion to beat: its version takes the alias and scores
+    name = load_config().tracking.registered_model
+    assert mlflow.MlflowClient().get_model_version_by_alias(name, "champion").run_id == run_id
+    assert printed.strip().splitlines()[-1].endswith("decision: promoted: no champion yet")
+    assert run.data.tags["lineage.data.users"] == str(sequences.height) and run.data.tags["lineage.seed"] == "42"
 
 
 def test_bad_config_key_is_a_one_line_error(capsys):

@@ -64,7 +64,7 @@ def fake_metrics(monkeypatch):
 
 
 def _champion_version() -> str:
-    return mlflow.MlflowClient().get_model_version_by_alias(NAME, "champion").version
+    return str(mlflow.MlflowClient().get_model_version_by_alias(NAME, "champion").version)
 
 
 def test_first_version_promotes_and_worse_one_is_rejected_with_its_metric(tmp_path, mlflow_store, fake_metrics):
@@ -114,6 +114,24 @@ def test_decide_ties_nan_and_margin():
     assert not promotion.decide(math.nan, 0.1, 0.0, "NDCG@10").promote
     assert promotion.decide(0.2501, 0.25, 0.0, "NDCG@10").promote
     assert not promotion.decide(0.26, 0.25, 0.02, "NDCG@10").promote
+
+
+def test_promotion_metric_is_checked_before_training():
+    promotion.check_promotion_metric(_config())
+    promotion.check_promotion_metric(load_config(None, ["tracking.promotion_metric=MRR"]))
+    with pytest.raises(ValueError, match="tracking.promotion_metric=NDCG@50 is not evaluated"):
+        promotion.check_promotion_metric(load_config(None, ["tracking.promotion_metric=NDCG@50", "evaluate.ks=[10]"]))
+    with pytest.raises(ValueError, match="is not evaluated"):
+        promotion.check_promotion_metric(load_config(None, ["tracking.promotion_metric=ndcg10"]))
+
+
+def test_pipeline_with_a_bad_promotion_metric_stops_before_training(tmp_path, mlflow_store, capsys):
+    from pipelines.cli import main
+
+    assert main(["pipeline", "--output", str(tmp_path / "job"), "--set", "tracking.promotion_metric=NDCG@7"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: tracking.promotion_metric=NDCG@7 is not evaluated")
+    assert not (tmp_path / "job" / "prepared").exists()
 
 
 def test_real_validation_metrics_of_an_untrained_model_are_in_range():
