@@ -197,7 +197,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         message = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         print(f"error: {message}", file=sys.stderr)
         return EXIT_USER_ERROR
-    except Exception as err:  # noqa: BLE001 - a scheduled pipeline reports failure by exit code
+    except Exception as err:  # a scheduled pipeline reports any failure by its exit code
         if args.command != "pipeline":
             raise
         log.exception("pipeline failed")

@@ -25,7 +25,14 @@ from pipelines.evaluate import (
     log_report_to_run,
     test_examples,
 )
-from pipelines.promotion import GateResult, check_promotion_metric, lineage_tags, log_gate_to_run, run_gate, tag_lineage
+from pipelines.promotion import (
+    GateResult,
+    check_promotion_metric,
+    lineage_tags,
+    log_gate_to_run,
+    run_gate,
+    tag_lineage,
+)
 from pipelines.train import TrainJobResult, run_train
 from recsys_alibi.config import JobConfig, with_overrides
 from recsys_alibi.data.prepare import read_items, read_sequences

@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -131,7 +132,7 @@ def decide(new: float, champion: float | None, margin: float, metric: str) -> De
     """
     if champion is None:
         return Decision(True, "no champion yet")
-    if new != new:  # NaN never wins
+    if math.isnan(new):  # NaN never wins
         return Decision(False, f"{metric} is NaN")
     if new - champion > margin:
         return Decision(True, f"{metric} {new:.4f} beats champion {champion:.4f} by more than margin {margin:.4f}")

@@ -164,3 +164,17 @@ def test_lineage_hashes_and_same_lineage_lookup(tmp_path, mlflow_store):
         same = promotion.tag_lineage(run.info.run_id, tags)
     assert same == [ids[0]]
     assert mlflow.MlflowClient().get_run(ids[1]).data.tags["lineage.data.sha256"] == tags["lineage.data.sha256"]
+
+
+def test_pipeline_failure_is_exit_code_1_with_one_error_line(monkeypatch, capsys):
+    import pipelines.pipeline
+    from pipelines.cli import main
+
+    def crash(config, progress=True):
+        raise RuntimeError("tracking server unreachable\nsecond line")
+
+    monkeypatch.setattr(pipelines.pipeline, "run_pipeline", crash)
+    assert main(["pipeline", "--quiet"]) == 1
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "error: pipeline failed: RuntimeError: tracking server unreachable"
+    )
