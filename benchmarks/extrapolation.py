@@ -41,6 +41,34 @@ def _sweep(config, uri: str, examples, n_items: int, out: Path, name: str) -> di
     return {key: (None if m.get("NDCG@10") is None else m["NDCG@10"]) for key, m in job.result.by_context_length.items()}
 
 
+def plot(result: dict, path: Path) -> None:
+    """NDCG@10 against the context length for each model of ``result`` (PNG)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    keys = ["50", "100", "200", "400", "full"]
+    series = {
+        "ALiBi trained at 50": {**result["NDCG@10"], "full": result["NDCG@10"].get("whole")},
+        "ALiBi trained at 200": result["trained_at_200_by_context"],
+        "SASRec (learned positions) at 50": result["sasrec_50_by_context"],
+    }
+    fig, ax = plt.subplots(figsize=(6.4, 4))
+    for label, values in series.items():
+        points = [(i, values.get(k)) for i, k in enumerate(keys) if values.get(k) is not None and (k != "full" or "SASRec" not in label)]
+        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=label)
+    ax.set_xticks(range(len(keys)), [k if k != "full" else "whole" for k in keys])
+    ax.set_xlabel("context length given to the model (last L events)")
+    ax.set_ylabel("test NDCG@10")
+    ax.set_title("MovieLens-1M: train short, test long")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--prepared", type=Path, default=Path("runs/movielens-1m/prepared"))
@@ -48,7 +76,12 @@ def main() -> None:
     parser.add_argument("--alibi-200-uri", help="an ALiBi model trained at max_len 200 on the same data")
     parser.add_argument("--epochs", type=int, default=6)
     parser.add_argument("--output", type=Path, default=Path("docs/results/extrapolation-ml1m.json"))
+    parser.add_argument("--plot-only", action="store_true", help="redraw the PNG from an existing --output JSON")
     args = parser.parse_args()
+    png = args.output.with_suffix(".png")
+    if args.plot_only:
+        plot(json.loads(args.output.read_text()), png)
+        return
     configure_logging()
     started = time.perf_counter()
     config = load_config(args.config, [f"train.max_epochs={args.epochs}", "output=runs/extrapolation"])
@@ -78,6 +111,7 @@ def main() -> None:
     }
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(result, indent=2))
+    plot(result, png)
     print(json.dumps(result, indent=2))
 
 
