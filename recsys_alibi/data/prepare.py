@@ -281,7 +281,6 @@ def _prepare(cfg: DataConfig, source: Source, out: Path, work: Path) -> PrepareR
     with atomic_path(out / HISTOGRAM_FILE) as tmp:
         plot_history_lengths(lengths, tmp)
     result = PrepareResult(output_dir=out, counts=counts, stats=stats)
-    log.info(result.summary())
     return result
 
 
