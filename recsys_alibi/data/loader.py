@@ -41,6 +41,24 @@ class FlatSequences:
         """(U,) int64 length of each sequence."""
         return np.diff(self.offsets)
 
+    def padded(self, rows: np.ndarray, last: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The last ``last`` elements of the sequences ``rows``, right-padded with 0 (vectorised).
+
+        Returns:
+            (B, L) int64 with L = the longest kept sequence, and (B,) int64 kept lengths.
+        """
+        rows = np.asarray(rows, dtype=np.int64)
+        ends = self.offsets[rows + 1]
+        keep = ends - self.offsets[rows]
+        if last is not None:
+            keep = np.minimum(keep, last)
+        width = int(keep.max()) if keep.size else 0
+        step = np.arange(width)
+        inside = step[None, :] < keep[:, None]  # (B, L)
+        idx = np.where(inside, (ends - keep)[:, None] + step[None, :], 0)
+        out = np.where(inside, self.values[idx], 0) if self.values.size else np.zeros(inside.shape, np.int64)
+        return torch.from_numpy(out.astype(np.int64)), torch.from_numpy(keep.astype(np.int64))
+
     def get(self, u: int, last: int | None = None) -> np.ndarray:
         """Sequence u, or its last ``last`` elements."""
         start, end = self.offsets[u], self.offsets[u + 1]

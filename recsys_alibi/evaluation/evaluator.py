@@ -34,6 +34,7 @@ import polars as pl
 import torch
 
 from recsys_alibi.config import EvaluateConfig
+from recsys_alibi.data.loader import FlatSequences
 from recsys_alibi.evaluation.metrics import coverage_at_k, metric_names, per_user_metrics
 from recsys_alibi.evaluation.ranking import mask_seen, target_ranks, topk
 
@@ -185,49 +186,20 @@ def bucket_labels(lengths: Any, edges: Sequence[int]) -> np.ndarray:
     return names[idx]
 
 
-@dataclass(frozen=True)
-class _Lists:
-    """A list<int> column flattened: values (sum of lengths,) int64 and offsets (U+1,) int64."""
-
-    values: np.ndarray
-    offsets: np.ndarray
-
-    @property
-    def lengths(self) -> np.ndarray:
-        return np.diff(self.offsets)
-
-    @classmethod
-    def from_series(cls, s: pl.Series, n_items: int) -> "_Lists":
-        if not isinstance(s.dtype, pl.List) or not s.dtype.inner.is_integer():
-            raise ValueError(f"column '{s.name}' must be list<int>, got {s.dtype}")
-        flat = s.explode(empty_as_null=False, keep_nulls=True)
-        if flat.null_count():
-            raise ValueError(f"column '{s.name}' has null lists or null items; drop or repair those rows first")
-        values = flat.to_numpy().astype(np.int64, copy=False)
-        if values.size and (values.min() < 1 or values.max() > n_items):
-            raise ValueError(
-                f"column '{s.name}' holds item indices {values.min()}..{values.max()}, outside 1..{n_items} "
-                "(is n_items the size of the same vocabulary?)"
-            )
-        lengths = s.list.len().to_numpy().astype(np.int64)
-        return cls(values, np.concatenate([[0], np.cumsum(lengths)]))
-
-    def padded(self, rows: np.ndarray, context: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """The last ``context`` items of the given rows, right-padded with 0.
-
-        Returns:
-            (B, L) int64 with L = the longest kept list, and (B,) int64 kept lengths.
-        """
-        ends = self.offsets[rows + 1]
-        keep = ends - self.offsets[rows]
-        if context is not None:
-            keep = np.minimum(keep, context)
-        width = int(keep.max()) if keep.size else 0
-        step = np.arange(width)
-        idx = (ends - keep)[:, None] + step[None, :]
-        inside = step[None, :] < keep[:, None]
-        out = np.where(inside, self.values[np.where(inside, idx, 0)] if self.values.size else 0, 0)
-        return torch.from_numpy(out.astype(np.int64)), torch.from_numpy(keep.astype(np.int64))
+def _checked_lists(s: pl.Series, n_items: int) -> FlatSequences:
+    """A list<int> column of item indices 1..N, flattened; ValueError on nulls or out-of-range items."""
+    if not isinstance(s.dtype, pl.List) or not s.dtype.inner.is_integer():
+        raise ValueError(f"column '{s.name}' must be list<int>, got {s.dtype}")
+    if s.null_count() or s.list.eval(pl.element().is_null().any()).explode().any():
+        raise ValueError(f"column '{s.name}' has null lists or null items; drop or repair those rows first")
+    lists = FlatSequences.from_series(s)
+    values = lists.values
+    if values.size and (values.min() < 1 or values.max() > n_items):
+        raise ValueError(
+            f"column '{s.name}' holds item indices {values.min()}..{values.max()}, outside 1..{n_items} "
+            "(is n_items the size of the same vocabulary?)"
+        )
+    return lists
 
 
 @dataclass
@@ -260,8 +232,8 @@ def _tie_sensitive(scores: torch.Tensor, targets: torch.Tensor, ranks: torch.Ten
 
 def _score_pass(
     scorer: Scorer,
-    history: _Lists,
-    targets: _Lists,
+    history: FlatSequences,
+    targets: FlatSequences,
     order: np.ndarray,
     n_items: int,
     cfg: EvaluateConfig,
@@ -279,7 +251,7 @@ def _score_pass(
     with _progress_bar(progress, f"{scorer.name} {label}", len(batches)) as advance, torch.no_grad():
         for rows in batches:
             hist, lengths = history.padded(rows, context)  # (B, L), (B,)
-            seen = hist if int(lengths.sum()) == int(history.lengths[rows].sum()) else history.padded(rows)[0]
+            seen = hist if int(lengths.sum()) == int(history.lengths()[rows].sum()) else history.padded(rows)[0]
             tgt, n_tgt = targets.padded(rows)  # (B, T)
             scores = scorer.score(hist, lengths)
             if scores.shape != (len(rows), n_items + 1):
@@ -362,9 +334,9 @@ def evaluate(
         examples = examples.filter(has_target)
     if examples.height == 0:
         raise ValueError("no users to evaluate: the examples hold no user with a target")
-    history = _Lists.from_series(examples[HISTORY], n_items)
-    targets = _Lists.from_series(examples[TARGETS], n_items)
-    hist_len = history.lengths
+    history = _checked_lists(examples[HISTORY], n_items)
+    targets = _checked_lists(examples[TARGETS], n_items)
+    hist_len = history.lengths()
     longest = int(hist_len.max())
     order = np.argsort(-hist_len, kind="stable")  # similar lengths share a batch
 
