@@ -1,5 +1,5 @@
 # The two README commands. `make pipeline` installs and runs the main job; `make test` installs and runs the tests.
-PY ?= python3.11
+PY ?= $(shell command -v python3.11 || command -v python3)
 VENV ?= .venv
 
 $(VENV)/.installed: requirements/cpu.lock.txt requirements/test.lock.txt pyproject.toml
