@@ -218,8 +218,19 @@ def topk(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         return scores.new_empty(b, max(k, 0)), torch.empty(b, max(k, 0), dtype=torch.int64, device=scores.device)
     if k < n_cols:  # common case: no tie among the first k+1 values -> torch.topk is already exact
         vals, cols = torch.topk(scores, k + 1, dim=1, sorted=True)
-        if not bool((vals[:, 1:] == vals[:, :-1]).any()):
+        tied = (vals[:, 1:] == vals[:, :-1]).any(dim=1)  # (B,) rows that need the tie rule
+        if not bool(tied.any()):
             return vals[:, :k], cols[:, :k]
+        if not bool(tied.all()):  # only the tied rows take the slower exact path
+            vals, cols = vals[:, :k].clone(), cols[:, :k].clone()
+            vals[tied], cols[tied] = _topk_ties(scores[tied], k)
+            return vals, cols
+    return _topk_ties(scores, k)
+
+
+def _topk_ties(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``topk`` for rows with ties: lowest column indices first among equal scores (1 <= k <= C)."""
+    b = scores.shape[0]
     kth = torch.topk(scores, k, dim=1, sorted=False).values.min(dim=1, keepdim=True).values  # (B, 1)
     above = scores > kth
     at = scores == kth

@@ -161,3 +161,15 @@ def test_cuda_matches_cpu():
     assert torch.equal(target_ranks(gpu, targets.cuda()).cpu(), target_ranks(cpu, targets))
     for got, want in zip(topk(gpu, 20), topk(cpu, 20)):
         assert torch.equal(got.cpu(), want)
+
+
+def test_topk_mixes_tied_and_untied_rows_like_the_reference():
+    torch.manual_seed(3)
+    scores = torch.randn(6, 40)
+    scores[1, [3, 7, 9]] = 5.0  # row 1: a three-way tie at the top
+    scores[4, 10:] = -1.0  # row 4: a long tie across the K boundary
+    scores[5, 30:] = float("-inf")  # row 5: fewer finite items than K would need... still 30 of them
+    for k in (1, 5, 12, 35):
+        values, indices = topk(scores, k)
+        ref_values, ref_indices = topk_reference(scores, k)
+        assert torch.equal(indices, ref_indices) and torch.equal(values, ref_values)
