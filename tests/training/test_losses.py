@@ -56,3 +56,38 @@ def test_gbce_with_t_zero_equals_bce_with_same_negatives():
     neg = neg.masked_fill(negatives == 2, -math.inf)
     expected = -(F.logsigmoid((hidden * table[2]).sum(-1)) + F.logsigmoid(-neg).sum(-1)).mean()
     assert math.isclose(value, float(expected), rel_tol=1e-6)
+
+
+def test_fused_full_softmax_equals_plain_cross_entropy_in_value_and_gradients():
+    """Chunked fused loss (37 positions, chunks of 8: a ragged last chunk) vs float64 autograd."""
+    torch.manual_seed(0)
+    hidden = torch.randn(37, 5, requires_grad=True)
+    table = torch.randn(12, 5, requires_grad=True)
+    targets = torch.randint(1, 12, (37,))
+    loss = LOSSES["softmax"](TrainConfig(), torch.ones(12, dtype=torch.int64), chunk=8)
+    value = loss(hidden, targets, table)
+    (2.0 * value).backward()  # a non-unit upstream gradient must scale both gradients
+
+    ref_hidden = hidden.detach().double().requires_grad_()
+    ref_table = table.detach().double().requires_grad_()
+    logits = ref_hidden @ ref_table.T
+    logits = logits.masked_fill(torch.arange(12) == 0, float("-inf"))
+    reference = F.cross_entropy(logits, targets)
+    (2.0 * reference).backward()
+
+    assert math.isclose(float(value), float(reference), rel_tol=1e-6)
+    torch.testing.assert_close(hidden.grad.double(), ref_hidden.grad, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(table.grad.double(), ref_table.grad, atol=1e-6, rtol=1e-5)
+    assert float(table.grad[0].abs().sum()) == 0.0  # padding row gets no gradient
+    with torch.no_grad():  # the plain path gives the same value
+        assert math.isclose(float(loss(hidden, targets, table)), float(reference), rel_tol=1e-6)
+
+
+def test_fused_full_softmax_keeps_input_dtypes_under_bf16():
+    hidden = torch.randn(10, 4, dtype=torch.bfloat16, requires_grad=True)
+    table = torch.randn(6, 4, requires_grad=True)
+    loss = LOSSES["softmax"](TrainConfig(), torch.ones(6, dtype=torch.int64), chunk=4)
+    value = loss(hidden, torch.randint(1, 6, (10,)), table)
+    value.backward()
+    assert value.dtype == torch.float32
+    assert hidden.grad.dtype == torch.bfloat16 and table.grad.dtype == torch.float32
