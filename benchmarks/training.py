@@ -3,7 +3,10 @@
 The same batches of users (last ``max_len + 1`` events of each training history) go through one
 optimiser step of the ranker either right-padded to the batch's longest window or packed several
 users to a row of ``max_len`` positions (``train.packing``). Reported: padding waste (share of
-computed positions that are padding) and real training tokens (supervised positions) per second.
+computed positions that are padding) and real training tokens (supervised positions) per second,
+wall and per CPU second (``time.process_time``, steadier on a shared machine). A third run,
+packed with the plain softmax over materialised logits, measures the fused chunked loss
+(``recsys_alibi.training.losses``).
 
 Usage (from the repository root, after ``recsys-alibi prepare`` of ML-1M):
 
@@ -27,6 +30,15 @@ from recsys_alibi.data.splits import leave_one_out
 from recsys_alibi.training.module import RankerModule
 
 
+class PlainSoftmaxLoss(torch.nn.Module):
+    """The full softmax over materialised (T, N + 1) logits: what the fused loss replaced."""
+
+    def forward(self, hidden, targets, table):
+        logits = hidden @ table.T
+        logits[:, 0] = float("-inf")
+        return torch.nn.functional.cross_entropy(logits, targets)
+
+
 def _step(module: RankerModule, optimizer, batch) -> None:
     loss = module.training_step(batch, 0)
     loss.backward()
@@ -43,13 +55,15 @@ def measure(module, batches, warmup: int = 2) -> dict[str, float]:
     timed = batches[warmup:]
     tokens = sum(int((b["targets"] > 0).sum()) for b in timed)
     computed = sum(b["inputs"].numel() for b in timed)
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     for batch in timed:
         _step(module, optimizer, batch)
     seconds = time.perf_counter() - started
+    cpu_seconds = time.process_time() - cpu_started
     return {
         "steps": len(timed),
         "seconds_per_step": seconds / len(timed),
+        "cpu_seconds_per_step": cpu_seconds / len(timed),
         "tokens_per_second": tokens / seconds,
         "padding_waste": 1 - tokens / computed,
     }
@@ -61,8 +75,11 @@ def main() -> None:
     parser.add_argument("--max-len", type=int, default=200)
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     histories = FlatSequences.from_series(leave_one_out(read_sequences(args.prepared), "train").get_column("history"))
     n_items = read_items(args.prepared).height
@@ -71,16 +88,24 @@ def main() -> None:
     groups = [[dataset[int(i)] for i in order[s * args.batch_size : (s + 1) * args.batch_size]] for s in range(args.steps)]
     cfg = ModelConfig(d_model=64, n_layers=2, n_heads=2, max_len=args.max_len, attention_backend="sdpa")
     results = {}
-    for name, collate in (
-        ("padded", collate_next_item),
-        ("packed", lambda g: collate_packed_next_item(g, row_len=args.max_len)),
+    packed = lambda g: collate_packed_next_item(g, row_len=args.max_len)  # noqa: E731
+    for name, collate, plain_loss in (
+        ("padded", collate_next_item, False),
+        ("packed", packed, False),
+        ("packed_plain_softmax", packed, True),
     ):
         torch.manual_seed(0)
         module = RankerModule(cfg, TrainConfig(), n_items, torch.ones(n_items + 1, dtype=torch.int64))
+        if plain_loss:
+            module.loss = PlainSoftmaxLoss()
         results[name] = measure(module, [collate(g) for g in groups])
         print(name, {k: round(v, 4) for k, v in results[name].items()}, flush=True)
     results["packed_speedup"] = results["packed"]["tokens_per_second"] / results["padded"]["tokens_per_second"]
+    results["fused_loss_speedup"] = (
+        results["packed"]["tokens_per_second"] / results["packed_plain_softmax"]["tokens_per_second"]
+    )
     print(f"packed / padded tokens/s: {results['packed_speedup']:.2f}x")
+    print(f"fused / plain softmax loss tokens/s (packed): {results['fused_loss_speedup']:.2f}x")
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
 

@@ -164,8 +164,13 @@ class AlibiRanker(nn.Module):
         return self.final_norm(x)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """(..., D) hidden states -> (..., N + 1) scores against the tied item table."""
-        return hidden @ self.items.weight.T
+        """(..., D) hidden states -> (..., N + 1) float32 scores against the tied item table.
+
+        Always float32, also under bf16 autocast: bfloat16 scores (8 significant bits) would tie
+        many items and change the ranks.
+        """
+        with torch.autocast(hidden.device.type, enabled=False):
+            return hidden.float() @ self.items.weight.float().T
 
     def last_hidden(self, item_idx: torch.Tensor, lengths: torch.Tensor, backend: str | None = None) -> torch.Tensor:
         """(B, D) hidden state at each row's last event (position ``lengths - 1``)."""

@@ -91,3 +91,24 @@ def test_fused_full_softmax_keeps_input_dtypes_under_bf16():
     value.backward()
     assert value.dtype == torch.float32
     assert hidden.grad.dtype == torch.bfloat16 and table.grad.dtype == torch.float32
+
+
+def test_fused_full_softmax_under_bf16_autocast_is_close_to_float32():
+    """bf16 products, float32 softmax: loss and gradients within bf16 rounding of float32."""
+    torch.manual_seed(0)
+    hidden = torch.randn(300, 16, requires_grad=True)
+    table = (0.3 * torch.randn(50, 16)).requires_grad_()
+    targets = torch.randint(1, 50, (300,))
+    loss = LOSSES["softmax"](TrainConfig(), torch.ones(50, dtype=torch.int64), chunk=64)
+    exact = loss(hidden, targets, table)
+    exact.backward()
+    exact_grads = hidden.grad.clone(), table.grad.clone()
+    hidden.grad = table.grad = None
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        low = loss(hidden, targets, table)
+    low.backward()
+    assert low.dtype == torch.float32 and hidden.grad.dtype == torch.float32
+    assert float(low) != float(exact)  # the products did run in bfloat16
+    assert abs(float(low) - float(exact)) < 1e-2 * float(exact)
+    for got, want in zip((hidden.grad, table.grad), exact_grads):
+        assert float((got - want).norm() / want.norm()) < 2e-2
