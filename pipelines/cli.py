@@ -24,6 +24,12 @@ EXIT_USER_ERROR = 2
 EXIT_FAILURE = 1  # pipeline only: any other error (store unreachable, training crashed, ...), traceback logged
 
 
+RESUME_HELP = (
+    "continue the newest unfinished <output>/checkpoints/<run_id>/last.ckpt and its MLflow run, on any "
+    "number of processes (= --set train.resume=true); starts a new run when there is none"
+)
+
+
 def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", type=Path, default=None, help="YAML job config")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
@@ -52,6 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("train", help="train the ranker; logs to MLflow and prints mlflow_run_id")
     _common(p)
     p.add_argument("--prepared", type=Path, help="prepared directory")
+    p.add_argument("--resume", action="store_true", help=RESUME_HELP)
 
     p = sub.add_parser("evaluate", help="full-catalog ranking evaluation of a model or baseline")
     _common(p)
@@ -71,6 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("pipeline", help="generate -> prepare -> train -> evaluate -> register -> score")
     _common(p)
     p.add_argument("--output", type=Path, help="output directory of every step")
+    p.add_argument("--resume", action="store_true", help=RESUME_HELP)
 
     p = sub.add_parser("diagnose", help="ALiBi numerics per head, dtype and length")
     _common(p)
@@ -91,6 +99,8 @@ def _flag_overrides(args: argparse.Namespace) -> list[str]:
     found = [f"{key}={getattr(args, flag)}" for flag, key in pairs.items() if getattr(args, flag, None) is not None]
     if args.command == "pipeline" and args.output is not None:
         found.append(f"output={args.output}")
+    if getattr(args, "resume", False):
+        found.append("train.resume=true")
     return found
 
 
@@ -114,6 +124,8 @@ def _cmd_train(config: JobConfig, args) -> str:
     from pipelines.train import run_train
 
     result = run_train(config, _default_prepared(config, args.prepared), progress=not args.quiet)
+    if result.rank != 0:  # another training process: rank 0 prints the run
+        return ""
     return f"{result.summary()}\nmlflow_run_id: {result.run_id}"
 
 
@@ -135,8 +147,14 @@ def _cmd_score(config: JobConfig, args) -> str:
 
 
 def _cmd_pipeline(config: JobConfig, args) -> str:
-    from pipelines.pipeline import run_pipeline
+    from pipelines.pipeline import check_pipeline_launch, run_pipeline
+    from recsys_alibi.training.launch import launch_rank
 
+    check_pipeline_launch(config)
+    if launch_rank(config.train.devices) != 0:  # a training process started by Lightning: train only
+        from pipelines.train import run_train
+
+        return run_train(config, Path(config.output) / "prepared", progress=False).summary()
     return run_pipeline(config, progress=not args.quiet).summary()
 
 
@@ -204,7 +222,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         message = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         print(f"error: pipeline failed: {type(err).__name__}: {message}", file=sys.stderr)
         return EXIT_FAILURE
-    print(summary)
+    if summary:  # training processes other than rank 0 have nothing to say
+        print(summary)
     return 0
 
 

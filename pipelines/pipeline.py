@@ -13,6 +13,7 @@ i.e. from whichever model holds the alias after the gate. Made to run as a sched
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +35,7 @@ from pipelines.promotion import (
     tag_lineage,
 )
 from pipelines.train import TrainJobResult, run_train
-from recsys_alibi.config import JobConfig, with_overrides
+from recsys_alibi.config import ConfigError, JobConfig, with_overrides
 from recsys_alibi.data.prepare import read_items, read_sequences
 from recsys_alibi.evaluation.report import format_metrics_table
 from serving.score import ScoreJobResult, run_score
@@ -110,6 +111,7 @@ def run_pipeline(config: JobConfig, *, progress: bool = True) -> PipelineResult:
     if not config.tracking.registered_model:
         raise ValueError("the pipeline registers and promotes models: set tracking.registered_model to a name")
     check_promotion_metric(config)
+    check_pipeline_launch(config)
     started = time.perf_counter()
     out = Path(config.output)
     input_path = config.data.input
@@ -157,6 +159,26 @@ def run_pipeline(config: JobConfig, *, progress: bool = True) -> PipelineResult:
         lineage=lineage,
         same_lineage_runs=tuple(same_lineage),
     )
+
+
+def check_pipeline_launch(config: JobConfig, env: dict[str, str] | None = None) -> None:
+    """Refuse a pipeline started on several processes at once (torchrun, ``srun`` with tasks > 1).
+
+    With ``train.devices > 1`` the pipeline runs once and Lightning starts the other training
+    processes when training begins; they only train (``pipelines.cli``). A launcher that starts
+    every process at once would run generate/prepare on every rank at the same time.
+
+    Raises:
+        ConfigError: naming the two-step recipe of docs/scaling.md.
+    """
+    env = os.environ if env is None else env
+    torchrun = "RANK" in env and int(env.get("WORLD_SIZE", "1")) > 1
+    slurm = int(env.get("SLURM_NTASKS", "1")) > 1 and "LOCAL_RANK" not in env
+    if torchrun or slurm:
+        raise ConfigError(
+            "pipeline runs its steps once: under torchrun/srun run `recsys-alibi prepare` first, then "
+            "`recsys-alibi train` on every process (docs/scaling.md), or use --set train.devices=N on one machine"
+        )
 
 
 def trained_model(trained: TrainJobResult):

@@ -2,6 +2,14 @@
 
 The run holds the resolved config (params), a fingerprint of the prepared data, per-epoch
 validation metrics, the best checkpoint's model (logged and registered) with its vocabulary.
+
+Several processes (``train.devices``/``train.num_nodes``/``train.strategy``, torchrun, SLURM):
+every process runs this job and trains; only global rank 0 opens the MLflow run, logs and
+registers the model. The other ranks return a result with ``rank > 0`` and no run.
+
+Resuming (``train.resume`` / ``--resume``): the newest unfinished
+``<output>/checkpoints/<run_id>/last.ckpt`` is continued (on any number of processes) inside
+the same MLflow run; when there is none a new run starts.
 """
 
 from __future__ import annotations
@@ -10,11 +18,12 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from recsys_alibi.config import JobConfig
+from recsys_alibi.config import ConfigError, JobConfig
 from recsys_alibi.data.prepare import read_items
 from recsys_alibi.tracking import LoggedModel, log_config, log_ranker, setup_tracking, tracking_uri
 from recsys_alibi.training.datamodule import SequenceDataModule
-from recsys_alibi.training.fit import fit_ranker
+from recsys_alibi.training.fit import check_sharding, fit_ranker
+from recsys_alibi.training.launch import launch_rank, mark_complete, resumable_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -23,28 +32,34 @@ log = logging.getLogger(__name__)
 class TrainJobResult:
     """What ``train`` produced: the MLflow run and model, and the training figures."""
 
-    run_id: str
-    model: LoggedModel
+    run_id: str  # "" on ranks other than 0
+    model: LoggedModel | None  # None on ranks other than 0
     best_val_ndcg_at_10: float
     epochs: int
     train_seconds: float
     checkpoint: str
+    rank: int = 0
+    world_size: int = 1
+    resumed_from: str | None = None  # the last.ckpt this run continued
 
     def summary(self) -> str:
+        if self.rank != 0 or self.model is None:
+            return ""
         version = f", version {self.model.version}" if self.model.version else ""
+        where = f" on {self.world_size} processes" if self.world_size > 1 else ""
+        resumed = f" (resumed from {self.resumed_from})" if self.resumed_from else ""
         return (
-            f"trained {self.epochs} epochs in {self.train_seconds:.0f} s; best validation NDCG@10 "
+            f"trained {self.epochs} epochs{where} in {self.train_seconds:.0f} s{resumed}; best validation NDCG@10 "
             f"{self.best_val_ndcg_at_10:.4f}; model runs:/{self.run_id}/model{version}"
         )
 
 
 def data_fingerprint(datamodule: SequenceDataModule) -> dict[str, float]:
-    """Row counts of what the model was trained on (logged as MLflow metrics)."""
-    histories = datamodule.train_histories
+    """Row counts of what the model was trained on, over all ranks (logged as MLflow metrics)."""
     return {
-        "data.users": float(len(histories)),
+        "data.users": float(datamodule.n_train_users),
         "data.items": float(datamodule.n_items),
-        "data.train_events": float(len(histories.values)),
+        "data.train_events": float(datamodule.n_train_events),
     }
 
 
@@ -58,28 +73,94 @@ def training_callbacks(config: JobConfig) -> list:
 
 
 def run_train(config: JobConfig, prepared_dir: str | Path, *, progress: bool = True, register: bool = True) -> TrainJobResult:
-    """Train on ``prepared_dir`` and log everything to a new MLflow run.
+    """Train on ``prepared_dir`` and log everything to a new (or the resumed) MLflow run.
+
+    Call it on every training process; rank 0 does the tracking.
 
     Raises:
         DataError: the prepared directory is missing or malformed.
+        ConfigError: ``model.shard_embeddings`` is set, the global batch does not divide over
+            the processes, or the MLflow run of the checkpoint to resume is not in the store.
     """
+    check_sharding(config)
+    prepared_dir = Path(prepared_dir)
+    datamodule = SequenceDataModule(prepared_dir, config.model, config.train, config.seed)
+    checkpoints = Path(config.output) / "checkpoints"
+    resume = resumable_checkpoint(checkpoints) if config.train.resume else None
+    rank = launch_rank(config.train.devices)
+    if rank != 0:  # the checkpoint directory is rank 0's (ModelCheckpoint broadcasts it)
+        for name in ("recsys_alibi", "pipelines", "serving"):  # INFO lines come from rank 0 only
+            logging.getLogger(name).setLevel(max(logging.getLogger(name).getEffectiveLevel(), logging.WARNING))
+        fit = fit_ranker(
+            config, datamodule, resume.parent if resume else checkpoints, None,
+            callbacks=training_callbacks(config), progress=False, resume_from=resume,
+        )  # fmt: skip
+        _check_rank(rank, fit.is_global_zero)
+        return TrainJobResult(
+            run_id="", model=None, best_val_ndcg_at_10=fit.best_val_ndcg_at_10, epochs=fit.epochs,
+            train_seconds=fit.train_seconds, checkpoint=fit.best_checkpoint, rank=rank, world_size=fit.world_size,
+            resumed_from=str(resume) if resume else None,
+        )  # fmt: skip
+    if config.train.resume and resume is None:
+        log.info("train.resume: no unfinished checkpoint under %s; starting a new run", checkpoints)
+    setup_tracking(config.tracking)
+    return _train_and_track(config, prepared_dir, datamodule, checkpoints, resume, progress=progress, register=register)
+
+
+def _check_rank(launch: int, is_global_zero: bool) -> None:
+    """Raise when the rank read from the environment disagrees with Lightning's global rank."""
+    if (launch == 0) != is_global_zero:
+        raise RuntimeError(
+            f"the launcher's environment gave rank {launch} but Lightning made this process "
+            f"{'' if is_global_zero else 'not '}global rank 0; set RANK (or use torchrun/srun) so that "
+            "exactly one process tracks the run"
+        )
+
+
+def _train_and_track(
+    config: JobConfig,
+    prepared_dir: Path,
+    datamodule: SequenceDataModule,
+    checkpoints: Path,
+    resume: Path | None,
+    *,
+    progress: bool,
+    register: bool,
+) -> TrainJobResult:
+    """Rank 0's part of ``run_train``: the MLflow run around ``fit_ranker``, then the model."""
     import mlflow
     from lightning.pytorch.loggers import MLFlowLogger
 
-    prepared_dir = Path(prepared_dir)
-    datamodule = SequenceDataModule(prepared_dir, config.model, config.train, config.seed)
-    setup_tracking(config.tracking)
-    with mlflow.start_run() as run:
+    resumed_run = resume.parent.name if resume else None
+    if resumed_run is not None:
+        try:
+            mlflow.get_run(resumed_run)
+        except Exception as err:  # MlflowException: the run is not in this store
+            raise ConfigError(
+                f"cannot resume {resume}: MLflow run {resumed_run} is not in {tracking_uri(config.tracking)} "
+                f"({str(err).splitlines()[0]}); use the same tracking store or remove that checkpoint directory"
+            ) from None
+        log.info("resuming MLflow run %s from %s", resumed_run, resume)
+    with mlflow.start_run(run_id=resumed_run) as run:
         run_id = run.info.run_id
-        log_config(config)
+        if resume is None:
+            log_config(config)
+            mlflow.set_tags({"recsys_alibi.position": config.model.position, "recsys_alibi.prepared": str(prepared_dir)})
+        else:
+            mlflow.set_tag("recsys_alibi.resumed_from", str(resume))
         mlflow.log_metrics(data_fingerprint(datamodule))
-        mlflow.set_tags({"recsys_alibi.position": config.model.position, "recsys_alibi.prepared": str(prepared_dir)})
         logger = MLFlowLogger(tracking_uri=tracking_uri(config.tracking), run_id=run_id)
+        checkpoint_dir = checkpoints / run_id
         fit = fit_ranker(
-            config, datamodule, Path(config.output) / "checkpoints" / run_id, logger,
-            callbacks=training_callbacks(config), progress=progress,
-        )
-        mlflow.log_metrics({"best_val_ndcg_at_10": fit.best_val_ndcg_at_10, "train_seconds": fit.train_seconds})
+            config, datamodule, checkpoint_dir, logger,
+            callbacks=training_callbacks(config), progress=progress, resume_from=resume,
+        )  # fmt: skip
+        _check_rank(0, fit.is_global_zero)
+        mark_complete(checkpoint_dir)
+        mlflow.log_metrics(
+            {"best_val_ndcg_at_10": fit.best_val_ndcg_at_10, "train_seconds": fit.train_seconds,
+             "train.world_size": float(fit.world_size)}
+        )  # fmt: skip
         registered = config.tracking.registered_model if register else None
         logged = log_ranker(fit.module.model, read_items(prepared_dir), registered, Path(config.output) / "model" / run_id)
     return TrainJobResult(
@@ -89,4 +170,6 @@ def run_train(config: JobConfig, prepared_dir: str | Path, *, progress: bool = T
         epochs=fit.epochs,
         train_seconds=fit.train_seconds,
         checkpoint=fit.best_checkpoint,
+        world_size=fit.world_size,
+        resumed_from=str(resume) if resume else None,
     )

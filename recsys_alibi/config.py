@@ -76,6 +76,7 @@ class ModelConfig(_Section):
     bias_clamp: float | None = None  # |bias| clamped to this value (avoids exp underflow)
     window: int | None = Field(None, ge=1)  # sliding attention window, items
     sinks: int = Field(0, ge=0)  # first events always visible (StreamingLLM)
+    shard_embeddings: bool = False  # row-wise torchrec sharding of the item table (docs/scaling.md)
 
     @model_validator(mode="after")
     def _heads_divide_width(self) -> "ModelConfig":
@@ -88,7 +89,8 @@ class TrainConfig(_Section):
     """Optimisation and the Lightning trainer."""
 
     max_epochs: int = Field(20, ge=1)
-    batch_size: int = Field(128, ge=1)
+    max_minutes: float | None = Field(None, gt=0)  # wall-clock training budget (Lightning max_time): a safety stop; size max_epochs to fit it
+    batch_size: int = Field(128, ge=1)  # global: each of W processes takes batch_size / W
     loss: Literal["softmax", "sampled_softmax", "bce", "gbce"] = "softmax"
     lr: float = Field(1e-3, gt=0)
     weight_decay: float = Field(0.0, ge=0)
@@ -99,9 +101,10 @@ class TrainConfig(_Section):
     gbce_t: float = Field(0.75, ge=0, le=1)
     precision: str = "32-true"
     accelerator: str = "auto"
-    devices: int | str = 1
+    devices: int | str = 1  # processes per node (CPU: e.g. 2 with strategy ddp; docs/scaling.md)
     num_nodes: int = 1
-    strategy: str = "auto"
+    strategy: str = "auto"  # "ddp" for several processes (gloo on CPU, NCCL on GPU)
+    resume: bool = False  # continue the newest unfinished <output>/checkpoints/<run_id>/last.ckpt (CLI --resume)
     limit_train_batches: float | int | None = None
     val_batch_size: int = Field(256, ge=1)
     val_users: int | None = None  # validate on a fixed random subset of users (None: all)

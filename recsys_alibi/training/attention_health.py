@@ -192,7 +192,7 @@ class AttentionHealth(L.Callback):
         model.train(was_training)
         metrics = health_metrics(weights, lengths, model.cfg.window, model.cfg.sinks)
         self.last = metrics
-        pl_module.log_dict(metrics, on_epoch=True, batch_size=int(lengths.shape[0]))
+        pl_module.log_dict(metrics, on_epoch=True, batch_size=int(lengths.shape[0]), sync_dist=True)  # mean over ranks
         self._warn(metrics, model.cfg.n_layers, model.cfg.n_heads, trainer.current_epoch)
 
     def _warn(self, metrics: dict[str, float], n_layers: int, n_heads: int, epoch: int) -> None:

@@ -1,11 +1,22 @@
-"""LightningDataModule over a prepared directory, leave-one-out protocol.
+"""LightningDataModule over a prepared directory, leave-one-out protocol, one part per process.
 
 Training histories are each user's events except the last two; validation ranks the second-last
 event from the events before it (the test event is never seen during training or model choice).
+
+Under data-parallel training (W processes) every rank reads only its own users
+(:mod:`recsys_alibi.data.partition`): the constructor reads the ``length`` column and the
+vocabulary size, which are the same on every rank; ``setup()`` (called by Lightning on each
+rank once the process group exists) reads this rank's training and validation users. The
+training batch ``train.batch_size`` is the global batch: each rank takes
+``batch_size / W`` windows per step, so the steps per epoch and the learning-rate schedule do
+not depend on W, and a checkpoint resumes on another number of processes. Each epoch shuffles
+the rank's users with the seed ``(seed, epoch)``: a resumed run sees the same order as an
+uninterrupted one.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
 
@@ -13,9 +24,9 @@ import lightning as L
 import numpy as np
 import polars as pl
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Sampler
 
-from recsys_alibi.config import ModelConfig, TrainConfig
+from recsys_alibi.config import ConfigError, ModelConfig, TrainConfig
 from recsys_alibi.data.loader import (
     FlatSequences,
     HistoryTargets,
@@ -24,13 +35,42 @@ from recsys_alibi.data.loader import (
     collate_next_item,
     collate_packed_next_item,
 )
-from recsys_alibi.data.prepare import read_items, read_sequences
-from recsys_alibi.data.splits import leave_one_out
+from recsys_alibi.data.partition import (
+    read_lengths,
+    read_sequence_rows,
+    train_part,
+    valid_part,
+)
+from recsys_alibi.data.prepare import read_items
+from recsys_alibi.data.schema import ITEM_IDX, LENGTH, USER_ID
+from recsys_alibi.data.splits import MIN_LENGTH, leave_one_out
 
 
 def first_targets(examples: pl.DataFrame) -> np.ndarray:
     """(U,) int64: the first element of each user's ``targets`` list."""
     return examples.get_column("targets").list.first().to_numpy().astype(np.int64)
+
+
+class EpochShuffle(Sampler[int]):
+    """A permutation of ``range(n)`` drawn from ``(seed, epoch)``; Lightning calls ``set_epoch``.
+
+    The order of an epoch depends on nothing else (not on the global RNG state), so a run
+    resumed from a checkpoint shuffles exactly as the uninterrupted run.
+    """
+
+    def __init__(self, n: int, seed: int) -> None:
+        self.n = n
+        self.seed = seed
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(np.random.default_rng([self.seed, self.epoch]).permutation(self.n).tolist())
 
 
 class SequenceDataModule(L.LightningDataModule):
@@ -39,11 +79,16 @@ class SequenceDataModule(L.LightningDataModule):
     Args:
         prepared_dir: output of ``recsys-alibi prepare``.
         model_cfg: gives ``max_len`` (training window, items).
-        train_cfg: batch sizes, ``val_users`` subset size.
-        seed: picks the fixed validation subset when ``val_users`` is set.
+        train_cfg: batch sizes (``batch_size`` is global, see the module doc), ``val_users``.
+        seed: picks the fixed validation subset when ``val_users`` is set; shuffles each epoch.
+
+    Attributes (set by the constructor): ``n_items`` N; ``n_train_users`` and
+    ``n_train_events`` over all ranks. Set by ``setup()`` / ``load()``: ``rank``,
+    ``world_size``, ``train_histories`` and ``valid_histories`` (this rank's
+    :class:`FlatSequences`), ``valid_targets`` (U_r,) int64.
 
     Raises:
-        DataError: the prepared directory is missing or malformed (from ``read_sequences``).
+        DataError: the prepared directory is missing or malformed.
         ValueError: no user has enough events to train.
     """
 
@@ -53,33 +98,86 @@ class SequenceDataModule(L.LightningDataModule):
         self.model_cfg = model_cfg
         self.train_cfg = train_cfg
         self.seed = seed
-        sequences = read_sequences(self.prepared_dir)
+        lengths = read_lengths(self.prepared_dir)
         self.n_items = read_items(self.prepared_dir).height
-        train = leave_one_out(sequences, "train")
-        self.train_histories = FlatSequences.from_series(train.get_column("history"))
-        if len(self.train_histories) == 0 or int(self.train_histories.lengths().max(initial=0)) < 2:
+        self.train_rows = np.flatnonzero(lengths >= MIN_LENGTH["train"])  # (R_train,) rows of sequences.parquet
+        if self.train_rows.size == 0:
             raise ValueError("no user has 4 or more events: nothing to train on (lower data.min_events_per_user?)")
-        valid = leave_one_out(sequences, "valid")
-        if train_cfg.val_users is not None and valid.height > train_cfg.val_users:
-            valid = valid.sample(n=train_cfg.val_users, seed=seed)
+        self.n_train_users = int(self.train_rows.size)
+        self.n_train_events = int((lengths[self.train_rows] - 2).sum())
+        valid_rows = np.flatnonzero(lengths >= MIN_LENGTH["valid"])
+        if train_cfg.val_users is not None and valid_rows.size > train_cfg.val_users:
+            # the same rows, in the same order, as ``DataFrame.sample(n, seed)`` on the split
+            picked = pl.Series(np.arange(valid_rows.size)).sample(n=train_cfg.val_users, seed=seed).to_numpy()
+            valid_rows = valid_rows[picked]
+        self.valid_rows = valid_rows
+        self.rank: int | None = None
+        self.world_size: int | None = None
+
+    def setup(self, stage: str | None = None) -> None:
+        """Read this rank's part (rank and world size from the trainer; 0 and 1 without one)."""
+        trainer = self.trainer
+        rank, world = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
+        self.load(rank, world)
+
+    def load(self, rank: int = 0, world_size: int = 1) -> None:
+        """Read the training and validation users of ``rank`` out of ``world_size`` (idempotent).
+
+        Raises:
+            ConfigError: ``train.batch_size`` is not divisible by ``world_size``, or there are
+                fewer validation users than processes.
+        """
+        if (self.rank, self.world_size) == (rank, world_size):
+            return
+        if self.train_cfg.batch_size % world_size:
+            raise ConfigError(
+                f"train.batch_size={self.train_cfg.batch_size} is the global batch and must be divisible by "
+                f"the {world_size} training processes"
+            )
+        if 0 < self.valid_rows.size < world_size:
+            raise ConfigError(f"{self.valid_rows.size} validation users cannot be split over {world_size} processes")
+        columns = [USER_ID, ITEM_IDX, LENGTH]
+        train_rows = train_part(self.train_rows, rank, world_size)
+        train = leave_one_out(read_sequence_rows(self.prepared_dir, train_rows, columns), "train")
+        self.train_histories = FlatSequences.from_series(train.get_column("history"))
+        valid_rows = valid_part(self.valid_rows, rank, world_size)
+        valid = leave_one_out(read_sequence_rows(self.prepared_dir, valid_rows, columns), "valid")
         self.valid_histories = FlatSequences.from_series(valid.get_column("history"))
         self.valid_targets = first_targets(valid)
+        per_rank = len(self.train_histories)
+        self._own_train = int(np.clip(self.train_rows.size - rank * per_rank, 0, per_rank))  # before the padding
+        self.rank, self.world_size = rank, world_size
 
     def item_counts(self) -> torch.Tensor:
-        """(N + 1,) int64 training-event counts per item index (index 0 = padding, 0)."""
-        counts = np.bincount(self.train_histories.values, minlength=self.n_items + 1)
+        """(N + 1,) int64 training-event counts per item over this rank's users (index 0 = padding).
+
+        Wrap-around padding rows are not counted, so the sum over ranks is the global count.
+        """
+        if self.rank is None:
+            self.load()
+        own = self.train_histories.values[: self.train_histories.offsets[self._own_train]]
+        counts = np.bincount(own, minlength=self.n_items + 1)
         return torch.from_numpy(counts.astype(np.int64))
 
+    def per_rank_batch_size(self) -> int:
+        """``train.batch_size / world_size`` windows per step on each rank."""
+        return self.train_cfg.batch_size // (self.world_size or 1)
+
     def train_dataloader(self) -> DataLoader:
+        if self.rank is None:
+            self.load()
         dataset = NextItemWindows(self.train_histories, self.model_cfg.max_len)
         collate = (
             partial(collate_packed_next_item, row_len=self.model_cfg.max_len)
             if self.train_cfg.packing
             else collate_next_item
         )
-        return DataLoader(dataset, batch_size=self.train_cfg.batch_size, shuffle=True, collate_fn=collate)
+        sampler = EpochShuffle(len(dataset), self.seed)
+        return DataLoader(dataset, batch_size=self.per_rank_batch_size(), sampler=sampler, collate_fn=collate)
 
     def val_dataloader(self) -> DataLoader:
+        if self.rank is None:
+            self.load()
         max_len = self.model_cfg.max_len
         dataset = HistoryTargets(self.valid_histories, self.valid_targets, max_len)
         return DataLoader(dataset, batch_size=self.train_cfg.val_batch_size, collate_fn=collate_history_targets)

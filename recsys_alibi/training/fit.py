@@ -1,24 +1,43 @@
 """Fit a ranker with Lightning: checkpoint on validation NDCG@10, early stopping, best weights back.
 
 The caller owns tracking: it passes a Lightning logger (MLflow in the jobs) or None.
+
+One process or several: ``train.devices``, ``train.num_nodes`` and ``train.strategy`` go to the
+Lightning trainer as they are (``devices=2, strategy="ddp"`` on CPU runs two gloo processes;
+under torchrun or SLURM Lightning reads the ranks from the environment). Each rank reads its own
+users (``SequenceDataModule``), so Lightning's ``DistributedSampler`` is switched off.
+Checkpoints hold a plain (unsharded) state dict, so ``resume_from`` may be a checkpoint written
+with another number of processes; ``docs/scaling.md`` has the recipes.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import time
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 
-from recsys_alibi.config import JobConfig
+from recsys_alibi.config import ConfigError, JobConfig
 from recsys_alibi.training.datamodule import SequenceDataModule
 from recsys_alibi.training.module import VAL_MONITOR, RankerModule
 
 log = logging.getLogger(__name__)
+
+SHARDING_UNSUPPORTED = (
+    "model.shard_embeddings=true is not supported by the trainer: torchrec shards the item table row-wise "
+    "(tested on CPU/gloo), but the tied output layer then sees only this rank's rows and Lightning's one-file "
+    "checkpoint cannot hold the sharded table with its fused optimizer state; set model.shard_embeddings=false "
+    "(docs/scaling.md, 'Sharded item table')"
+)
 
 
 @dataclass(frozen=True)
@@ -30,6 +49,9 @@ class FitResult:
     best_val_ndcg_at_10: float
     epochs: int
     train_seconds: float
+    val_metrics: dict[str, float]  # the last validation (all ranks together)
+    world_size: int = 1
+    is_global_zero: bool = True
 
 
 def fit_ranker(
@@ -39,16 +61,26 @@ def fit_ranker(
     logger=None,
     callbacks: list[L.Callback] | None = None,
     progress: bool = True,
+    resume_from: str | Path | None = None,
 ) -> FitResult:
     """Train ``AlibiRanker`` on ``datamodule`` under ``config.train``.
 
-    The checkpoint with the highest validation NDCG@10 is kept in ``checkpoint_dir`` and its
-    weights are loaded back before returning (the test split is never looked at).
+    The checkpoint with the highest validation NDCG@10 is kept in ``checkpoint_dir`` (with
+    ``last.ckpt``, the state to resume from) and its weights are loaded back before returning on
+    global rank 0 (the test split is never looked at). Call it on every rank.
+
+    Args:
+        resume_from: a ``last.ckpt`` to continue from (epoch, optimiser, schedule, callbacks);
+            it may come from a run with another number of processes.
+
+    Raises:
+        ConfigError: ``model.shard_embeddings`` is set (see ``check_sharding``).
     """
+    check_sharding(config)
     L.seed_everything(config.seed, workers=True, verbose=False)
     torch.set_float32_matmul_precision("high")
     module = RankerModule(
-        config.model, config.train, datamodule.n_items, datamodule.item_counts(), config.evaluate.exclude_seen
+        config.model, config.train, datamodule.n_items, None, config.evaluate.exclude_seen, seed=config.seed
     )
     checkpoint = ModelCheckpoint(
         dirpath=checkpoint_dir, filename="best", monitor=VAL_MONITOR, mode="max", save_top_k=1, save_last=True
@@ -57,6 +89,7 @@ def fit_ranker(
     train = config.train
     trainer = L.Trainer(
         max_epochs=train.max_epochs,
+        max_time=timedelta(minutes=train.max_minutes) if train.max_minutes else None,
         accelerator=train.accelerator,
         devices=train.devices,
         num_nodes=train.num_nodes,
@@ -71,19 +104,68 @@ def fit_ranker(
         num_sanity_val_steps=0,
         log_every_n_steps=10,
         deterministic=False,
+        use_distributed_sampler=False,  # each rank already reads only its own users
     )
     started = time.perf_counter()
-    trainer.fit(module, datamodule=datamodule)
+    with _process_group_released(), warnings.catch_warnings():
+        if resume_from:  # the run's own checkpoints are there: expected
+            warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
+        trainer.fit(module, datamodule=datamodule, ckpt_path=str(resume_from) if resume_from else None)
     seconds = time.perf_counter() - started
     best = checkpoint.best_model_path
-    if best:
+    if best and trainer.is_global_zero:
         state = torch.load(best, map_location="cpu", weights_only=False)["state_dict"]
         module.load_state_dict(state, strict=False)
     score = checkpoint.best_model_score
+    metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val/")}
     return FitResult(
         module=module,
         best_checkpoint=best,
         best_val_ndcg_at_10=float(score) if score is not None else float("nan"),
         epochs=trainer.current_epoch,
         train_seconds=seconds,
+        val_metrics=metrics,
+        world_size=trainer.world_size,
+        is_global_zero=trainer.is_global_zero,
     )
+
+
+LAUNCH_ENV = ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "LOCAL_RANK", "WORLD_SIZE")
+
+
+@contextmanager
+def _process_group_released() -> Iterator[None]:
+    """Leave the process as it was: no process group or launcher variables left behind by the fit.
+
+    After a multi-process fit, rank 0 of the pipeline goes on alone (evaluate, score); a
+    leftover group or ``WORLD_SIZE`` would make the scoring job wait for ranks that have exited.
+    A group that existed before (torchrun script, test harness) is left alone.
+    """
+    import torch.distributed as dist
+
+    had_group = dist.is_available() and dist.is_initialized()
+    env_before = {key: os.environ.get(key) for key in LAUNCH_ENV}
+    try:
+        yield
+    finally:
+        if not had_group and dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+        if not had_group:
+            for key, value in env_before.items():
+                if value is None:
+                    os.environ.pop(key, None)
+
+
+def check_sharding(config: JobConfig) -> None:
+    """Refuse ``model.shard_embeddings=true`` with the reason (see docs/scaling.md).
+
+    torchrec's planner and ``DistributedModelParallel`` do shard ``ItemEmbeddings`` row-wise
+    here (tests/training/test_sharded_table.py), but the scores over the catalog use the tied
+    table (``AlibiRanker.logits``, the losses, validation), which would see only the local rows,
+    and a resumable checkpoint would need the gathered table and fused optimizer state.
+
+    Raises:
+        ConfigError: always when ``model.shard_embeddings`` is true (on CPU and on GPU).
+    """
+    if config.model.shard_embeddings:
+        raise ConfigError(SHARDING_UNSUPPORTED)

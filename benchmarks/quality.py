@@ -1,0 +1,179 @@
+"""Ranking quality over several seeds: the ALiBi ranker beside SASRec and popularity, one JSON.
+
+Run (from the repository root, after ``make install``):
+
+    .venv/bin/python benchmarks/quality.py --config configs/movielens-1m.yaml --seeds 1 2 3
+
+For each seed it trains the config's ALiBi model and the SASRec baseline (the same config with
+``model.position=learned``: SASRec's learned position table, same code, data, loss, schedule and
+time budget ``train.max_minutes``), evaluates each on the test protocol (leave-one-out,
+full-catalog ranking, seen items excluded) and fits popularity once. It writes:
+
+* ``--json`` (default ``docs/results/<config stem>.json``): ``NDCG@10``, ``HR@10`` (means over
+  seeds), ``NDCG@10_std``, ``HR@10_std`` (sample standard deviation, ddof = 1), ``seeds``,
+  ``train_seconds`` (per seed), ``command``, ``baseline`` (the same keys for SASRec),
+  ``popularity``, ``per_seed`` (every metric of every run) and the validation curves.
+* ``--curve`` (default ``docs/results/<config stem>-curve.png``): validation NDCG@10 per epoch.
+
+and prints the Markdown table of docs/results.md. Models are not registered; runs go to the
+config's MLflow experiment with ``quality`` in the run name's output path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import shlex
+import statistics
+import sys
+from pathlib import Path
+
+REPORTED = ("HR@10", "NDCG@10", "HR@20", "NDCG@20", "MRR", "Coverage@10")
+
+
+def summarise(runs: list[dict]) -> dict:
+    """Mean and sample std (ddof = 1; 0 for one run) of the reported metrics over seed runs."""
+    out: dict = {}
+    for name in REPORTED:
+        values = [r["metrics"][name] for r in runs if name in r["metrics"]]
+        if not values:
+            continue
+        out[name] = statistics.fmean(values)
+        out[f"{name}_std"] = statistics.stdev(values) if len(values) > 1 else 0.0
+    out["seeds"] = [r["seed"] for r in runs]
+    out["train_seconds"] = [r["train_seconds"] for r in runs]
+    out["epochs"] = [r["epochs"] for r in runs]
+    return out
+
+
+def train_and_test(config_path: str, overrides: list[str], prepared: Path) -> dict:
+    """One training run (no registry) and its test metrics, with its validation curve."""
+    import mlflow
+
+    from pipelines.evaluate import run_evaluate
+    from pipelines.train import run_train
+    from recsys_alibi.config import load_config
+    from recsys_alibi.tracking import metric_key
+
+    config = load_config(config_path, overrides)
+    trained = run_train(config, prepared, progress=False, register=False)
+    report = run_evaluate(config, prepared, model_uri=trained.model.uri, output_dir=Path(config.output) / "report")
+    history = mlflow.MlflowClient().get_metric_history(trained.run_id, metric_key("val/ndcg_at_10"))
+    return {
+        "seed": config.seed,
+        "position": config.model.position,
+        "run_id": trained.run_id,
+        "epochs": trained.epochs,
+        "train_seconds": round(trained.train_seconds, 1),
+        "best_val_NDCG@10": trained.best_val_ndcg_at_10,
+        "metrics": {k: float(v) for k, v in report.result.metrics.items()},
+        "val_curve": [float(m.value) for m in sorted(history, key=lambda m: m.step)],
+    }
+
+
+def plot_curves(runs: dict[str, list[dict]], path: Path, title: str) -> None:
+    """Validation NDCG@10 per epoch, one line per (model, seed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from recsys_alibi.atomic import atomic_path
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for (label, seed_runs), style in zip(runs.items(), ("-", "--")):
+        for i, run in enumerate(seed_runs):
+            curve = run["val_curve"]
+            ax.plot(range(1, len(curve) + 1), curve, style, color=f"C{i}", label=f"{label}, seed {run['seed']}")
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("validation NDCG@10")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=120)
+    plt.close(fig)
+
+
+def markdown_table(result: dict) -> str:
+    """The results table: mean ± std over seeds for each model, popularity beside them."""
+
+    def cell(block: dict, name: str) -> str:
+        if name not in block:
+            return "–"
+        std = block.get(f"{name}_std")
+        return f"{block[name]:.4f}" + (f" ± {std:.4f}" if std else "")
+
+    names = ("HR@10", "NDCG@10", "HR@20", "NDCG@20", "MRR")
+    rows = [("ALiBi ranker", result), ("SASRec (learned positions)", result["baseline"]), ("popularity", result["popularity"])]
+    lines = ["| model | " + " | ".join(names) + " | train s (per seed) |", "|---|" + "---:|" * (len(names) + 1)]
+    for label, block in rows:
+        seconds = ", ".join(f"{s:.0f}" for s in block.get("train_seconds", [])) or "–"
+        lines.append(f"| {label} | " + " | ".join(cell(block, n) for n in names) + f" | {seconds} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", required=True)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--workdir", type=Path, help="default: runs/quality/<config stem>")
+    parser.add_argument("--json", type=Path, help="default: docs/results/<config stem>.json")
+    parser.add_argument("--curve", type=Path, help="default: docs/results/<config stem>-curve.png")
+    args = parser.parse_args(argv)
+
+    from pipelines.cli import configure_logging
+    from pipelines.data_steps import run_prepare
+    from pipelines.evaluate import run_evaluate
+    from recsys_alibi.atomic import write_json_atomic
+    from recsys_alibi.config import load_config
+
+    configure_logging()
+    stem = Path(args.config).stem
+    workdir = args.workdir or Path("runs/quality") / stem
+    json_path = args.json or Path("docs/results") / f"{stem}.json"
+    curve_path = args.curve or Path("docs/results") / f"{stem}-curve.png"
+    base = load_config(args.config, args.overrides)
+    prepared = workdir / "prepared"
+    print(run_prepare(base, None, prepared).summary(), flush=True)
+
+    runs: dict[str, list[dict]] = {"ALiBi": [], "SASRec": []}
+    for seed in args.seeds:
+        for label, extra in (("ALiBi", []), ("SASRec", ["model.position=learned"])):
+            out = workdir / f"{label.lower()}-seed{seed}"
+            run = train_and_test(args.config, [*args.overrides, f"seed={seed}", f"output={out}", *extra], prepared)
+            runs[label].append(run)
+            print(
+                f"{label} seed {seed}: {run['epochs']} epochs in {run['train_seconds']:.0f} s, test HR@10 "
+                f"{run['metrics']['HR@10']:.4f} NDCG@10 {run['metrics']['NDCG@10']:.4f}",
+                flush=True,
+            )
+    popularity = run_evaluate(base, prepared, baseline="popularity", output_dir=workdir / "popularity")
+    result = {
+        **summarise(runs["ALiBi"]),
+        "baseline": {"name": "SASRec (model.position=learned)", **summarise(runs["SASRec"])},
+        "popularity": {k: float(v) for k, v in popularity.result.metrics.items() if k in REPORTED},
+        "command": shlex.join(["python", "benchmarks/quality.py", *(argv if argv is not None else sys.argv[1:])]),
+        "config": args.config,
+        "protocol": "leave-one-out, full-catalog ranking, seen items excluded",
+        "machine": f"{platform.machine()}, {platform.python_version()}, torch threads {_threads()}",
+        "per_seed": runs,
+    }
+    write_json_atomic(json_path, result)
+    plot_curves(runs, curve_path, f"{stem}: validation NDCG@10 per epoch")
+    print(markdown_table(result))
+    print(f"wrote {json_path} and {curve_path}")
+
+
+def _threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
+
+
+if __name__ == "__main__":
+    main()
