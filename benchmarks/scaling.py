@@ -15,12 +15,18 @@ Agreement: ``--agreement`` trains the tiny config of tests/training/test_distrib
 2 processes, and prints validation NDCG@10 of each: the spread between seeds on one process is
 the scale against which the test's 1-vs-2-process tolerance is set.
 
-Memory: ``--memory`` prints the per-rank bytes of the item table (weights, gradient, Adam's two
-moments) replicated (DDP) and row-wise sharded over W ranks, for N = 10^7 items.
+Sharded: ``--sharded`` trains the same config with ``train.loss=sampled_softmax`` on 2 processes
+twice, the item table replicated (DDP) and sharded row-wise (``model.shard_embeddings=true``,
+torchrec), and reports the same figures for both.
+
+Memory: ``--memory`` prints the per-rank bytes of the item table replicated (DDP: weights,
+gradient, AdamW's two moments) and row-wise sharded over W ranks (weights and the fused row-wise
+Adagrad state, one float per row), for N = 10^7 items.
 
 Usage (from the repository root):
 
     .venv/bin/python benchmarks/scaling.py --workdir /tmp/recsys-alibi-scaling --steps 40
+    .venv/bin/python benchmarks/scaling.py --sharded --workdir /tmp/recsys-alibi-sharded --steps 30
     .venv/bin/python benchmarks/scaling.py --memory
     .venv/bin/python benchmarks/scaling.py --agreement --workdir /tmp/recsys-alibi-agreement
 """
@@ -88,7 +94,8 @@ def worker(args: argparse.Namespace) -> None:
     config = load_config(None, [
         f"model.d_model={args.d_model}", f"model.n_layers={args.layers}", "model.n_heads=2",
         f"model.max_len={args.max_len}", "model.attention_backend=sdpa", f"train.batch_size={args.batch}",
-        "train.warmup_steps=5", "train.max_epochs=1",
+        "train.warmup_steps=5", "train.max_epochs=1", f"train.loss={args.loss}",
+        f"model.shard_embeddings={str(args.shard).lower()}",
     ])  # fmt: skip
 
     class Timer(L.Callback):
@@ -123,19 +130,21 @@ def worker(args: argparse.Namespace) -> None:
     Path(args.result).with_suffix(f".rank{trainer.global_rank}.json").write_text(json.dumps(out))
 
 
-def run_setting(args: argparse.Namespace, prepared: Path, world: int, threads: int) -> dict:
+def run_setting(args: argparse.Namespace, prepared: Path, world: int, threads: int, shard: bool = False) -> dict:
     """Launch one setting with torchrun and summarise its ranks."""
-    result = Path(args.workdir) / f"result-w{world}-t{threads}"
+    result = Path(args.workdir) / f"result-w{world}-t{threads}{'-sharded' if shard else ''}"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(world),
            __file__, "--worker", "--prepared", str(prepared), "--result", str(result), "--threads", str(threads),
            "--steps", str(args.steps), "--warmup", str(args.warmup), "--d-model", str(args.d_model),
-           "--layers", str(args.layers), "--max-len", str(args.max_len), "--batch", str(args.batch)]  # fmt: skip
+           "--layers", str(args.layers), "--max-len", str(args.max_len), "--batch", str(args.batch),
+           "--loss", args.loss, *(["--shard"] if shard else [])]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONWARNINGS": "ignore"}
     subprocess.run(cmd, env=env, check=True, capture_output=True, text=True)
     ranks = [json.loads(result.with_suffix(f".rank{r}.json").read_text()) for r in range(world)]
     per_rank = [r["tokens"] / r["seconds"] for r in ranks]
     return {
-        "processes": world, "threads_per_process": threads, "per_rank_batch": ranks[0]["per_rank_batch"],
+        "processes": world, "threads_per_process": threads, "sharded_table": shard, "loss": args.loss,
+        "per_rank_batch": ranks[0]["per_rank_batch"],
         "steps": ranks[0]["steps"], "seconds_per_step": float(np.mean([r["seconds"] / r["steps"] for r in ranks])),
         "tokens_per_s_per_rank": float(np.mean(per_rank)), "tokens_per_s_job": float(sum(per_rank)),
         "tokens_per_cpu_s_per_rank": float(np.mean([r["tokens"] / r["cpu_seconds"] for r in ranks])),
@@ -192,15 +201,16 @@ def agreement(args: argparse.Namespace) -> dict:
 def memory_table(n_items: int = 10**7, widths=(64, 128), worlds=(1, 8, 64)) -> list[dict]:
     """Per-rank GiB of an (N, D) fp32 item table: replicated (DDP) and row-wise sharded.
 
-    Replicated: weights + dense gradient + Adam's 2 moments = 4 copies on every rank.
-    Row-wise sharded (torchrec, fused Adam: no separate gradient): 3 copies of N / W rows.
+    Replicated: weights + dense gradient + AdamW's 2 moments = 4 copies on every rank.
+    Row-wise sharded (torchrec, fused row-wise Adagrad: no gradient tensor, one float of
+    optimizer state per row): N / W rows of D + 1 floats.
     """
     rows = []
     for d in widths:
         table = n_items * d * 4
         for w in worlds:
             rows.append({"D": d, "W": w, "table_GiB": table / 2**30, "replicated_GiB": 4 * table / 2**30,
-                         "sharded_GiB": 3 * table / w / 2**30})  # fmt: skip
+                         "sharded_GiB": n_items * (d + 1) * 4 / w / 2**30})  # fmt: skip
     return rows
 
 
@@ -218,6 +228,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--memory", action="store_true", help="print the memory table only")
     parser.add_argument("--agreement", action="store_true", help="1 vs 2 processes over seeds (tiny test config)")
+    parser.add_argument("--sharded", action="store_true", help="2 processes, sampled softmax: replicated vs sharded")
+    parser.add_argument("--loss", default="softmax", help=argparse.SUPPRESS)
+    parser.add_argument("--shard", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--fit-worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
@@ -238,7 +251,11 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps(memory_table(), indent=1))
         return
     prepared = write_prepared(Path(args.workdir) / "prepared", args.users, args.items, args.max_events)
-    results = [run_setting(args, prepared, world, threads) for world, threads in SETTINGS]
+    if args.sharded:
+        args.loss = "sampled_softmax"
+        results = [run_setting(args, prepared, 2, 1, shard=shard) for shard in (False, True)]
+    else:
+        results = [run_setting(args, prepared, world, threads) for world, threads in SETTINGS]
     print(json.dumps({"load_average": os.getloadavg(), "results": results}, indent=1))
 
 

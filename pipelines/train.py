@@ -79,7 +79,7 @@ def run_train(config: JobConfig, prepared_dir: str | Path, *, progress: bool = T
 
     Raises:
         DataError: the prepared directory is missing or malformed.
-        ConfigError: ``model.shard_embeddings`` is set, the global batch does not divide over
+        ConfigError: ``model.shard_embeddings`` with the full softmax, the global batch does not divide over
             the processes, or the MLflow run of the checkpoint to resume is not in the store.
     """
     check_sharding(config)

@@ -48,8 +48,23 @@ class ItemEmbeddings(nn.Module):
 
     @property
     def weight(self) -> torch.Tensor:
-        """The (N + 1, D) float32 table; used as the tied output layer."""
+        """The (N + 1, D) float32 table; used as the tied output layer.
+
+        Once the collection is sharded (``recsys_alibi.training.sharding``) this is only the
+        rank's own rows: sharded training never uses it as the output layer.
+        """
         return self.collection.embeddings[ITEM_TABLE].weight
+
+    def lookup(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rows of the given items: (M,) int64 in 0..N -> (M, D) float32.
+
+        One call of the collection (a single-sample ``KeyedJaggedTensor``); on a sharded table
+        it is one all-to-all, and in training one fused update of those rows in the backward pass.
+        """
+        kjt = KeyedJaggedTensor.from_lengths_sync(
+            keys=[ITEM_FEATURE], values=ids, lengths=torch.tensor([ids.numel()], device=ids.device)
+        )
+        return self.collection(kjt)[ITEM_FEATURE].values()  # (M, D)
 
     def forward(self, item_idx: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         """Embed right-padded rows.

@@ -130,8 +130,11 @@ class AlibiRanker(nn.Module):
         slopes = self.slopes()  # (H,)
         return slopes if self.cfg.position == "alibi" else torch.zeros_like(slopes)
 
-    def _embed(self, item_idx: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-        x = self.items(item_idx, lengths) * math.sqrt(self.cfg.d_model)  # (B, L, D)
+    def _embed(
+        self, item_idx: torch.Tensor, lengths: torch.Tensor, embedded: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        rows = self.items(item_idx, lengths) if embedded is None else embedded  # (B, L, D)
+        x = rows * math.sqrt(self.cfg.d_model)
         if self.positions is not None:
             length = item_idx.shape[1]
             if length > self.cfg.max_len:
@@ -148,6 +151,7 @@ class AlibiRanker(nn.Module):
         lengths: torch.Tensor,
         seq_ids: torch.Tensor | None = None,
         backend: str | None = None,
+        embedded: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Hidden states (B, L, D) float32 of right-padded rows.
 
@@ -156,9 +160,11 @@ class AlibiRanker(nn.Module):
             lengths: (B,) int64 non-padding positions per row.
             seq_ids: optional (B, L) int64 for packed rows (several users per row, 0 = padding).
             backend: overrides ``cfg.attention_backend`` (e.g. ``"eager"``).
+            embedded: optional (B, L, D) float32 item rows already looked up (zeros at padding),
+                used instead of ``self.items(item_idx, lengths)`` (sharded training).
         """
         slopes = self._head_slopes()
-        x = self._embed(item_idx, lengths)
+        x = self._embed(item_idx, lengths, embedded)
         for block in self.blocks:
             x = block(x, slopes, lengths, seq_ids, backend)
         return self.final_norm(x)

@@ -7,7 +7,9 @@ Lightning trainer as they are (``devices=2, strategy="ddp"`` on CPU runs two glo
 under torchrun or SLURM Lightning reads the ranks from the environment). Each rank reads its own
 users (``SequenceDataModule``), so Lightning's ``DistributedSampler`` is switched off.
 Checkpoints hold a plain (unsharded) state dict, so ``resume_from`` may be a checkpoint written
-with another number of processes; ``docs/scaling.md`` has the recipes.
+with another number of processes; ``docs/scaling.md`` has the recipes. With
+``model.shard_embeddings=true`` the item table is sharded row-wise over the processes
+(``RankerModule.configure_model``); its checkpoints are gathered into the same layout.
 """
 
 from __future__ import annotations
@@ -29,13 +31,14 @@ from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 from recsys_alibi.config import ConfigError, JobConfig
 from recsys_alibi.training.datamodule import SequenceDataModule
 from recsys_alibi.training.module import VAL_MONITOR, RankerModule
+from recsys_alibi.training.sharding import ROW_LOOKUP_LOSSES
 
 log = logging.getLogger(__name__)
 
-SHARDING_UNSUPPORTED = (
-    "model.shard_embeddings=true is not supported by the trainer: torchrec shards the item table row-wise "
-    "(tested on CPU/gloo), but the tied output layer then sees only this rank's rows and Lightning's one-file "
-    "checkpoint cannot hold the sharded table with its fused optimizer state; set model.shard_embeddings=false "
+SHARDING_NEEDS_SAMPLED_LOSS = (
+    "model.shard_embeddings=true needs train.loss=sampled_softmax, bce or gbce (got {loss}): the row-wise sharded "
+    "item table gives each rank only its own rows, so training looks up the rows of the targets and sampled "
+    "negatives, while the full softmax scores every position against the whole table "
     "(docs/scaling.md, 'Sharded item table')"
 )
 
@@ -73,8 +76,12 @@ def fit_ranker(
         resume_from: a ``last.ckpt`` to continue from (epoch, optimiser, schedule, callbacks);
             it may come from a run with another number of processes.
 
+    Returns:
+        On global rank 0 the module holds the best weights in an unsharded ``AlibiRanker``
+        (also after sharded training); on other ranks the module as trained.
+
     Raises:
-        ConfigError: ``model.shard_embeddings`` is set (see ``check_sharding``).
+        ConfigError: ``model.shard_embeddings`` with a loss over the whole table (``check_sharding``).
     """
     check_sharding(config)
     L.seed_everything(config.seed, workers=True, verbose=False)
@@ -115,6 +122,10 @@ def fit_ranker(
     best = checkpoint.best_model_path
     if best and trainer.is_global_zero:
         state = torch.load(best, map_location="cpu", weights_only=False)["state_dict"]
+        if module.table is not None:  # the checkpoint holds the whole table: load it unsharded
+            module = RankerModule(
+                config.model, config.train, datamodule.n_items, None, config.evaluate.exclude_seen, seed=config.seed
+            )
         module.load_state_dict(state, strict=False)
     score = checkpoint.best_model_score
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val/")}
@@ -157,15 +168,14 @@ def _process_group_released() -> Iterator[None]:
 
 
 def check_sharding(config: JobConfig) -> None:
-    """Refuse ``model.shard_embeddings=true`` with the reason (see docs/scaling.md).
+    """Refuse a sharded item table with a loss that needs the whole table (docs/scaling.md).
 
-    torchrec's planner and ``DistributedModelParallel`` do shard ``ItemEmbeddings`` row-wise
-    here (tests/training/test_sharded_table.py), but the scores over the catalog use the tied
-    table (``AlibiRanker.logits``, the losses, validation), which would see only the local rows,
-    and a resumable checkpoint would need the gathered table and fused optimizer state.
+    ``model.shard_embeddings=true`` shards the table row-wise over the training processes (one
+    process: not sharded). Training then only looks up rows, so the loss must be one over sampled
+    candidates (``sharding.ROW_LOOKUP_LOSSES``).
 
     Raises:
-        ConfigError: always when ``model.shard_embeddings`` is true (on CPU and on GPU).
+        ConfigError: ``model.shard_embeddings`` is true and ``train.loss`` is ``softmax``.
     """
-    if config.model.shard_embeddings:
-        raise ConfigError(SHARDING_UNSUPPORTED)
+    if config.model.shard_embeddings and config.train.loss not in ROW_LOOKUP_LOSSES:
+        raise ConfigError(SHARDING_NEEDS_SAMPLED_LOSS.format(loss=config.train.loss))

@@ -5,6 +5,12 @@ tied item table, and returns a scalar:
 
     loss(hidden (T, D) float, targets (T,) int64 in 1..N, table (N + 1, D) float) -> () float
 
+The sampling losses (``sampled_softmax``, ``bce``, ``gbce``) draw their negatives with
+``negative_ids(targets, n_items)`` and index the table only at the targets and those negatives;
+``negatives=`` passes the draw in instead (the sharded table looks up exactly those rows first,
+``recsys_alibi.training.sharding``), and ``table`` may then be any object with ``shape`` and
+``__getitem__`` by an index tensor.
+
 - ``softmax``: full softmax cross-entropy over the catalog (Klenitskiy & Vasilev, "Turning Dross
   Into Gold Loss: is BERT4Rec really better than SASRec?", RecSys 2023).
 - ``sampled_softmax``: in-batch plus uniform negatives with logQ correction (Yi et al., "Sampling-
@@ -118,9 +124,15 @@ class SampledSoftmaxLoss(nn.Module):
         probs = item_counts.double() / item_counts.sum().clamp(min=1)
         self.register_buffer("popularity", probs.float(), persistent=False)  # (N + 1,)
 
-    def forward(self, hidden: torch.Tensor, targets: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    def negative_ids(self, targets: torch.Tensor, n_items: int) -> torch.Tensor:
+        """(M,) int64 uniform negatives in 1..N (M = ``num_negatives``), shared by all positions."""
+        return torch.randint(1, n_items + 1, (self.num_negatives,), device=targets.device)
+
+    def forward(
+        self, hidden: torch.Tensor, targets: torch.Tensor, table: torch.Tensor, negatives: torch.Tensor | None = None
+    ) -> torch.Tensor:
         n_items = table.shape[0] - 1
-        uniform = torch.randint(1, n_items + 1, (self.num_negatives,), device=targets.device)
+        uniform = self.negative_ids(targets, n_items) if negatives is None else negatives
         candidates = torch.cat([targets, uniform])  # (T + M,)
         rate = targets.numel() * self.popularity[candidates] + self.num_negatives / n_items
         negatives = hidden @ table[candidates].T - torch.log(rate)  # (T, T + M)
@@ -136,8 +148,15 @@ class BinaryCrossEntropyLoss(nn.Module):
     def __init__(self, cfg: TrainConfig, item_counts: torch.Tensor) -> None:
         super().__init__()
 
-    def forward(self, hidden: torch.Tensor, targets: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
-        negatives = torch.randint(1, table.shape[0], targets.shape, device=targets.device)
+    def negative_ids(self, targets: torch.Tensor, n_items: int) -> torch.Tensor:
+        """(T,) int64: one uniform negative in 1..N per position."""
+        return torch.randint(1, n_items + 1, targets.shape, device=targets.device)
+
+    def forward(
+        self, hidden: torch.Tensor, targets: torch.Tensor, table: torch.Tensor, negatives: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        if negatives is None:
+            negatives = self.negative_ids(targets, table.shape[0] - 1)
         pos = (hidden * table[targets]).sum(-1).float()
         neg = (hidden * table[negatives]).sum(-1).float()
         return -(F.logsigmoid(pos) + F.logsigmoid(-neg)).mean()
@@ -155,11 +174,18 @@ class GeneralisedBCELoss(nn.Module):
         self.num_negatives = cfg.num_negatives
         self.t = cfg.gbce_t
 
-    def forward(self, hidden: torch.Tensor, targets: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    def negative_ids(self, targets: torch.Tensor, n_items: int) -> torch.Tensor:
+        """(T, k) int64 uniform negatives in 1..N per position."""
+        return torch.randint(1, n_items + 1, (targets.numel(), self.num_negatives), device=targets.device)
+
+    def forward(
+        self, hidden: torch.Tensor, targets: torch.Tensor, table: torch.Tensor, negatives: torch.Tensor | None = None
+    ) -> torch.Tensor:
         n_items = table.shape[0] - 1
         alpha = min(1.0, self.num_negatives / max(n_items - 1, 1))
         beta = alpha * (self.t * (1 - 1 / alpha) + 1 / alpha)
-        negatives = torch.randint(1, n_items + 1, (targets.numel(), self.num_negatives), device=targets.device)
+        if negatives is None:
+            negatives = self.negative_ids(targets, n_items)
         pos = (hidden * table[targets]).sum(-1).float()  # (T,)
         neg = torch.einsum("td,tkd->tk", hidden, table[negatives]).float()  # (T, k)
         neg = neg.masked_fill(negatives == targets[:, None], -math.inf)

@@ -9,21 +9,40 @@ user count are all-reduced before dividing (:func:`validation_sums`), so W proce
 exactly the one-process value for the same weights (up to float64 summation order). The
 random state of each step (dropout, sampled negatives) is re-seeded from
 ``(seed, global step, rank)``, so a run resumed from a checkpoint repeats the uninterrupted one.
+
+With ``model.shard_embeddings=true`` on several processes the item table is sharded row-wise
+when the trainer configures the model (``recsys_alibi.training.sharding``): training looks up
+the rows it needs through the sharded table, validation sums per-shard counts, the table has its
+own fused optimizer, and checkpoints hold the gathered table in the unsharded layout.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 
 import lightning as L
 import numpy as np
 import torch
+import torch.distributed as dist
 
 from recsys_alibi.config import ModelConfig, TrainConfig
 from recsys_alibi.evaluation.metrics import hit_rate_at_k, mrr, ndcg_at_k, per_user_metrics
 from recsys_alibi.evaluation.ranking import mask_seen, target_ranks
 from recsys_alibi.model.transformer import AlibiRanker
 from recsys_alibi.training.losses import build_loss
+from recsys_alibi.training.sharding import (
+    TABLE_KEY,
+    TABLE_OPTIMIZER,
+    TABLE_STATE,
+    PrefetchedRows,
+    ShardedItemTable,
+    insert_table_slot,
+    remove_table_slot,
+    sharded_target_ranks,
+)
+
+log = logging.getLogger(__name__)
 
 VAL_MONITOR = "val/ndcg_at_10"
 
@@ -69,6 +88,9 @@ class RankerModule(L.LightningModule):
         counts = item_counts if item_counts is not None else torch.zeros(n_items + 1, dtype=torch.int64)
         self.loss = build_loss(train_cfg, counts)
         self._val_ranks: list[torch.Tensor] = []
+        self.table: ShardedItemTable | None = None  # set by configure_model when sharding
+        self._val_batches: list[dict[str, torch.Tensor]] = []  # sharded validation: ranked at epoch end
+        self._schedule = (0, 1)  # (warm-up steps, total steps), set by configure_optimizers
 
     def setup(self, stage: str) -> None:
         datamodule = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
@@ -79,23 +101,73 @@ class RankerModule(L.LightningModule):
                 counts = strategy.reduce(counts.to(strategy.root_device), reduce_op="sum")
             self.loss = build_loss(self.train_cfg, counts.round().to(torch.int64).cpu())
 
+    def configure_model(self) -> None:
+        """Shard the item table row-wise when ``model.shard_embeddings`` and W > 1 (once)."""
+        if not self.model_cfg.shard_embeddings or self.table is not None or self._trainer is None:
+            return
+        if self.trainer.world_size == 1:
+            log.warning("model.shard_embeddings=true on one process: the item table is not sharded")
+            return
+        self.table = ShardedItemTable(
+            self.model.items, self.train_cfg.lr, self.train_cfg.weight_decay, self.trainer.strategy.root_device
+        )
+        # Lightning's DDP keeps the dense parameters in step; the table's rows differ per rank
+        self._ddp_params_and_buffers_to_ignore = [
+            f"model.items.{name}" for name, _ in self.model.items.named_parameters()
+        ] + [f"model.items.{name}" for name, _ in self.model.items.named_buffers()]
+        log.info(
+            "item table sharded row-wise over %d processes: rank %d holds rows %d..%d",
+            self.table.world_size, self.table.rank, self.table.offset, self.table.offset + self.table.rows - 1,
+        )  # fmt: skip
+
     def on_train_batch_start(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
         # dropout and sampled negatives of this step depend on (seed, step, rank) only
         torch.manual_seed(step_seed(self.seed, self.global_step, self.global_rank))
+        if self.table is not None:  # the fused table update follows the dense schedule
+            self.table.set_lr(self.train_cfg.lr * warmup_cosine(self.global_step, *self._schedule))
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        if self.table is not None:
+            return self._sharded_training_step(batch)
         hidden = self.model.encode(batch["inputs"], batch["lengths"], batch.get("seq_ids"))  # (B, L, D)
         supervised = batch["targets"] > 0  # (B, L)
         loss = self.loss(hidden[supervised], batch["targets"][supervised], self.model.items.weight)
         self.log("train/loss", loss, prog_bar=True, batch_size=int(supervised.sum()))
         return loss
 
+    def _sharded_training_step(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """One lookup of the step's unique items (inputs, targets, negatives) through the shards."""
+        inputs, lengths = batch["inputs"], batch["lengths"]  # (B, L), (B,)
+        supervised = batch["targets"] > 0  # (B, L)
+        targets = batch["targets"][supervised]  # (T,)
+        negatives = self.loss.negative_ids(targets, self.model.n_items)
+        valid = torch.arange(inputs.shape[1], device=inputs.device)[None, :] < lengths[:, None]  # (B, L)
+        inputs_flat = inputs[valid]
+        ids, inverse = torch.unique(torch.cat([inputs_flat, targets, negatives.reshape(-1)]), return_inverse=True)
+        rows = self.model.items.lookup(ids)  # (U, D); the backward applies the fused update once
+        embedded = rows.new_zeros(*inputs.shape, rows.shape[1])  # (B, L, D)
+        embedded[valid] = rows[inverse[: inputs_flat.numel()]]
+        hidden = self.model.encode(inputs, lengths, batch.get("seq_ids"), embedded=embedded)
+        table = PrefetchedRows(ids, rows, self.model.n_items + 1)
+        loss = self.loss(hidden[supervised], targets, table, negatives=negatives)
+        self.log("train/loss", loss, prog_bar=True, batch_size=int(supervised.sum()))
+        return loss
+
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
+        if self.table is not None:  # ranked over all shards at the end of the epoch
+            self._val_batches.append({k: batch[k] for k in ("history", "lengths", "targets")})
+            return
         scores = self.model.score(batch["history"], batch["lengths"])  # (B, N + 1)
         scores = mask_seen(scores, batch["history"], exclude_seen=self.exclude_seen, keep=batch["targets"])
         self._val_ranks.append(target_ranks(scores, batch["targets"]).cpu())
 
     def on_validation_epoch_end(self) -> None:
+        if self.table is not None:
+            ranks = self._sharded_validation_ranks().cpu().numpy()
+            metrics = metrics_from_sums(validation_sums(ranks))  # all users' ranks, on every rank
+            if metrics:
+                self.log_dict(metrics, prog_bar=True, sync_dist=True)
+            return
         ranks = torch.cat(self._val_ranks).numpy() if self._val_ranks else np.zeros(0, dtype=np.int64)
         self._val_ranks.clear()
         sums = torch.from_numpy(validation_sums(ranks))
@@ -105,9 +177,71 @@ class RankerModule(L.LightningModule):
         if metrics:  # the same global value on every rank: the sync below leaves it unchanged
             self.log_dict(metrics, prog_bar=True, sync_dist=True)
 
+    def _sharded_validation_ranks(self) -> torch.Tensor:
+        """(U,) int64 ranks of every rank's validation users (``sharding.sharded_target_ranks``)."""
+        batches, self._val_batches = self._val_batches, []
+        steps = torch.tensor(len(batches), device=self.device)
+        dist.all_reduce(steps, op=dist.ReduceOp.MAX)  # lookups are collective: as many on every rank
+        hidden, histories, targets = [], [], []
+        for i in range(int(steps)):
+            if i < len(batches):
+                batch = batches[i]
+                hidden.append(self.model.last_hidden(batch["history"], batch["lengths"]).float())
+                histories.append(batch["history"])
+                targets.append(batch["targets"])
+            else:  # this rank has fewer batches: take part in the lookup with one dummy row
+                one = torch.ones(1, 1, dtype=torch.int64, device=self.device)
+                self.model.last_hidden(one, one[0])
+        width = max((h.shape[1] for h in histories), default=1)
+        history = torch.cat([torch.nn.functional.pad(h, (0, width - h.shape[1])) for h in histories]) if histories \
+            else torch.zeros(0, width, dtype=torch.int64, device=self.device)  # fmt: skip
+        hidden_all = torch.cat(hidden) if hidden else torch.zeros(0, self.model_cfg.d_model, device=self.device)
+        target_all = torch.cat(targets) if targets else torch.zeros(0, dtype=torch.int64, device=self.device)
+        return sharded_target_ranks(
+            hidden_all, history, target_all, self.table, self.exclude_seen, self.train_cfg.val_batch_size
+        )
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        """Sharded: write the gathered table and its optimizer state in the unsharded layout.
+
+        Called on every rank (the gathers are collective); rank 0's dict is the one written.
+        """
+        if self.table is None:
+            return
+        weight, momentum = self.table.gather_weight(), self.table.gather_momentum()
+        if weight is not None:
+            checkpoint["state_dict"][TABLE_KEY] = weight  # (N + 1, D), as an unsharded run writes it
+        else:
+            checkpoint["state_dict"].pop(TABLE_KEY, None)
+        if "optimizer_states" in checkpoint:
+            checkpoint["optimizer_states"] = [insert_table_slot(s) for s in checkpoint["optimizer_states"]]
+        checkpoint[TABLE_STATE] = {"optimizer": TABLE_OPTIMIZER, "momentum1": momentum}
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        """Sharded: take this rank's rows (and Adagrad state) out of a checkpoint of any run.
+
+        A checkpoint of an unsharded run has no ``TABLE_STATE``: the table's optimizer state
+        then starts from zero (docs/scaling.md).
+        """
+        if self.table is None:
+            return
+        state = checkpoint["state_dict"]
+        self.table.load_weight(state[TABLE_KEY].to(self.table.local_weight().device))
+        state[TABLE_KEY] = self.table.state_for_load()
+        if "optimizer_states" in checkpoint:
+            checkpoint["optimizer_states"] = [remove_table_slot(s) for s in checkpoint["optimizer_states"]]
+        saved = checkpoint.get(TABLE_STATE) or {}
+        momentum = saved.get("momentum1") if saved.get("optimizer") == TABLE_OPTIMIZER else None
+        if momentum is None and "optimizer_states" in checkpoint:
+            log.warning("the checkpoint has no %s state for the sharded table: it starts from zero", TABLE_OPTIMIZER)
+        self.table.load_momentum(momentum)
+
     def configure_optimizers(self):
+        sharded = {id(p) for p in self.model.items.parameters()} if self.table is not None else set()
         decay, no_decay = [], []
         for name, param in self.named_parameters():
+            if id(param) in sharded:  # updated by the table's fused optimizer
+                continue
             (no_decay if param.ndim < 2 or "norm" in name else decay).append(param)
         optimizer = torch.optim.AdamW(
             [{"params": decay, "weight_decay": self.train_cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
@@ -116,6 +250,7 @@ class RankerModule(L.LightningModule):
         )
         total = max(1, int(self.trainer.estimated_stepping_batches))
         warmup = min(self.train_cfg.warmup_steps, total // 2)
+        self._schedule = (warmup, total)
         schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: warmup_cosine(step, warmup, total))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
 

@@ -195,8 +195,9 @@ def test_cli_train_killed_then_resume_finishes_the_same_run_with_the_same_metric
     assert len(history) == 3
 
 
-def test_sharded_item_table_is_one_clear_config_error(prepared, tmp_path, capsys):
+def test_sharded_item_table_with_the_full_softmax_is_one_clear_config_error(prepared, tmp_path, capsys):
     assert main(["train", "--prepared", str(prepared), "--set", "model.shard_embeddings=true",
                  "--set", f"output={tmp_path}"]) == 2  # fmt: skip
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: model.shard_embeddings=true") and "scaling.md" in err[0]
+    assert "train.loss=sampled_softmax" in err[0]  # the default full softmax needs the whole table
