@@ -6,7 +6,8 @@ users to a row of ``max_len`` positions (``train.packing``). Reported: padding w
 computed positions that are padding) and real training tokens (supervised positions) per second,
 wall and per CPU second (``time.process_time``, steadier on a shared machine). A third run,
 packed with the plain softmax over materialised logits, measures the fused chunked loss
-(``recsys_alibi.training.losses``).
+(``recsys_alibi.training.losses``); a fourth runs packed under bf16 autocast (``train.precision=
+bf16-mixed``; pays off where the CPU has AVX512-BF16 or AMX).
 
 Usage (from the repository root, after ``recsys-alibi prepare`` of ML-1M):
 
@@ -39,25 +40,26 @@ class PlainSoftmaxLoss(torch.nn.Module):
         return torch.nn.functional.cross_entropy(logits, targets)
 
 
-def _step(module: RankerModule, optimizer, batch) -> None:
-    loss = module.training_step(batch, 0)
+def _step(module: RankerModule, optimizer, batch, bf16: bool = False) -> None:
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        loss = module.training_step(batch, 0)
     loss.backward()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
 
 
-def measure(module, batches, warmup: int = 2) -> dict[str, float]:
+def measure(module, batches, warmup: int = 2, bf16: bool = False) -> dict[str, float]:
     """Seconds per step and real tokens/s over ``batches`` (after ``warmup`` untimed steps)."""
     optimizer = torch.optim.AdamW(module.parameters(), lr=1e-3)
     module.log = lambda *a, **k: None  # no trainer attached
     for batch in batches[:warmup]:
-        _step(module, optimizer, batch)
+        _step(module, optimizer, batch, bf16)
     timed = batches[warmup:]
     tokens = sum(int((b["targets"] > 0).sum()) for b in timed)
     computed = sum(b["inputs"].numel() for b in timed)
     started, cpu_started = time.perf_counter(), time.process_time()
     for batch in timed:
-        _step(module, optimizer, batch)
+        _step(module, optimizer, batch, bf16)
     seconds = time.perf_counter() - started
     cpu_seconds = time.process_time() - cpu_started
     return {
@@ -89,16 +91,17 @@ def main() -> None:
     cfg = ModelConfig(d_model=64, n_layers=2, n_heads=2, max_len=args.max_len, attention_backend="sdpa")
     results = {}
     packed = lambda g: collate_packed_next_item(g, row_len=args.max_len)  # noqa: E731
-    for name, collate, plain_loss in (
-        ("padded", collate_next_item, False),
-        ("packed", packed, False),
-        ("packed_plain_softmax", packed, True),
+    for name, collate, plain_loss, bf16 in (
+        ("padded", collate_next_item, False, False),
+        ("packed", packed, False, False),
+        ("packed_plain_softmax", packed, True, False),
+        ("packed_bf16_autocast", packed, False, True),
     ):
         torch.manual_seed(0)
         module = RankerModule(cfg, TrainConfig(), n_items, torch.ones(n_items + 1, dtype=torch.int64))
         if plain_loss:
             module.loss = PlainSoftmaxLoss()
-        results[name] = measure(module, [collate(g) for g in groups])
+        results[name] = measure(module, [collate(g) for g in groups], bf16=bf16)
         print(name, {k: round(v, 4) for k, v in results[name].items()}, flush=True)
     results["packed_speedup"] = results["packed"]["tokens_per_second"] / results["padded"]["tokens_per_second"]
     results["fused_loss_speedup"] = (
