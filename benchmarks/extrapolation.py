@@ -72,7 +72,7 @@ def plot(result: dict, path: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--prepared", type=Path, default=Path("runs/movielens-1m/prepared"))
-    parser.add_argument("--config", type=Path, default=Path("configs/movielens-1m.yaml"))
+    parser.add_argument("--config", type=Path, default=Path("configs/movielens-1m-6ep.yaml"))
     parser.add_argument("--alibi-200-uri", help="an ALiBi model trained at max_len 200 on the same data")
     parser.add_argument("--epochs", type=int, default=6)
     parser.add_argument("--output", type=Path, default=Path("docs/results/extrapolation-ml1m.json"))
