@@ -10,10 +10,11 @@
    (dropping an item can push a user below the threshold and the reverse).
 
 Steps 1-2 are pure ``LazyFrame -> LazyFrame`` functions (``drop_exact_duplicates`` is the plain
-group-by reference; ``drop_exact_duplicates_sorted`` the fast path used on sorted events). The k-core needs the counts of each
-round, so :func:`k_core_mask` runs on integer codes in numpy (two ``bincount`` per round);
-:func:`k_core_pass` is one round as a lazy transform, the plain reference the tests hold
-:func:`k_core_mask` against.
+group-by reference, ``sort_events`` the plain sort); ``prepare`` runs their fast paths on integer
+codes: :func:`dense_codes`, :func:`sort_permutation` (a radix sort) and :func:`sorted_duplicates`
+(a mask). The k-core needs the counts of each round, so :func:`k_core_mask` runs on integer codes
+in numpy (two ``bincount`` per round); :func:`k_core_pass` is one round as a lazy transform, the
+plain reference the tests hold :func:`k_core_mask` against.
 """
 
 from __future__ import annotations
@@ -46,41 +47,51 @@ def drop_exact_duplicates(events: pl.LazyFrame) -> pl.LazyFrame:
     return events.group_by(keys).agg(pl.col(SOURCE_ROW).min())
 
 
-def sort_events(events: pl.LazyFrame, *, in_source_order: bool = False) -> pl.LazyFrame:
-    """Each user's events in time order; equal timestamps keep the source order.
-
-    With ``in_source_order`` (rows already ascending in ``source_row``) two stable single-key
-    sorts (time, then user) give the same order as the three-key sort, about twice as fast.
-    """
-    if in_source_order:
-        return events.sort(TIMESTAMP, maintain_order=True).sort(USER_ID, maintain_order=True)
+def sort_events(events: pl.LazyFrame) -> pl.LazyFrame:
+    """Each user's events in time order; equal timestamps keep the source order."""
     return events.sort(USER_ID, TIMESTAMP, SOURCE_ROW)
 
 
-def sort_permutation(users: np.ndarray, timestamps: np.ndarray, max_span: int = 1 << 26) -> np.ndarray | None:
-    """Fast path of :func:`sort_events` for integer user ids, as a permutation of the rows.
+def dense_codes(ids: pl.Series, max_span: int = 1 << 25) -> tuple[pl.Series, np.ndarray]:
+    """The distinct ids in ascending order, and each row's position among them.
 
-    Rows must be in source order. Users get dense codes in id order (a lookup table over the id
-    span), then a stable LSD radix sort on 16-bit digits of the code (numpy's stable argsort is
-    a radix sort for 16-bit keys) orders by user; a first stable sort by time is skipped when
-    the rows already are in time order, as logs usually are.
+    Integer ids spanning at most ``max_span`` values go through a lookup table (no sort, 5 bytes
+    per value of the span); other ids (strings, sparse integers) through a dense rank.
 
     Args:
-        users: (E,) int64 user ids in source order.
-        timestamps: (E,) int64 seconds in source order.
-        max_span: largest ``max(users) - min(users) + 1`` handled (the table costs 4 bytes each).
+        ids: (E,) Int64 or String ids without nulls.
 
     Returns:
-        (E,) int64 row order by (user, time, source row), or None when the ids span too much.
+        ``(distinct, codes)``: (U,) distinct ids ascending, and (E,) int32 codes with
+        ``distinct[codes] == ids``.
     """
-    if users.shape[0] == 0:
+    if ids.dtype == pl.Int64 and ids.len():
+        lo, hi = int(ids.min()), int(ids.max())  # type: ignore[arg-type]
+        if hi - lo < max_span:
+            offsets = ids.to_numpy() - lo
+            seen = np.zeros(hi - lo + 1, dtype=bool)
+            seen[offsets] = True
+            codes = (np.cumsum(seen, dtype=np.int32) - 1)[offsets]
+            return pl.Series(ids.name, np.flatnonzero(seen) + lo, dtype=pl.Int64), codes
+    return ids.unique().sort(), (ids.rank("dense") - 1).cast(pl.Int32).to_numpy()
+
+
+def sort_permutation(codes: np.ndarray, timestamps: np.ndarray) -> np.ndarray:
+    """Fast path of :func:`sort_events` on dense user codes (:func:`dense_codes`), as a permutation.
+
+    Rows must be in source order. A stable LSD radix sort on 16-bit digits of the code (numpy's
+    stable argsort is a radix sort for 16-bit keys) orders by user; a first stable sort by time
+    is skipped when the rows already are in time order, as logs usually are.
+
+    Args:
+        codes: (E,) int32 user codes (>= 0) in source order.
+        timestamps: (E,) int64 seconds in source order.
+
+    Returns:
+        (E,) int64 row order by (user, time, source row).
+    """
+    if codes.shape[0] == 0:
         return np.zeros(0, dtype=np.int64)
-    lo, hi = int(users.min()), int(users.max())
-    if hi - lo + 1 > max_span:
-        return None
-    seen = np.zeros(hi - lo + 1, dtype=bool)
-    seen[users - lo] = True
-    codes = (np.cumsum(seen, dtype=np.int32) - 1)[users - lo].astype(np.uint32)  # dense, in id order
     order = None if bool((np.diff(timestamps) >= 0).all()) else np.argsort(timestamps, kind="stable")
     if order is not None:
         codes = codes[order]
@@ -90,23 +101,24 @@ def sort_permutation(users: np.ndarray, timestamps: np.ndarray, max_span: int = 
     return perm if order is None else order[perm]
 
 
-def drop_exact_duplicates_sorted(events: pl.LazyFrame) -> pl.LazyFrame:
-    """:func:`drop_exact_duplicates` for events sorted by :func:`sort_events`, keeping that order.
+def sorted_duplicates(events: pl.DataFrame) -> pl.Series:
+    """Fast path of :func:`drop_exact_duplicates` on events sorted by :func:`sort_events`.
 
     Duplicates share user and time, so only rows whose (user, time) equals a neighbour's can be
     one; the distinctness test (hashing) runs on those candidates alone, which are few in real
     logs. The first of a group in sorted order has the lowest ``source_row``.
+
+    Returns:
+        (E,) Boolean, True for the rows to drop (``events.filter(~mask)`` is deduplicated).
     """
-    names = events.collect_schema().names()
-    keys = [name for name in EVENT_KEYS if name in names]
+    keys = [name for name in EVENT_KEYS if name in events.columns]
     same = lambda k: (pl.col(USER_ID) == pl.col(USER_ID).shift(k)) & (pl.col(TIMESTAMP) == pl.col(TIMESTAMP).shift(k))  # noqa: E731
-    indexed = events.with_row_index("_pos")
-    duplicates = (
-        indexed.filter((same(1) | same(-1)).fill_null(False))
-        .filter(~pl.struct(keys).is_first_distinct())
-        .select("_pos")
-    )
-    return indexed.join(duplicates, on="_pos", how="anti", maintain_order="left").drop("_pos")
+    candidate = events.select((same(1) | same(-1)).fill_null(False)).to_series()
+    mask = np.zeros(events.height, dtype=bool)
+    if candidate.any():
+        repeated = events.filter(candidate).select(~pl.struct(keys).is_first_distinct()).to_series()
+        mask[np.flatnonzero(candidate.to_numpy())[repeated.to_numpy()]] = True
+    return pl.Series("duplicate", mask)
 
 
 def k_core_pass(events: pl.LazyFrame, min_user: int, min_item: int) -> pl.LazyFrame:

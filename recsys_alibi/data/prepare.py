@@ -18,16 +18,20 @@ A. streaming passes over the input (Polars streaming engine): rows are tagged (c
    columns + reject reason); good events are sunk to ``P`` user-hash partitions in Arrow IPC
    (``P = ceil(estimated rows / data.partition_rows)``, 1 for small inputs) in a temporary
    directory inside ``output_dir``, then rejects to one Parquet file (a second pass: sharing
-   one scan between the two sinks would cache the whole input in memory);
-B. per partition (in memory, one at a time): ``min_value`` filter, sort by (user, time, source
-   row), exact-duplicate removal (a user's events all live in one partition, so this is exact),
-   then integer codes; the partition is kept slim (Int32 user and item codes, timestamp,
-   event type as an Enum, value: ~17-21 bytes per event) and its file deleted;
-C. the iterative k-core on the codes of all events at once (two Int32 arrays);
-D. per partition: k-core filter, vocabulary indices, raw ids restored; events and sequences
-   are streamed into their output files by the polars Parquet writer, one partition at a time.
+   one scan between the two sinks would cache the whole input in memory; skipped when the
+   input is Parquet and its row count, read from the footers, equals the good events);
+B. per partition (in memory, ``WORKERS`` at a time in threads): ``min_value`` filter, user
+   and item ids replaced by their ranks in the partition, sort by (user, time, source row) as
+   a radix sort on the user codes, exact-duplicate removal (a user's events all live in one
+   partition, so this is exact); then, in partition order, the codes are made global; the
+   partition is kept slim (Int32 user and item codes, timestamp, event type as an Enum, value:
+   ~17-21 bytes per event) and its file deleted;
+C. the iterative k-core on the codes of all events at once (two Int32 arrays), then each
+   partition filtered in place;
+D. per partition: vocabulary indices, raw ids restored; events and sequences are streamed
+   into their output files by the polars Parquet writer, one partition at a time.
 
-Peak memory is about 20-30 bytes per event plus one partition's worth of working space.
+Peak memory is about 20-30 bytes per event plus ``WORKERS`` partitions' worth of working space.
 
 Accounting (asserted): ``input_rows = kept + rejected + deduplicated + filtered`` where
 ``filtered = filtered_min_value + filtered_kcore``.
@@ -44,7 +48,9 @@ import shutil
 import tempfile
 import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -54,11 +60,11 @@ from polars.io.plugins import register_io_source
 from recsys_alibi.atomic import atomic_path
 from recsys_alibi.config import DataConfig
 from recsys_alibi.data.cleaning import (
-    drop_exact_duplicates_sorted,
+    dense_codes,
     filter_min_value,
     k_core_mask,
-    sort_events,
     sort_permutation,
+    sorted_duplicates,
 )
 from recsys_alibi.data.ingest import (
     DataError,
@@ -100,6 +106,7 @@ ITEM_CODE = "_i"
 HASH_SEED = 20240101  # fixed: the partition of a user never changes between runs
 BYTES_PER_TEXT_ROW = 20  # estimate of rows in a text input, for the number of partitions
 GZIP_RATIO = 4
+WORKERS = 2  # partitions cleaned at once (each one more partition's working space in memory)
 
 
 @dataclass(frozen=True)
@@ -157,15 +164,21 @@ def prepare(
         shutil.rmtree(work, ignore_errors=True)
 
 
-def _n_partitions(cfg: DataConfig, source: Source) -> int:
-    if source.fmt == "parquet":
-        try:
-            rows = pl.scan_parquet(list(source.paths)).select(pl.len()).collect().item()
-        except (pl.exceptions.PolarsError, OSError):
-            rows = sum(p.stat().st_size for p in source.paths) // 8
-    else:
+def _parquet_rows(source: Source) -> int | None:
+    """The exact row count of a Parquet input from its footers; None for other inputs."""
+    if source.fmt != "parquet":
+        return None
+    try:
+        return pl.scan_parquet(list(source.paths)).select(pl.len()).collect().item()
+    except (pl.exceptions.PolarsError, OSError):  # e.g. gzipped Parquet
+        return None
+
+
+def _n_partitions(cfg: DataConfig, source: Source, rows: int | None) -> int:
+    if rows is None:  # estimated from the file sizes
+        ratio = 8 if source.fmt == "parquet" else BYTES_PER_TEXT_ROW
         size = sum(p.stat().st_size * (GZIP_RATIO if p.name.endswith(".gz") else 1) for p in source.paths)
-        rows = size // BYTES_PER_TEXT_ROW
+        rows = size // ratio
     return max(1, math.ceil(rows / cfg.partition_rows))
 
 
@@ -174,9 +187,13 @@ def _rows(files: list[Path]) -> int:
 
 
 def _prepare(cfg: DataConfig, source: Source, out: Path, work: Path) -> PrepareResult:
-    n_parts = _n_partitions(cfg, source)
+    rows = _parquet_rows(source)
+    n_parts = _n_partitions(cfg, source, rows)
     parts = _ingest(cfg, source, work, n_parts)  # A
+    n_valid = sum(_rows(files) for files in parts)
     rejects_path = work / REJECTS_FILE
+    if n_valid != rows:  # some rows are rejects, or the row count is unknown: a second pass
+        _sink_rejects(cfg, source, rejects_path)
     rejects_by_reason = (
         pl.scan_parquet(rejects_path).group_by(REJECT_REASON).len().sort(REJECT_REASON).collect()
         if rejects_path.exists()
@@ -184,7 +201,6 @@ def _prepare(cfg: DataConfig, source: Source, out: Path, work: Path) -> PrepareR
     )
     by_reason = {r: int(n) for r, n in rejects_by_reason.iter_rows()}
     n_rejected = sum(by_reason.values())
-    n_valid = sum(_rows(files) for files in parts)
     input_rows = n_valid + n_rejected
     if input_rows == 0:
         raise DataError(f"empty input: '{source.paths[0]}' has no rows; point --input at the event log")
@@ -198,24 +214,30 @@ def _prepare(cfg: DataConfig, source: Source, out: Path, work: Path) -> PrepareR
             f"all {n_rejected:,} rows were rejected ({reasons}); see {out / REJECTS_FILE} and check --format and data.columns"
         )
 
-    # B: per partition, min_value filter, sort, duplicate removal, integer codes (held slim in memory)
+    # B: per partition, min_value filter, local codes, sort, duplicate removal (held slim in memory);
+    # WORKERS partitions at a time (numpy and polars release the GIL), codes made global in order
     coder = _ItemCoder()
     cleaned: list[_Part] = []
-    n_after_min = n_after_dedup = n_users_seen = 0
-    for files in parts:
-        if files:
-            part, n_min, n_dedup = _clean_partition(cfg, files, coder, user_offset=n_users_seen)
-            cleaned.append(part)
-            n_users_seen += part.users.len()
-            n_after_min += n_min
-            n_after_dedup += n_dedup
-        for f in files:  # free the disk as we go
-            f.unlink()
+    n_after_min = n_users_seen = 0
+    parts = [files for files in parts if files]
+    with ThreadPoolExecutor(WORKERS) as pool:
+        for files, (users, items, frame, n_min) in zip(parts, pool.map(partial(_clean_partition, cfg), parts)):
+            for f in files:  # free the disk as we go
+                f.unlink()
+            if frame.height:
+                item_codes = coder.encode(items)[frame[ITEM_ID].to_numpy()]  # local codes -> global ones
+                frame = frame.with_columns(pl.col(USER_ID) + n_users_seen, pl.Series(ITEM_ID, item_codes))
+                frame = frame.rename({USER_ID: USER_CODE, ITEM_ID: ITEM_CODE})
+                cleaned.append(_Part(users=users, frame=frame, user_offset=n_users_seen))
+                n_users_seen += users.len()
+                n_after_min += n_min
+    n_after_dedup = sum(p.frame.height for p in cleaned)
 
-    # C: k-core on the codes of all events at once
-    items = [p.frame[ITEM_CODE].to_numpy() for p in cleaned]  # views, no copies
-    users = [p.frame[USER_CODE].to_numpy() for p in cleaned]
-    keep, rounds = k_core_mask(users, items, cfg.min_events_per_user, cfg.min_events_per_item)
+    # C: k-core on the codes of all events at once (numpy views of the frames, no copies)
+    all_users = [p.frame[USER_CODE].to_numpy() for p in cleaned]
+    all_items = [p.frame[ITEM_CODE].to_numpy() for p in cleaned]
+    keep, rounds = k_core_mask(all_users, all_items, cfg.min_events_per_user, cfg.min_events_per_item)
+    del all_users, all_items
     kept = int(keep.sum())
     if kept == 0:
         raise DataError(
@@ -226,10 +248,12 @@ def _prepare(cfg: DataConfig, source: Source, out: Path, work: Path) -> PrepareR
     item_ids = coder.ids()
     item_count = np.zeros(item_ids.len(), dtype=np.int64)
     start = 0
-    for codes in items:
-        item_count += np.bincount(codes[keep[start : start + codes.shape[0]]], minlength=item_ids.len())
-        start += codes.shape[0]
-    del items, users
+    for part in cleaned:  # the k-core filter, one partition at a time
+        mask = keep[start : start + part.frame.height]
+        start += mask.shape[0]
+        if not mask.all():
+            part.frame = part.frame.filter(pl.Series(mask))
+        item_count += np.bincount(part.frame[ITEM_CODE].to_numpy(), minlength=item_ids.len())
     present = np.flatnonzero(item_count)
     vocab = build_vocabulary(
         pl.LazyFrame({ITEM_ID: item_ids.gather(present), COUNT: item_count[present].astype(np.int64)})
@@ -242,7 +266,7 @@ def _prepare(cfg: DataConfig, source: Source, out: Path, work: Path) -> PrepareR
     )
 
     # D: write events and sequences, partition after partition
-    lengths, t_min, t_max = _write_outputs(cleaned, keep, item_ids, idx_of_code, out)
+    lengths, t_min, t_max = _write_outputs(cleaned, item_ids, idx_of_code, out)
     with atomic_path(out / ITEMS_FILE) as tmp:
         vocab.write_parquet(tmp)
 
@@ -285,28 +309,29 @@ def _prepare(cfg: DataConfig, source: Source, out: Path, work: Path) -> PrepareR
 
 
 def _ingest(cfg: DataConfig, source: Source, work: Path, n_parts: int) -> list[list[Path]]:
-    """A: streaming; good events to user-hash partitions (Arrow IPC), rejects to Parquet."""
-    tagged = tag_rows(source, cfg)
-    valid = valid_events(tagged)
-    rejects = rejected_rows(tagged, source.raw_columns)
+    """A: a streaming pass; good events to user-hash partitions (Arrow IPC)."""
+    valid = valid_events(tag_rows(source, cfg))
     if n_parts == 1:
-        valid_sink = valid.sink_ipc(work / "valid.ipc", compression=None, lazy=True)
-    else:
-        bucket = (pl.col(USER_ID).hash(HASH_SEED) % n_parts).alias(BUCKET)
-        valid_sink = valid.with_columns(bucket).sink_ipc(
-            pl.PartitionBy(work / "valid", key=BUCKET, include_key=False), compression=None, lazy=True, mkdir=True
-        )
+        _stream(source, valid.sink_ipc(work / "valid.ipc", compression=None, lazy=True))
+        return [[work / "valid.ipc"]]
+    bucket = (pl.col(USER_ID).hash(HASH_SEED) % n_parts).alias(BUCKET)
+    partitions = pl.PartitionBy(work / "valid", key=BUCKET, include_key=False)
+    _stream(source, valid.with_columns(bucket).sink_ipc(partitions, compression=None, lazy=True, mkdir=True))
+    return [sorted((work / "valid" / f"{BUCKET}={p}").glob("*.ipc")) for p in range(n_parts)]
+
+
+def _sink_rejects(cfg: DataConfig, source: Source, path: Path) -> None:
+    """A, second pass: rejected rows to Parquet (one pass for both sinks would cache the whole input)."""
+    _stream(source, rejected_rows(tag_rows(source, cfg), source.raw_columns).sink_parquet(path, lazy=True))
+
+
+def _stream(source: Source, sink: pl.LazyFrame) -> None:
     try:
-        # two passes: in one collect_all the shared scan is cached whole in memory
-        pl.collect_all([valid_sink], engine="streaming")
-        rejects.sink_parquet(work / REJECTS_FILE, engine="streaming")
+        sink.collect(engine="streaming")
     except (pl.exceptions.PolarsError, OSError) as err:
         raise DataError(
             f"cannot read '{source.paths[0]}' as {source.fmt}: {_first_line(err)}; check the file or --format"
         ) from None
-    if n_parts == 1:
-        return [[work / "valid.ipc"]]
-    return [sorted((work / "valid" / f"{BUCKET}={p}").glob("*.ipc")) for p in range(n_parts)]
 
 
 @dataclass
@@ -315,9 +340,10 @@ class _Part:
 
     Attributes:
         users: raw ids of the partition's users in sorted order.
-        frame: one row per event, sorted by (user, time, source row): ``_u`` Int32 global
-            user code (``user_offset`` + position in ``users``), ``_i`` Int32 item code,
-            ``timestamp``, and ``event_type`` (Enum) and ``value`` when present.
+        frame: one row per event (after the k-core: the events it kept), sorted by (user,
+            time, source row): ``_u`` Int32 global user code (``user_offset`` + position in
+            ``users``), ``_i`` Int32 item code, ``timestamp``, and ``event_type`` (Enum) and
+            ``value`` when present.
         user_offset: global code of the partition's first user.
     """
 
@@ -329,8 +355,9 @@ class _Part:
 class _ItemCoder:
     """Dense Int32 codes of raw item ids, shared by all partitions (new ids get the next codes).
 
-    Integer ids spanning at most ``MAX_TABLE_SPAN`` values use a numpy lookup table (one gather
-    per event); other ids (strings, sparse integers) a hash map.
+    ``prepare`` encodes the distinct items of each partition, in partition order, so the codes do
+    not depend on thread timing. Integer ids spanning at most ``MAX_TABLE_SPAN`` values use a
+    numpy lookup table (one gather per id); other ids (strings, sparse integers) a hash map.
     """
 
     MAX_TABLE_SPAN = 1 << 25
@@ -391,46 +418,40 @@ class _ItemCoder:
         return True
 
 
-def _clean_partition(
-    cfg: DataConfig, files: list[Path], coder: _ItemCoder, user_offset: int
-) -> tuple[_Part, int, int]:
-    """B for one partition: min_value filter, sort, exact duplicates, codes.
+def _clean_partition(cfg: DataConfig, files: list[Path]) -> tuple[pl.Series, pl.Series, pl.DataFrame, int]:
+    """B for one partition: min_value filter, local codes, sort, exact duplicates (thread-safe).
 
-    User codes are global: ``user_offset`` plus the user's rank in the partition.
-
-    Returns the slim partition and the event counts after the min_value filter and after dedup.
+    Returns:
+        ``(users, items, frame, n_after_min)``: the partition's distinct user and item ids
+        (ascending); its events after the min_value filter and the duplicate removal, sorted by
+        (user, time, source row), with ``user_id`` and ``item_id`` replaced by their positions
+        in ``users`` and ``items`` (Int32; bijections, so duplicates stay duplicates) and
+        ``event_type`` as an Enum; the event count after the min_value filter.
     """
     df = filter_min_value(pl.scan_ipc(files), cfg.min_value).collect()
-    n_after_min = df.height
-    if EVENT_TYPE in df.columns:  # a partition-local Enum: 1-2 bytes per event, cheap to turn back into strings
-        kinds = df[EVENT_TYPE].unique().drop_nulls().sort()
-        df = df.with_columns(pl.col(EVENT_TYPE).cast(pl.Enum(kinds)))
-    # item codes replace the raw ids from here on (a bijection: duplicates stay duplicates)
-    df = df.with_columns(pl.Series(ITEM_ID, coder.encode(df[ITEM_ID]), dtype=pl.Int32))
-    in_source_order = bool((df[SOURCE_ROW].diff().fill_null(0) >= 0).all())
-    perm = None
-    if in_source_order and df.schema[USER_ID] == pl.Int64:
-        perm = sort_permutation(df[USER_ID].to_numpy(), df[TIMESTAMP].to_numpy())
-    if perm is not None:
-        df = df.drop(SOURCE_ROW).gather(perm)
-    elif in_source_order:  # eager: the lazy optimiser would merge the two stable sorts into one slower sort
-        df = df.sort(TIMESTAMP, maintain_order=True).sort(USER_ID, maintain_order=True).drop(SOURCE_ROW)
+    users, user_codes = dense_codes(df[USER_ID])
+    timestamps = df[TIMESTAMP].to_numpy()
+    if df[SOURCE_ROW].is_sorted():
+        perm = sort_permutation(user_codes, timestamps)
     else:
-        df = sort_events(df.lazy()).collect().drop(SOURCE_ROW)
+        perm = np.lexsort((df[SOURCE_ROW].to_numpy(), timestamps, user_codes))
+    items, item_codes = dense_codes(df[ITEM_ID])
+    columns = [pl.Series(USER_ID, user_codes), pl.Series(ITEM_ID, item_codes), df[TIMESTAMP]]
+    if EVENT_TYPE in df.columns:  # a partition-local Enum: 1-2 bytes per event, cheap to turn back into strings
+        columns.append(df[EVENT_TYPE].cast(pl.Enum(df[EVENT_TYPE].unique().drop_nulls().sort())))
+    if VALUE in df.columns:
+        columns.append(df[VALUE])
+    frame = pl.DataFrame(columns).gather(perm)
     if cfg.drop_duplicates:  # sorted: the first of equal rows is the first in source order
-        df = drop_exact_duplicates_sorted(df.lazy()).collect()
-    first = df[USER_ID].ne_missing(df[USER_ID].shift(1)).fill_null(True)
-    local = (first.cum_sum() - 1 + user_offset).cast(pl.Int32)
-    frame = df.select([c for c in (TIMESTAMP, EVENT_TYPE, VALUE) if c in df.columns]).with_columns(
-        local.alias(USER_CODE), df[ITEM_ID].alias(ITEM_CODE)
-    )
-    return _Part(users=df[USER_ID].filter(first), frame=frame, user_offset=user_offset), n_after_min, df.height
+        duplicate = sorted_duplicates(frame)
+        frame = frame.filter(~duplicate) if duplicate.any() else frame
+    return users, items, frame, df.height
 
 
 def _write_outputs(
-    parts: list[_Part], keep: np.ndarray, item_ids: pl.Series, idx_of_code: np.ndarray, out: Path
+    parts: list[_Part], item_ids: pl.Series, idx_of_code: np.ndarray, out: Path
 ) -> tuple[np.ndarray, int | None, int | None]:
-    """D: events and sequences of every partition after the k-core, each streamed into one file.
+    """D: events and sequences of every partition (after the k-core), each streamed into one file.
 
     Each output is a polars lazy source that yields one partition at a time, sunk with the
     (multi-threaded) polars Parquet writer; nothing larger than a partition is materialised.
@@ -438,19 +459,15 @@ def _write_outputs(
     Returns:
         (U,) int64 history lengths, and the smallest and largest timestamp kept.
     """
-    starts = np.cumsum([0] + [p.frame.height for p in parts])
-    assert starts[-1] == keep.shape[0]
     has = {c: c in parts[0].frame.columns for c in (EVENT_TYPE, VALUE)}
 
-    def kept(k: int) -> pl.DataFrame:
-        return parts[k].frame.filter(pl.Series(keep[starts[k] : starts[k + 1]]))
-
     def events(*_: object) -> Iterator[pl.DataFrame]:
-        for k, part in enumerate(parts):
-            sub = kept(k)
+        for part in parts:
+            sub = part.frame
             cols = [part.users.gather(sub[USER_CODE] - part.user_offset).alias(USER_ID), item_ids.gather(sub[ITEM_CODE]).alias(ITEM_ID), sub[TIMESTAMP]]
-            if has[EVENT_TYPE]:
-                cols.append(sub[EVENT_TYPE].cast(pl.String))
+            if has[EVENT_TYPE]:  # ~8x faster than cast(pl.String), which builds every string anew
+                kinds = sub[EVENT_TYPE]
+                cols.append(kinds.dtype.categories.gather(kinds.to_physical()).alias(EVENT_TYPE))  # type: ignore[attr-defined]
             if has[VALUE]:
                 cols.append(sub[VALUE])
             yield pl.DataFrame(cols)
@@ -459,12 +476,13 @@ def _write_outputs(
     bounds: list[tuple[int, int]] = []
 
     def sequences(*_: object) -> Iterator[pl.DataFrame]:
-        for k, part in enumerate(parts):
-            sub = kept(k)
+        for part in parts:
+            sub = part.frame
             if sub.height == 0:
                 continue
             item_idx = pl.Series(ITEM_IDX, idx_of_code[sub[ITEM_CODE].to_numpy()], dtype=pl.Int32)
-            seq = group_sequences(sub.lazy().select(pl.col(USER_CODE).alias(USER_ID), TIMESTAMP, item_idx)).collect()
+            users = pl.col(USER_CODE).set_sorted().alias(USER_ID)  # sorted keys: groups are slices
+            seq = group_sequences(sub.lazy().select(users, TIMESTAMP, item_idx)).collect()
             lengths.append(seq[LENGTH].to_numpy())
             bounds.append((sub[TIMESTAMP].min(), sub[TIMESTAMP].max()))  # type: ignore[arg-type]
             yield seq.with_columns(part.users.gather(seq[USER_ID] - part.user_offset).alias(USER_ID))

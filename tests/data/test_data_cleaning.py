@@ -8,13 +8,14 @@ import pytest
 from polars.testing import assert_frame_equal
 
 from recsys_alibi.data.cleaning import (
+    dense_codes,
     drop_exact_duplicates,
-    drop_exact_duplicates_sorted,
     filter_min_value,
     k_core_mask,
     k_core_pass,
     sort_events,
     sort_permutation,
+    sorted_duplicates,
 )
 
 
@@ -106,9 +107,8 @@ def test_sorted_fast_paths_match_the_references():
             "source_row": np.arange(n),
         }
     )
-    fast_sorted = sort_events(lf, in_source_order=True).collect()
-    assert_frame_equal(fast_sorted, sort_events(lf).collect())
-    fast = drop_exact_duplicates_sorted(fast_sorted.lazy()).collect()
+    ordered = sort_events(lf).collect()
+    fast = ordered.filter(~sorted_duplicates(ordered))
     reference = sort_events(drop_exact_duplicates(lf)).collect().select(fast.columns)
     assert fast.height < n
     assert_frame_equal(fast, reference)
@@ -136,5 +136,13 @@ def test_sort_permutation_matches_the_three_key_sort(n_users, time_ordered):
     times = np.sort(rng.integers(0, 1000, n)) if time_ordered else rng.integers(0, 1000, n)
     lf = pl.LazyFrame({"user_id": users, "timestamp": times, "source_row": np.arange(n)})
     expected = sort_events(lf).collect()["source_row"].to_numpy()
-    assert np.array_equal(sort_permutation(users, times), expected)
-    assert sort_permutation(np.array([0, 10**12]), np.array([0, 0])) is None  # span too large
+    _, codes = dense_codes(pl.Series(users))
+    assert np.array_equal(sort_permutation(codes, times), expected)
+
+
+@pytest.mark.parametrize("ids", [[7, -3, 7, 10**12, -3], [7, -3, 7, 40, -3], ["b", "a", "b", "ab", "a"], []])
+def test_dense_codes_rank_the_distinct_ids(ids):  # table (small span), rank (sparse ints, strings), empty
+    series = pl.Series("user_id", ids, dtype=pl.String if ids and isinstance(ids[0], str) else pl.Int64)
+    distinct, codes = dense_codes(series)
+    assert distinct.to_list() == sorted(set(ids)) and distinct.dtype == series.dtype
+    assert codes.dtype == np.int32 and distinct.gather(codes).to_list() == ids

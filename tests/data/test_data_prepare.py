@@ -183,3 +183,34 @@ def test_string_ids_across_partitions(tmp_path):
     assert read_items(tmp_path / "one").schema["item_id"] == pl.String
     assert_frame_equal(read_items(tmp_path / "one"), read_items(tmp_path / "many"))
     assert_frame_equal(read_sequences(tmp_path / "one"), read_sequences(tmp_path / "many").sort("user_id"))
+
+
+@pytest.mark.parametrize("string_ids", [False, True])
+def test_clean_partition_matches_the_reference_in_any_row_order(tmp_path, string_ids):
+    from recsys_alibi.data.cleaning import drop_exact_duplicates, sort_events
+    from recsys_alibi.data.prepare import _clean_partition
+
+    rng = random.Random(4)
+    n = 3000
+    df = pl.DataFrame(
+        {
+            "user_id": [rng.randrange(-40, 40) * 1000 for _ in range(n)],  # negative, sparse
+            "item_id": [rng.randrange(20) for _ in range(n)],
+            "timestamp": [rng.randrange(30) for _ in range(n)],  # many ties and duplicates
+            "event_type": [rng.choice(["a", "b", None]) for _ in range(n)],
+            "source_row": range(n),
+        }
+    )
+    if string_ids:
+        df = df.with_columns(pl.format("u{}", "user_id").alias("user_id"))
+    reference = sort_events(drop_exact_duplicates(df.lazy())).collect()
+    for name, rows in (("ordered", df), ("shuffled", df.sample(fraction=1.0, shuffle=True, seed=1))):
+        rows.write_ipc(tmp_path / f"{name}.ipc")
+        users, items, frame, n_after_min = _clean_partition(DataConfig(), [tmp_path / f"{name}.ipc"])
+        assert n_after_min == n and users.to_list() == sorted(set(df["user_id"]))
+        got = frame.with_columns(
+            users.gather(frame["user_id"]).alias("user_id"),
+            items.gather(frame["item_id"]).alias("item_id"),
+            pl.col("event_type").cast(pl.String),
+        )
+        assert_frame_equal(got, reference.select(got.columns))
