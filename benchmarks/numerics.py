@@ -3,21 +3,26 @@
 Run (from the repository root):
 
     python -m benchmarks.numerics paths --output runs/numerics          # ~2 min: backends' softmax paths
-    python -m benchmarks.numerics probe --output runs/numerics          # the long-range probe runs
-    python -m benchmarks.numerics probe --distances 64 --variants fp32,bf16 --output runs/numerics
+    python -m benchmarks.numerics probe --output runs/numerics --json docs/results/numerics-probe.json
+    python -m benchmarks.numerics probe --settings default,steep --precisions fp32 --output runs/numerics
 
 ``paths``: for each backend (eager, sdpa, flex) and dtype (fp32, bf16, fp16), the share of causal
 (query, key) pairs whose weight from the ALiBi bias alone is exactly zero, measured with zero
 queries/keys and identity values (:func:`recsys_alibi.diagnostics.probe_zero_share`), beside the
 prediction of :func:`recsys_alibi.diagnostics.diagnose`. Writes ``paths.json`` and ``paths.md``.
 
-``probe``: the long-range probe of ``recsys_alibi.data.synthetic`` (``item[t] = f(item[t - D])``,
-a model must look exactly D events back) through the real job steps (generate -> prepare ->
-``fit_ranker`` with :class:`recsys_alibi.training.attention_health.AttentionHealth`), fp32 against
-bf16 autocast and bf16 with each mitigation. Per run: HR@10 on the test event over the whole
-catalog without excluding seen items (the probe's answer is usually a seen item), the predicted
-and the measured zero-weight share, blind heads and mean attention entropy. Writes
-``probe.json`` (one record per run, appended as runs finish) and ``probe.md``.
+``probe``: the cue/answer probe of ``recsys_alibi.data.synthetic`` (task ``long-range``: the test
+answer is ``f`` of the cue exactly D events back, and only that cue tells which of 50 answers it
+is). Each setting (default slopes, a steep scheme, the steep scheme with each mitigation) is
+trained once through the real job steps (generate -> prepare -> ``fit_ranker`` with
+:class:`recsys_alibi.training.attention_health.AttentionHealth`) on a log with D = 16, then its
+held-out test answers are scored on logs with D = 16, 64, 512 and 2048 (context: the last D + 10
+events), in fp32, in bf16 autocast, and fp32-trained weights under bf16 autocast. Per (D, run):
+HR@10 over the whole catalog without excluding seen items, the attention weight on the cue,
+the attention health (:func:`recsys_alibi.training.attention_health.health_metrics`, what the
+callback logs) on a fixed batch of 4 test histories, and the zero share predicted by
+:func:`recsys_alibi.diagnostics.diagnose`. Writes ``probe.json`` (or ``--json``) and ``probe.md``
+as runs finish; runs already in the JSON are skipped, trained models under ``--output`` reused.
 
 Sizes are chosen for a 2-core CPU shared with other work; every figure in the docs names them.
 """
@@ -33,9 +38,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import lightning as L
 import numpy as np
 import torch
 
+from recsys_alibi.data.synthetic import EPISODE_GAP
 from recsys_alibi.diagnostics import diagnose, probe_zero_share
 from recsys_alibi.model.alibi import alibi_slopes
 
@@ -95,61 +102,99 @@ def paths_markdown(records: list[dict], n_heads: int, length: int, max_bias: flo
 # ---------------------------------------------------------------------------------------------
 # probe
 
+TRAIN_DISTANCE = 16  # cue-to-answer distance of the training log (train short, score long)
+EVAL_DISTANCES = (16, 64, 512, 2048)
+CONTEXT_EXTRA = EPISODE_GAP + 2  # scoring context: the last D + 10 events, as far back as a training query sees
+ITEMS = 301  # 1 trigger, 1 + 1 cue/answer of kind a, 50 + 50 of kind b, 198 fillers
+TRAIN_USERS = 1024
+TRAIN_EPISODES = 1  # whole episodes per training window
+EVAL_USERS = 256
+HEALTH_ROWS = 4  # fixed batch for the attention health at each scoring length
+THRESHOLD = 0.05  # a head is blind when more than this share of its visible weights is exactly zero
+STEEP_MAX_BIAS = 4.0  # H = 4: slopes 1/2, 1/4, 1/8, 1/16 (the default max_bias 8 gives 1/4, 1/16, 1/64, 1/256)
+
+MODEL = {"d_model": 64, "n_heads": 4, "n_layers": 1, "dropout": 0.0, "attention_backend": "sdpa"}
+TRAIN = {"lr": 0.01, "warmup_steps": 20, "weight_decay": 0.0, "batch_size": 32, "max_epochs": 30,
+         "val_batch_size": 64, "val_users": 256, "accelerator": "cpu"}  # fmt: skip
+# precision -> (Lightning training precision, scoring dtype); "fp32>bf16" scores the fp32-trained
+# weights under bf16 autocast (same weights: the difference is the numerics of scoring alone)
+PRECISIONS = {"fp32": ("32-true", "float32"), "bf16": ("bf16-mixed", "bfloat16"), "fp32>bf16": ("32-true", "bfloat16")}
+DATA_SEED = 7  # the logs (and so the catalog roles); the training seed varies separately
+
 
 @dataclass(frozen=True)
-class ProbeSize:
-    """Data and training size of the probe at one distance D."""
+class Setting:
+    """A model setting of the probe: overrides used in training, and overrides added for scoring.
 
-    distance: int
-    max_len: int  # training window and evaluation context, items
-    users: int
-    items: int
-    epochs: int
-    batch_size: int
+    String values are filled from the diagnosis of the steep scheme (``STEEP_MAX_BIAS``) for the
+    run's dtype at the longest scoring context along the sdpa path (the training path):
+    ``"clamp"`` -> its ``bias_clamp`` limit, ``"max_bias"`` -> its smallest ``max_bias`` with no
+    blind head, ``"window"`` -> its window. ``score`` holds settings that change nothing at the
+    training length (a window longer than the training window, a clamp above the largest bias
+    there; checked), so they are applied to the weights trained without them: training with
+    them would give the same weights.
+    """
+
+    train: dict
+    score: dict
 
 
-SIZES = {
-    64: ProbeSize(64, 96, 200, 100, 6, 16),
-    512: ProbeSize(512, 768, 64, 100, 3, 8),
-    2048: ProbeSize(2048, 3072, 16, 100, 1, 4),
+SETTINGS: dict[str, Setting] = {
+    "default": Setting({}, {}),
+    "steep": Setting({"max_bias": STEEP_MAX_BIAS}, {}),
+    "steep+clamp": Setting({"max_bias": STEEP_MAX_BIAS}, {"bias_clamp": "clamp"}),
+    "steep+clamp8": Setting({"max_bias": STEEP_MAX_BIAS, "bias_clamp": 8.0}, {}),
+    "steep+max_bias": Setting({"max_bias": "max_bias"}, {}),
+    "steep+learnable": Setting({"max_bias": STEEP_MAX_BIAS, "learnable_slopes": True}, {}),
+    "steep+window": Setting({"max_bias": STEEP_MAX_BIAS}, {"window": "window"}),
+    "steep+window+sinks": Setting({"max_bias": STEEP_MAX_BIAS}, {"window": "window", "sinks": 4}),
 }
 
-# variant name -> (train.precision, model overrides); values filled from the diagnosis are
-# marked with a string: "clamp" -> the path's bias_clamp limit, "window" -> its window,
-# "max_bias" -> its smallest non-blind max_bias.
-VARIANTS: dict[str, tuple[str, dict]] = {
-    "fp32": ("32-true", {}),
-    "bf16": ("bf16-mixed", {}),
-    "bf16+clamp": ("bf16-mixed", {"bias_clamp": "clamp"}),
-    "bf16+max_bias": ("bf16-mixed", {"max_bias": "max_bias"}),
-    "bf16+window": ("bf16-mixed", {"window": "window"}),
-    "bf16+window+sinks": ("bf16-mixed", {"window": "window", "sinks": 4}),
-    "bf16+learnable": ("bf16-mixed", {"learnable_slopes": True}),
-}
-
-MODEL = {"d_model": 32, "n_heads": 4, "n_layers": 2, "dropout": 0.0, "attention_backend": "sdpa"}
+# the runs of docs/numerics.md: (precision, setting, training seed); each is scored at every EVAL_DISTANCES
+KEY_SETTINGS = ("default", "steep", "steep+clamp", "steep+clamp8", "steep+max_bias")  # also in bf16
+PLAN: tuple[tuple[str, str, int], ...] = tuple(
+    [("fp32", s, 7) for s in SETTINGS]
+    + [("fp32>bf16", s, 7) for s in KEY_SETTINGS]
+    + [("bf16", s, 7) for s in KEY_SETTINGS]
+    + [("fp32", "default", seed) for seed in (8, 9)]  # which heads carry the cue varies between runs
+)
 
 
-def _resolve(overrides: dict, n_heads: int, max_len: int, max_bias: float) -> dict:
-    """Replace the markers of a variant with values from the bf16 sdpa diagnosis."""
-    report = diagnose(n_heads, max_len, "bfloat16", max_bias)
-    remedy = report.remedies["sdpa"]
-    values = {"clamp": remedy.bias_clamp, "window": remedy.window or max_len, "max_bias": remedy.max_bias}
-    return {k: values[v] if isinstance(v, str) else v for k, v in overrides.items()}
+def train_len(distance: int = TRAIN_DISTANCE) -> int:
+    """Training window (``model.max_len``): ``2 D + 16 + (TRAIN_EPISODES - 1) P`` holds the cues and
+    answers of ``TRAIN_EPISODES`` whole episodes and, before them, the trigger and answers of one
+    more, as a scoring context does (``P = D + EPISODE_GAP``, the episode period)."""
+    return 2 * distance + 2 * EPISODE_GAP + (TRAIN_EPISODES - 1) * (distance + EPISODE_GAP)
 
 
-def _data(size: ProbeSize, work: Path, seed: int) -> Path:
-    """Generate and prepare the probe data once per size; returns the prepared directory."""
+def _resolve(values: dict, dtype: str) -> dict:
+    """Replace the markers of a setting with values from the diagnosis of the steep scheme."""
+    longest = max(EVAL_DISTANCES) + CONTEXT_EXTRA
+    remedy = diagnose(MODEL["n_heads"], longest, dtype, STEEP_MAX_BIAS).remedies["sdpa"]
+    fill = {"clamp": remedy.bias_clamp, "window": remedy.window or longest, "max_bias": remedy.max_bias}
+    return {k: fill[v] if isinstance(v, str) else v for k, v in values.items()}
+
+
+def _check_score_only(score: dict, slopes: list[float]) -> None:
+    """Refuse a scoring-only setting that would change training at ``train_len()``."""
+    length = train_len()
+    if score.get("window") is not None and score["window"] < length:
+        raise ValueError(f"window {score['window']} < training window {length}: train with it instead")
+    if score.get("bias_clamp") is not None and score["bias_clamp"] < max(slopes) * (length - 1):
+        raise ValueError(f"bias_clamp {score['bias_clamp']} changes the bias at training length: train with it")
+
+
+def _data(distance: int, users: int, length: int, work: Path, seed: int) -> Path:
+    """Generate and prepare one probe log (histories of exactly ``length`` events); returns the prepared dir."""
     from pipelines.data_steps import run_generate, run_prepare
     from recsys_alibi.config import load_config
 
-    prepared = work / f"data_D{size.distance}" / "prepared"
+    prepared = work / f"data_D{distance}_U{users}_L{length}" / "prepared"
     if (prepared / "sequences.parquet").exists():
         return prepared
     config = load_config(overrides=[
-        f"seed={seed}", f"generate.users={size.users}", f"generate.items={size.items}",
-        "generate.task=long-range", f"generate.distance={size.distance}",
-        f"generate.min_events={size.max_len + 3}", f"generate.max_events={size.max_len + 40}",
+        f"seed={seed}", f"generate.users={users}", f"generate.items={ITEMS}", "generate.task=long-range",
+        f"generate.distance={distance}", f"generate.min_events={length}", f"generate.max_events={length}",
         "data.min_events_per_item=1", "data.min_events_per_user=5",
     ])  # fmt: skip
     events = prepared.parent / "events.parquet"
@@ -158,123 +203,251 @@ def _data(size: ProbeSize, work: Path, seed: int) -> Path:
     return prepared
 
 
-def _test_hr10(model, prepared: Path, max_len: int) -> float:
-    """HR@10 of the test event over the whole catalog, seen items NOT excluded, last max_len items."""
-    from recsys_alibi.data.loader import pad_right
-    from recsys_alibi.data.prepare import read_sequences
+def _test_examples(prepared: Path, train_prepared: Path, context: int) -> tuple[list[np.ndarray], torch.Tensor]:
+    """Test histories (last ``context`` events) and targets of a prepared log, in the training vocabulary.
+
+    Returns:
+        histories: per user (<= context,) int64 item indices of ``train_prepared``; targets (U,) int64.
+    """
+    from recsys_alibi.data.prepare import read_items, read_sequences
     from recsys_alibi.data.splits import leave_one_out
+
+    def id_of_idx(items) -> np.ndarray:  # item_idx -> item_id
+        table = np.zeros(items.height + 1, dtype=np.int64)
+        table[items.get_column("item_idx").to_numpy()] = items.get_column("item_id").to_numpy()
+        return table
+
+    ids = id_of_idx(read_items(prepared))
+    train_ids = id_of_idx(read_items(train_prepared))
+    to_train = np.zeros(max(ids.max(), train_ids.max()) + 1, dtype=np.int64)
+    to_train[train_ids[1:]] = np.arange(1, train_ids.shape[0])
+    if (to_train[ids[1:]] == 0).any():
+        raise ValueError(f"{prepared}: items that the training log never shows")
+    test = leave_one_out(read_sequences(prepared), "test")
+    histories = [to_train[ids[np.asarray(h[-context:], dtype=np.int64)]] for h in test.get_column("history").to_list()]
+    targets = torch.from_numpy(to_train[ids[np.asarray([t[0] for t in test.get_column("targets").to_list()])]])
+    return histories, targets
+
+
+def _score_at(model, histories: list[np.ndarray], targets: torch.Tensor, distance: int, dtype: str) -> dict:
+    """HR@10, attention health and the attention on the cue of the test answer, under the run's autocast.
+
+    HR@10: the test event ranked over the whole catalog, seen items NOT excluded (earlier episodes
+    may have shown the answer). Health: :func:`health_metrics` (what ``AttentionHealth`` logs) on
+    the first ``HEALTH_ROWS`` histories. Cue weight: per head, the eager weight of the last query on
+    the key ``D - 1`` back (the cue of the test answer), mean over those rows.
+    """
+    from recsys_alibi.data.loader import pad_right
     from recsys_alibi.evaluation.metrics import hit_rate_at_k
     from recsys_alibi.evaluation.ranking import target_ranks
+    from recsys_alibi.training.attention_health import health_metrics
 
-    test = leave_one_out(read_sequences(prepared), "test")
-    histories = [np.asarray(h[-max_len:], dtype=np.int64) for h in test.get_column("history").to_list()]
-    targets = torch.tensor([t[0] for t in test.get_column("targets").to_list()])
-    ranks = []
     model.eval()
-    with torch.no_grad():
+    ranks = []
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bfloat16")
+    with torch.no_grad(), autocast:
         for b0 in range(0, len(histories), 16):
             x, lengths = pad_right(histories[b0 : b0 + 16])
-            scores = model.score(x, lengths)  # (B, N + 1)
+            scores = model.score(x, lengths).float()  # (B, N + 1)
             scores[:, 0] = float("-inf")  # padding is never ranked
             ranks.append(target_ranks(scores, targets[b0 : b0 + 16]))
-    return hit_rate_at_k(torch.cat(ranks).numpy(), 10)
+        x, lengths = pad_right(histories[:HEALTH_ROWS])
+        weights = model.attention_weights(x, lengths)  # per layer (B, H, L, L)
+    health = health_metrics(weights, lengths, model.cfg.window, model.cfg.sinks)
+    rows = torch.arange(x.shape[0])
+    cue = weights[0][rows, :, lengths - 1, lengths - distance].float().mean(0)  # (H,) last query on the cue
+    return {"hr_at_10": hit_rate_at_k(torch.cat(ranks).numpy(), 10), "health": health, "cue_weight": cue.tolist()}
 
 
-def run_probe_one(size: ProbeSize, variant: str, work: Path, seed: int = 7) -> dict:
-    """One training run of the probe; returns its record."""
+class _FinalWeights(L.Callback):
+    """Save the model's final state dict at the end of training (``fit_ranker`` keeps the best)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        torch.save(pl_module.model.state_dict(), self.path)
+
+
+def _train(setting: str, precision_name: str, work: Path, seed: int) -> tuple[dict, object, dict]:
+    """Train (or reload) the model of a setting with training seed ``seed``.
+
+    Returns:
+        (training model overrides, the model with its final weights, training facts). A model
+        already trained with the same precision, model overrides and seed under ``work`` is reused.
+    """
     from recsys_alibi.config import load_config
+    from recsys_alibi.data.prepare import read_items
+    from recsys_alibi.model.transformer import AlibiRanker
     from recsys_alibi.training.attention_health import AttentionHealth
     from recsys_alibi.training.datamodule import SequenceDataModule
     from recsys_alibi.training.fit import fit_ranker
 
-    precision, marked = VARIANTS[variant]
-    model_over = {**MODEL, "max_len": size.max_len}
-    model_over.update(_resolve(marked, MODEL["n_heads"], size.max_len, 8.0))
-    overrides = [f"seed={seed}", f"output={work / 'runs'}"]
-    overrides += [f"model.{k}={v}" for k, v in model_over.items()]
-    overrides += [
-        f"train.max_epochs={size.epochs}", f"train.batch_size={size.batch_size}", "train.lr=0.003",
-        "train.warmup_steps=10", f"train.patience={size.epochs}", f"train.precision={precision}",
-        "train.val_batch_size=32", "train.accelerator=cpu",
-    ]  # fmt: skip
-    config = load_config(overrides=overrides)
-    prepared = _data(size, work, seed)
-    datamodule = SequenceDataModule(prepared, config.model, config.train, config.seed)
-    health = AttentionHealth(zero_share_threshold=0.05, max_rows=8)
-    ckpt = work / "ckpt" / f"D{size.distance}_{variant}"
-    fit = fit_ranker(config, datamodule, ckpt, callbacks=[health], progress=False)
-    model = fit.module.model
-    cfg = model.cfg
+    precision, _ = PRECISIONS[precision_name]
     dtype = "bfloat16" if precision.startswith("bf16") else "float32"
+    train_over = {**MODEL, "max_len": train_len(), **_resolve(SETTINGS[setting].train, dtype)}
+    overrides = [f"seed={seed}", f"output={work / 'runs'}", "evaluate.exclude_seen=false"]
+    overrides += [f"model.{k}={v}" for k, v in train_over.items()]
+    overrides += [f"train.{k}={v}" for k, v in TRAIN.items()]
+    overrides += [f"train.patience={TRAIN['max_epochs']}", f"train.precision={precision}"]
+    config = load_config(overrides=overrides)
+    prepared = _data(TRAIN_DISTANCE, TRAIN_USERS, train_len() + 3, work, DATA_SEED)
+    key = "_".join(f"{k}={v}" for k, v in sorted(train_over.items()) if k not in MODEL)  # same training -> reuse
+    ckpt = work / "ckpt" / f"{precision}_seed{seed}_{key}"
+    final, facts_path = ckpt / "final_weights.pt", ckpt / "facts.json"
+    if not (final.exists() and facts_path.exists()):
+        datamodule = SequenceDataModule(prepared, config.model, config.train, config.seed)
+        callbacks = [AttentionHealth(THRESHOLD, max_rows=HEALTH_ROWS), _FinalWeights(final)]
+        fit = fit_ranker(config, datamodule, ckpt, callbacks=callbacks, progress=False)
+        facts_path.write_text(json.dumps({"train_seconds": fit.train_seconds, "epochs": fit.epochs,
+                                          "best_val_ndcg_at_10": fit.best_val_ndcg_at_10}))  # fmt: skip
+    facts = json.loads(facts_path.read_text())
+    # the final weights, not the best validation epoch: the validation target (the one answer of
+    # kind a) is learnt within an epoch, so the validation NDCG cannot tell later epochs apart
+    model = AlibiRanker(config.model, read_items(prepared).height)
+    model.load_state_dict(torch.load(final, map_location="cpu"))
+    return train_over, model, facts
+
+
+def run_probe_one(setting: str, precision_name: str, work: Path, seed: int = 7) -> list[dict]:
+    """Train one setting at ``TRAIN_DISTANCE`` and score it at every distance of ``EVAL_DISTANCES``.
+
+    Args:
+        setting: a key of ``SETTINGS``. precision_name: a key of ``PRECISIONS``.
+        work: directory for the logs, checkpoints and runs. seed: the training seed.
+
+    Returns:
+        One record (a JSON-able dict) per scoring distance.
+    """
+    from recsys_alibi.config import ModelConfig
+    from recsys_alibi.data.synthetic import long_range_catalog
+    from recsys_alibi.model.transformer import AlibiRanker
+
+    precision, dtype = PRECISIONS[precision_name]
+    train_over, trained, facts = _train(setting, precision_name, work, seed)
     with torch.no_grad():
-        slopes = model.slopes().detach().double()
-    report = diagnose(cfg.n_heads, size.max_len, dtype, cfg.max_bias, slopes if cfg.learnable_slopes else None,
-                      bias_clamp=cfg.bias_clamp, window=cfg.window, sinks=cfg.sinks)  # fmt: skip
-    predicted = [h.zero_share for h in report.heads["eager-weights"]]  # AttentionHealth reads eager weights
-    measured = {k: v for k, v in health.last.items()}
-    zero = [[measured[f"attn/l{l}_h{h}_zero_share"] for h in range(cfg.n_heads)] for l in range(cfg.n_layers)]
-    ent = [[measured[f"attn/l{l}_h{h}_entropy"] for h in range(cfg.n_heads)] for l in range(cfg.n_layers)]
-    record = {
-        "distance": size.distance, "variant": variant, "precision": precision, "max_len": size.max_len,
-        "users": size.users, "items": size.items, "epochs": fit.epochs, "batch_size": size.batch_size,
-        "model": {k: getattr(cfg, k) for k in ("d_model", "n_heads", "n_layers", "max_bias", "bias_clamp",
-                                               "window", "sinks", "learnable_slopes")},
-        "slopes": slopes.tolist(),
-        "hr_at_10": _test_hr10(model, prepared, size.max_len), "chance_hr_at_10": 10 / datamodule.n_items,
-        "val_ndcg_at_10_seen_excluded": fit.best_val_ndcg_at_10,
-        "predicted_zero_share": predicted, "predicted_blind_heads": sum(p > 0 for p in predicted),
-        "measured_zero_share": zero, "measured_blind_heads": [sum(z > 0 for z in layer) for layer in zero],
-        "entropy": ent, "mean_entropy": float(np.mean(ent)), "train_seconds": fit.train_seconds,
-    }  # fmt: skip
-    return record
+        slopes = trained.slopes().detach().double()
+    score_over = _resolve(SETTINGS[setting].score, dtype)
+    _check_score_only(score_over, slopes.tolist())
+    train_prepared = _data(TRAIN_DISTANCE, TRAIN_USERS, train_len() + 3, work, DATA_SEED)
+    records = []
+    for distance in EVAL_DISTANCES:
+        context = distance + CONTEXT_EXTRA
+        cfg = ModelConfig(**{**train_over, **score_over})
+        model = AlibiRanker(cfg, trained.n_items)
+        model.load_state_dict(trained.state_dict())
+        if distance == TRAIN_DISTANCE:  # the training log's own held-out test events
+            prepared = train_prepared
+        else:
+            prepared = _data(distance, EVAL_USERS, 2 * distance + EPISODE_GAP + 2, work, DATA_SEED)
+        histories, targets = _test_examples(prepared, train_prepared, context)
+        histories, targets = histories[:EVAL_USERS], targets[:EVAL_USERS]
+        started = time.perf_counter()
+        scored = _score_at(model, histories, targets, distance, dtype)
+        report = diagnose(cfg.n_heads, context, dtype, cfg.max_bias, slopes, bias_clamp=cfg.bias_clamp,
+                          window=cfg.window, sinks=cfg.sinks)  # fmt: skip
+        health = scored["health"]
+        zero = [health[f"attn/l0_h{h}_zero_share"] for h in range(cfg.n_heads)]
+        records.append({
+            "distance": distance, "context": context, "setting": setting, "run": precision_name, "seed": seed,
+            "dtype": dtype, "precision": precision, "train_distance": TRAIN_DISTANCE, "train_len": train_len(),
+            "train_users": TRAIN_USERS, "eval_users": len(histories), "items": trained.n_items,
+            "model": {k: getattr(cfg, k) for k in ("d_model", "n_heads", "n_layers", "max_bias", "bias_clamp",
+                                                   "window", "sinks", "learnable_slopes")},
+            "scoring_only": sorted(score_over), "slopes": slopes.tolist(),
+            "cue_bias": [-m * (distance - 1) for m in slopes.tolist()],
+            "hr_at_10": scored["hr_at_10"], "chance_hr_at_10": 10 / trained.n_items,
+            "kind_aware_hr_at_10": 10 / len(long_range_catalog(ITEMS, DATA_SEED).cues_b),
+            "cue_weight": scored["cue_weight"],
+            "predicted_zero_share": [h.zero_share for h in report.heads["eager-weights"]],
+            "measured_zero_share": zero, "blind_head_share": float(np.mean([z > THRESHOLD for z in zero])),
+            "entropy": [health[f"attn/l0_h{h}_entropy"] for h in range(cfg.n_heads)],
+            "mean_entropy": float(np.mean([health[f"attn/l0_h{h}_entropy"] for h in range(cfg.n_heads)])),
+            "score_seconds": time.perf_counter() - started, **facts,
+        })  # fmt: skip
+        log.info("probe %s %s seed %d D=%d: HR@10 %.3f, cue weight %s", precision_name, setting, seed, distance,
+                 scored["hr_at_10"], [round(w, 4) for w in scored["cue_weight"]])  # fmt: skip
+    return records
 
 
-def _setting(model: dict) -> str:
-    """The mitigation settings of a run that differ from the default model."""
-    parts = [f"max_bias={model['max_bias']:g}"] if model["max_bias"] != 8.0 else []
-    parts += [f"{k}={model[k]:g}" for k in ("bias_clamp", "window") if model[k] is not None]
-    parts += ["sinks=%d" % model["sinks"]] if model["sinks"] else []
+def _setting(r: dict) -> str:
+    """The settings of a run that differ from the default model; scoring-only ones marked with *."""
+    model, star = r["model"], set(r["scoring_only"])
+    parts = [f"max_bias={model['max_bias']:.3g}"] if model["max_bias"] != 8.0 else []
+    parts += [f"{k}={model[k]:.4g}" + "*" * (k in star) for k in ("bias_clamp", "window") if model[k] is not None]
+    parts += [f"sinks={model['sinks']}*"] if model["sinks"] else []
     parts += ["learnable slopes"] if model["learnable_slopes"] else []
-    return ", ".join(parts) or "default"
+    return ", ".join(parts) or "max_bias=8"
 
 
 def probe_markdown(records: list[dict]) -> str:
-    """The probe table: one row per run."""
+    """The probe table: one row per (distance, dtype, setting), sorted by distance."""
     lines = [
-        "| D | L | variant | setting | HR@10 (chance) | blind heads pred. / meas. (l0, l1) | zero share "
-        "pred. / meas. (mean over heads, l0, l1) | mean entropy (nats) | train s |",
-        "|---|---|---|---|---|---|---|---|---|",
+        (
+            "| D | dtype (train → score) | setting | slopes | bias at cue (nats) | HR@10 | chance (uniform / kind) "
+            "| cue weight | blind heads | zero share % pred. / meas. | mean entropy (nats) |"
+        ),
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for r in records:
-        pred = float(np.mean(r["predicted_zero_share"]))
-        meas = ", ".join(f"{100 * float(np.mean(layer)):.1f}" for layer in r["measured_zero_share"])
-        blind = ", ".join(str(b) for b in r["measured_blind_heads"])
+    order = {name: i for i, name in enumerate(SETTINGS)}
+    runs = {name: i for i, name in enumerate(PRECISIONS)}
+    for r in sorted(records, key=lambda r: (r["distance"], runs[r["run"]], order[r["setting"]], r["seed"])):
+        pred = 100 * float(np.mean(r["predicted_zero_share"]))
+        meas = 100 * float(np.mean(r["measured_zero_share"]))
+        slopes = ", ".join(f"{m:.3g}" for m in r["slopes"])
+        bias = ", ".join(f"{-b:.0f}" if -b >= 10 else f"{-b:.2g}" for b in r["cue_bias"])
+        cue = ", ".join(f"{w:.2g}" for w in r["cue_weight"])
+        seed = f", seed {r['seed']}" if r["seed"] != 7 else ""
         lines.append(
-            f"| {r['distance']} | {r['max_len']} | {r['variant']} | {_setting(r['model'])} "
-            f"| {r['hr_at_10']:.3f} ({r['chance_hr_at_10']:.2f}) | {r['predicted_blind_heads']} / {blind} | {100 * pred:.1f} / {meas} | {r['mean_entropy']:.2f} "
-            f"| {r['train_seconds']:.0f} |"
-        )
+            f"| {r['distance']} | {r['run'].replace('>', ' → ')} | {r['setting']} ({_setting(r)}{seed}) | {slopes} | {bias} "
+            f"| **{r['hr_at_10']:.3f}** | {r['chance_hr_at_10']:.3f} / {r['kind_aware_hr_at_10']:.2f} | {cue} | {r['blind_head_share']:.1f} | {pred:.1f} / {meas:.1f} "
+            f"| {r['mean_entropy']:.2f} |"
+        )  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
-def run_probe(output: Path, distances: Sequence[int], variants: Sequence[str]) -> list[dict]:
-    """Every (distance, variant) run; records are appended to probe.json as they finish."""
+def probe_summary_markdown(records: list[dict]) -> str:
+    """HR@10 per run (rows) and scoring distance (columns), with the blind-head share in brackets."""
+    distances = sorted({r["distance"] for r in records})
+    cell = {(r["run"], r["setting"], r["seed"], r["distance"]): r for r in records}
+    order = {name: i for i, name in enumerate(SETTINGS)}
+    runs = {name: i for i, name in enumerate(PRECISIONS)}
+    keys = sorted({k[:3] for k in cell}, key=lambda k: (runs[k[0]], order[k[1]], k[2]))
+    lines = ["| dtype (train → score) | setting | " + " | ".join(f"D = {d}" for d in distances) + " |",
+             "|---|---|" + "---|" * len(distances)]  # fmt: skip
+    for run, setting, seed in keys:
+        first = next(cell[(run, setting, seed, d)] for d in distances if (run, setting, seed, d) in cell)
+        label = f"{setting} ({_setting(first)}" + (f", seed {seed})" if seed != 7 else ")")
+        values = []
+        for d in distances:
+            r = cell.get((run, setting, seed, d))
+            values.append("" if r is None else f"{r['hr_at_10']:.2f} [{r['blind_head_share']:.2g}]")
+        lines.append(f"| {run.replace('>', ' → ')} | {label} | " + " | ".join(values) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def run_probe(output: Path, plan: Sequence[tuple[str, str, int]], json_path: Path | None = None) -> list[dict]:
+    """Every (precision, setting, seed) run of ``plan``, each scored at every ``EVAL_DISTANCES``.
+
+    Records are written to the JSON (default ``output/probe.json``) and the table to
+    ``output/probe.md`` as each run finishes; runs already in the JSON are skipped.
+    """
     output.mkdir(parents=True, exist_ok=True)
-    path = output / "probe.json"
+    path = json_path or output / "probe.json"
     records = json.loads(path.read_text()) if path.exists() else []
-    done = {(r["distance"], r["variant"]) for r in records}
-    for distance in distances:
-        for variant in variants:
-            if (distance, variant) in done:
-                continue
-            started = time.perf_counter()
-            record = run_probe_one(SIZES[distance], variant, output)
-            record["wall_seconds"] = time.perf_counter() - started
-            records.append(record)
-            path.write_text(json.dumps(records, indent=2))
-            (output / "probe.md").write_text(probe_markdown(records))
-            log.info("probe D=%d %s: HR@10 %.3f, %.0f s", distance, variant, record["hr_at_10"],
-                     record["wall_seconds"])  # fmt: skip
+    done = {(r["run"], r["setting"], r["seed"]) for r in records}
+    for precision, setting, seed in plan:
+        if (precision, setting, seed) in done:
+            continue
+        started = time.perf_counter()
+        new = run_probe_one(setting, precision, output, seed)
+        for r in new:
+            r["run_wall_seconds"] = time.perf_counter() - started
+        records += new
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(records, indent=2))
+        (output / "probe.md").write_text(probe_summary_markdown(records) + "\n" + probe_markdown(records))
+        log.info("probe %s %s seed %d: %.0f s", precision, setting, seed, time.perf_counter() - started)
     return records
 
 
@@ -283,8 +456,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.numerics", description=__doc__.splitlines()[0])
     parser.add_argument("section", choices=["paths", "probe"])
     parser.add_argument("--output", type=Path, default=Path("runs/numerics"))
-    parser.add_argument("--distances", default="64,512,2048")
-    parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--settings", default=None, help=f"probe: only these of {', '.join(SETTINGS)}")
+    parser.add_argument("--precisions", default=None, help=f"probe: only these of {', '.join(PRECISIONS)}")
+    parser.add_argument("--all", action="store_true", help="probe: every (precision, setting), not the plan")
+    parser.add_argument("--json", type=Path, default=None, help="probe: results JSON (default OUTPUT/probe.json)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
@@ -297,10 +472,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         run_paths(args.output)
         print((args.output / "paths.md").read_text())
     else:
-        unknown = [v for v in args.variants.split(",") if v not in VARIANTS]
-        if unknown:
-            parser.error(f"unknown variants {unknown}; use {', '.join(VARIANTS)}")
-        run_probe(args.output, [int(d) for d in args.distances.split(",")], args.variants.split(","))
+        plan = [(p, s, 7) for p in PRECISIONS for s in SETTINGS] if args.all else list(PLAN)
+        for flag, index, known in ((args.precisions, 0, PRECISIONS), (args.settings, 1, SETTINGS)):
+            if flag is None:
+                continue
+            if unknown := [x for x in flag.split(",") if x not in known]:
+                parser.error(f"unknown {unknown}; use {', '.join(known)}")
+            plan = [run for run in plan if run[index] in flag.split(",")]
+        run_probe(args.output, plan, args.json)
         print((args.output / "probe.md").read_text())
     return 0
 

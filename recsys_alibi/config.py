@@ -28,7 +28,7 @@ class GenerateConfig(_Section):
     users: int = Field(2000, ge=1)
     items: int = Field(1000, ge=2)
     task: Literal["default", "long-range"] = "default"
-    distance: int = Field(64, ge=1)  # long-range probe: events between cue and answer
+    distance: int = Field(64, ge=1)  # long-range probe: an answer comes exactly D events after its cue (D >= 3)
     min_events: int = Field(20, ge=3)  # shortest history generated, events
     max_events: int = Field(3000, ge=3)  # longest history generated, events
 

@@ -18,12 +18,30 @@ Two tasks (``GenerateConfig.task``):
       far context carries signal that a short window misses.
 
 ``"long-range"``
-    A probe of context length: a fixed random permutation ``f`` of the catalog and a distance
-    ``D = cfg.distance``. The first ``D`` events of a user are uniform random items; every later
-    event is ``item[t] = f(item[t - D])``. The ``D - 1`` events in between belong to other,
-    independent chains, so they are distractors: nothing but the event exactly ``D`` steps back
-    (or a multiple of ``D``) predicts the next item, and a model that cannot see ``D`` events
-    back is at chance. Histories are at least ``max(cfg.min_events, D + max(8, D // 2))`` long.
+    A probe of context length D = ``cfg.distance`` (>= 3): can the model see an event exactly
+    D events back? The catalog is split once (:func:`long_range_catalog`) into disjoint roles:
+    one *trigger* item, ``A_CUES`` (1) cue of kind a, ``C = (N - 1) // 6`` cues of kind b (50
+    for N = 301), one *answer* per cue (``f`` is a fixed bijection from cues onto answers) and
+    the rest *fillers*. A history is uniform random filler events with *episodes* laid
+    backwards from its last event every ``P = D + EPISODE_GAP`` events. An episode whose last
+    event is at ``a`` holds::
+
+        a - D - 1: cue_a                        a - 2: the trigger
+        a - D:     cue_b (uniform from cues_b)  a - 1: f(cue_a)     a: f(cue_b)
+
+    so every answer equals ``f`` of the event exactly D back, and since ``P > D`` that cue is
+    the most recent cue of its kind. Episodes that do not fit before the first event are left
+    out (their places are fillers). The last two events of every history (the leave-one-out
+    validation and test targets) are answers. The test answer ``f(cue_b)`` follows
+    ``f(cue_a)``, so its kind is known from the previous event; which of the C answers it is
+    only from the cue D back. A model that cannot see that far ranks the C answers alike
+    (HR@10 ``10 / C``, 0.2 with C = 50); content attention to the one cue of kind b in sight is
+    all it needs to be right. (The validation answer has a single candidate: with one cue of
+    kind a, ``f(cue_a)`` is the fixed item that marks the place of the test answer, which makes
+    the test retrieval learnable in minutes on a CPU; validation measures nothing about range.)
+    Histories are at least ``max(cfg.min_events, 2 * D + EPISODE_GAP + 2)`` long, so that the
+    events before the last two hold one whole episode: a training window of ``model.max_len >=
+    2 * D + EPISODE_GAP - 1`` holds the cues and answers of one episode.
 
 Timestamps are integer seconds: each user starts at a random time in the first half of 2024
 and events follow with strictly positive log-normal gaps (median ~10 minutes, long tail), so
@@ -32,6 +50,8 @@ loop over users or events) and processed in blocks of users to bound memory.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 import polars as pl
@@ -51,6 +71,8 @@ GAP_LOG_SIGMA = 1.5
 EVENT_TYPES = ("click", "view", "add_to_cart", "purchase")
 EVENT_TYPE_P = (0.70, 0.20, 0.07, 0.03)
 BLOCK_EVENTS = 4_000_000  # events generated per block of users (bounds peak memory)
+EPISODE_GAP = 8  # long-range probe: episodes repeat every distance + EPISODE_GAP events
+A_CUES = 1  # long-range probe: cues of kind a (its answer is the query of kind b: one learns fast)
 
 
 def generate_events(cfg: GenerateConfig, seed: int) -> pl.DataFrame:
@@ -71,12 +93,13 @@ def generate_events(cfg: GenerateConfig, seed: int) -> pl.DataFrame:
         ['user_id', 'item_id', 'timestamp', 'event_type']
     """
     rng = np.random.default_rng(seed)
-    lengths = _history_lengths(cfg, rng)
+    catalog, sampler = None, None
     if cfg.task == "long-range":
-        perm = rng.permutation(cfg.items).astype(np.int64)  # f: item index -> item index
-        sampler = None
-    else:
-        perm = None
+        catalog = long_range_catalog(cfg.items, seed)  # checks items and distance first
+        if cfg.distance < 3:
+            raise ValueError(f"generate.distance must be >= 3 for task long-range, got {cfg.distance}")
+    lengths = _history_lengths(cfg, rng)
+    if catalog is None:
         sampler = _TopicCatalog(cfg.items, rng)
 
     frames: list[pl.DataFrame] = []
@@ -86,8 +109,8 @@ def generate_events(cfg: GenerateConfig, seed: int) -> pl.DataFrame:
         cum = np.cumsum(lengths[first_user:])
         n_block = max(1, int(np.searchsorted(cum, BLOCK_EVENTS, side="right")))
         block_lengths = lengths[first_user : first_user + n_block]
-        if perm is not None:
-            items = _long_range_items(block_lengths, cfg.distance, perm, rng)
+        if catalog is not None:
+            items = _long_range_items(block_lengths, cfg.distance, catalog, rng)
         else:
             items = _default_items(block_lengths, sampler, rng)
         frames.append(_block_frame(first_user, block_lengths, items, rng))
@@ -99,7 +122,7 @@ def _history_lengths(cfg: GenerateConfig, rng: np.random.Generator) -> np.ndarra
     """Log-normal history lengths clipped to the configured bounds, (users,) int64."""
     lo = cfg.min_events
     if cfg.task == "long-range":
-        lo = max(lo, cfg.distance + max(8, cfg.distance // 2))
+        lo = max(lo, 2 * cfg.distance + EPISODE_GAP + 2)  # one whole episode before the last two events
     hi = max(cfg.max_events, lo)
     median = lo * (hi / lo) ** 0.4
     raw = rng.lognormal(np.log(median), LENGTH_SIGMA, size=cfg.users)
@@ -174,52 +197,109 @@ def _default_items(lengths: np.ndarray, catalog: _TopicCatalog, rng: np.random.G
     return items[src]
 
 
+@dataclass(frozen=True, eq=False)
+class LongRangeCatalog:
+    """The roles of the catalog in the long-range probe; every array holds item ids (1..N).
+
+    Attributes:
+        trigger: the item right before every first answer of an episode.
+        cues_a, cues_b: (A,) and (C,) int64 cues of the two kinds.
+        answers_a, answers_b: (A,) and (C,) int64; ``f(cues_a[i]) = answers_a[i]``, same for ``b``.
+        fillers: (F,) int64 every other item.
+    """
+
+    trigger: int
+    cues_a: np.ndarray
+    cues_b: np.ndarray
+    answers_a: np.ndarray
+    answers_b: np.ndarray
+    fillers: np.ndarray
+
+    def f(self, cues: np.ndarray) -> np.ndarray:
+        """The answer of each cue, (E,) int64 item ids -> (E,) int64 item ids.
+
+        Raises:
+            ValueError: an id is not a cue.
+        """
+        n_items = 1 + 2 * (self.cues_a.shape[0] + self.cues_b.shape[0]) + self.fillers.shape[0]
+        table = np.zeros(n_items + 1, dtype=np.int64)  # item id -> answer id, 0: not a cue
+        table[self.cues_a] = self.answers_a
+        table[self.cues_b] = self.answers_b
+        cues = np.asarray(cues, dtype=np.int64)
+        if cues.size and (cues.min() < 0 or cues.max() >= table.shape[0] or (table[cues] == 0).any()):
+            raise ValueError("f is defined on cues only")
+        return table[cues]
+
+
+def long_range_catalog(items: int, seed: int) -> LongRangeCatalog:
+    """Split items 1..N into the roles of the long-range probe, the same for every user.
+
+    One trigger, ``A = min(A_CUES, C)`` cues of kind a and ``C = (N - 1) // 6`` of kind b, one
+    answer per cue, and the remaining ``N - 1 - 2A - 2C >= 2C`` items as fillers, assigned in a
+    random order drawn from ``seed`` (its own stream: the split depends on ``(items, seed)``
+    only).
+
+    Args:
+        items: catalog size N, >= 7.
+        seed: as ``generate_events``.
+
+    Returns:
+        A :class:`LongRangeCatalog` whose roles are disjoint and cover 1..N.
+
+    Raises:
+        ValueError: ``items < 7``.
+
+    Example:
+        >>> cat = long_range_catalog(301, seed=0)
+        >>> len(cat.cues_a), len(cat.cues_b), len(cat.answers_b), len(cat.fillers)
+        (1, 50, 50, 198)
+    """
+    if items < 7:
+        raise ValueError(f"generate.items must be >= 7 for task long-range (trigger, cues, answers, fillers), got {items}")
+    b = (items - 1) // 6
+    a = min(A_CUES, b)
+    order = np.random.default_rng([seed, 1]).permutation(items).astype(np.int64) + 1  # item ids
+    ends = np.cumsum([1, a, a, b, b])  # trigger | cues_a | answers_a | cues_b | answers_b | fillers
+    return LongRangeCatalog(
+        trigger=int(order[0]), cues_a=order[ends[0] : ends[1]], answers_a=order[ends[1] : ends[2]],
+        cues_b=order[ends[2] : ends[3]], answers_b=order[ends[3] : ends[4]], fillers=order[ends[4] :],
+    )  # fmt: skip
+
+
 def _long_range_items(
-    lengths: np.ndarray, distance: int, perm: np.ndarray, rng: np.random.Generator
+    lengths: np.ndarray, distance: int, catalog: LongRangeCatalog, rng: np.random.Generator
 ) -> np.ndarray:
-    """Item index of each event of the long-range probe: item[t] = perm[item[t - D]], (E,) int64.
+    """Item index (id - 1) of each event of a block of users of the long-range probe, (E,) int64.
 
-    Event ``t`` is the seed ``t mod D`` pushed ``t // D`` times through ``perm``; with the cycle
-    decomposition of ``perm`` that is one lookup: ``cycle[(position + steps) mod cycle length]``.
+    Events are counted from the end of each history, ``r = n - 1 - t``; episode ``e = r // P``
+    (``P = D + EPISODE_GAP``) has its answers at ``r mod P`` in {0, 1}, the trigger at 2 and its
+    cues at ``D`` (kind b) and ``D + 1`` (kind a); it is kept when its ``cue_a`` is inside the
+    history (``e * P + D + 1 <= n - 1``).
     """
-    user, pos, starts = _user_offsets(lengths)
-    n_items = perm.shape[0]
-    cycle_flat, cycle_start, cycle_len, cycle_of, pos_in_cycle = _cycles(perm)
-    seeds = rng.integers(0, n_items, size=int(lengths.sum()))  # only the first D per user are used
-    seed = seeds[starts[user] + pos % distance]
-    c = cycle_of[seed]
-    steps = pos // distance
-    return cycle_flat[cycle_start[c] + (pos_in_cycle[seed] + steps) % cycle_len[c]]
-
-
-def _cycles(perm: np.ndarray) -> tuple[np.ndarray, ...]:
-    """Cycle decomposition of a permutation of 0..N-1.
-
-    Returns ``(flat, start, length, cycle_of, position)``: the cycles one after another (so
-    that ``perm[flat[i]] == flat[i + 1]`` inside a cycle), each cycle's start and length, and for
-    each element its cycle and its position in it.
-    """
-    n = perm.shape[0]
-    cycle_of = np.full(n, -1, dtype=np.int64)
-    position = np.zeros(n, dtype=np.int64)
-    flat = np.empty(n, dtype=np.int64)
-    starts: list[int] = []
-    filled = 0
-    for first in range(n):  # O(N): each element is visited once
-        if cycle_of[first] >= 0:
-            continue
-        starts.append(filled)
-        x, k = first, 0
-        while cycle_of[x] < 0:
-            cycle_of[x] = len(starts) - 1
-            position[x] = k
-            flat[filled] = x
-            filled += 1
-            k += 1
-            x = perm[x]
-    start = np.asarray(starts, dtype=np.int64)
-    length = np.diff(np.append(start, n))
-    return flat, start, length, cycle_of, position
+    user, pos, _ = _user_offsets(lengths)
+    period = distance + EPISODE_GAP
+    n = lengths[user]
+    r = n - 1 - pos  # events after this one
+    episode, offset = r // period, r % period
+    kept = episode * period + distance + 1 <= n - 1
+    # one cue draw per (user, episode), shared by the cue and its answer
+    per_user = np.maximum((lengths - distance - 2) // period + 1, 0)
+    first = np.concatenate([[0], np.cumsum(per_user)[:-1]])
+    n_episodes = int(per_user.sum())
+    cue_a = rng.integers(0, catalog.cues_a.shape[0], size=n_episodes)
+    cue_b = rng.integers(0, catalog.cues_b.shape[0], size=n_episodes)
+    items = catalog.fillers[rng.integers(0, catalog.fillers.shape[0], size=user.shape[0])]
+    ep = np.where(kept, first[user] + episode, 0)
+    for at, values in (
+        (distance + 1, catalog.cues_a[cue_a]),
+        (distance, catalog.cues_b[cue_b]),
+        (1, catalog.answers_a[cue_a]),
+        (0, catalog.answers_b[cue_b]),
+    ):
+        here = kept & (offset == at)
+        items[here] = values[ep[here]]
+    items[kept & (offset == 2)] = catalog.trigger
+    return items - 1
 
 
 def _block_frame(first_user: int, lengths: np.ndarray, items: np.ndarray, rng: np.random.Generator) -> pl.DataFrame:

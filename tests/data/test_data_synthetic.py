@@ -9,7 +9,12 @@ import polars as pl
 import pytest
 
 from recsys_alibi.config import GenerateConfig
-from recsys_alibi.data.synthetic import generate_events
+from recsys_alibi.data.synthetic import (
+    EPISODE_GAP,
+    LongRangeCatalog,
+    generate_events,
+    long_range_catalog,
+)
 
 
 @pytest.fixture(scope="module")
@@ -84,16 +89,47 @@ def test_interests_drift(default_log):
     assert ends < 0.85 * interleaved  # early and late interests differ more than chance splits
 
 
-def test_long_range_probe_is_a_function_of_the_event_d_back():
-    cfg = GenerateConfig(task="long-range", distance=16, users=50, items=200, min_events=20, max_events=200)
+def _roles(h: np.ndarray, cat: LongRangeCatalog) -> str:
+    """One letter per event: A/B cue, a/b answer, T trigger, . filler."""
+    role = np.full(h.shape[0], ".")
+    for letter, ids in (("A", cat.cues_a), ("B", cat.cues_b), ("a", cat.answers_a), ("b", cat.answers_b)):
+        role[np.isin(h, ids)] = letter
+    role[h == cat.trigger] = "T"
+    return "".join(role)
+
+
+def test_long_range_catalog_roles_are_disjoint_and_cover_the_catalog():
+    cat = long_range_catalog(301, seed=3)
+    parts = [np.array([cat.trigger]), cat.cues_a, cat.cues_b, cat.answers_a, cat.answers_b, cat.fillers]
+    assert [len(p) for p in parts] == [1, 1, 50, 1, 50, 198]  # one cue of kind a, 50 of kind b
+    assert np.array_equal(np.sort(np.concatenate(parts)), np.arange(1, 302))  # disjoint, cover 1..N
+    assert np.array_equal(cat.f(cat.cues_b[[4, 0]]), cat.answers_b[[4, 0]])
+    assert np.array_equal(long_range_catalog(301, seed=3).cues_a, cat.cues_a)
+    with pytest.raises(ValueError, match="cues only"):
+        cat.f(cat.fillers[:1])
+    with pytest.raises(ValueError, match=">= 7"):
+        long_range_catalog(6, seed=0)
+
+
+def test_long_range_probe_answers_are_f_of_the_cue_d_back():
+    d, gap = 16, EPISODE_GAP
+    cfg = GenerateConfig(task="long-range", distance=d, users=40, items=61, min_events=20, max_events=300)
     df = generate_events(cfg, seed=0)
-    answer: dict[int, int] = {}
-    successors: dict[int, set[int]] = {}
+    cat = long_range_catalog(61, seed=0)
+    episode = "AB" + "." * (d - 3) + "Tab" + "." * (gap - 2)  # one period, P = D + gap events
     for h in _histories(df):
-        assert len(h) >= 16 + 8
-        for t in range(16, len(h)):
-            assert answer.setdefault(int(h[t - 16]), int(h[t])) == int(h[t])  # the same f for everyone
-        for t in range(1, len(h)):
-            successors.setdefault(int(h[t - 1]), set()).add(int(h[t]))
-    assert np.mean([len(s) for s in successors.values()]) > 3  # the previous event does not predict
+        n = len(h)
+        assert n >= 2 * d + gap + 2
+        roles = _roles(h, cat)
+        # episodes laid back from the end; the part before the first whole episode is fillers
+        k = (n - d - 2) // (d + gap) + 1
+        assert roles == "." * (n - k * (d + gap) + gap - 2) + (episode * k)[: -(gap - 2)]
+        answers = np.flatnonzero(np.isin(h, np.concatenate([cat.answers_a, cat.answers_b])))
+        assert np.array_equal(h[answers], cat.f(h[answers - d]))  # every answer is f(event D back)
+        assert roles[-2:] == "ab" and roles[-3] == "T"  # validation and test targets are answers
+        window = roles[: n - 2][-(2 * d + gap) :]  # training window of max_len = 2D + gap - 1 inputs
+        assert window.startswith("AB") and window.count("ab") == 1  # holds one whole episode
+    assert len({int(h[-1]) for h in _histories(df)}) >= 8  # the test answer varies: its predecessor cannot tell it
     assert df.equals(generate_events(cfg, seed=0))
+    with pytest.raises(ValueError, match="distance"):
+        generate_events(GenerateConfig(task="long-range", distance=2, items=61), seed=0)
