@@ -89,9 +89,9 @@ def fit_ranker(
     module = RankerModule(
         config.model, config.train, datamodule.n_items, None, config.evaluate.exclude_seen, seed=config.seed
     )
-    checkpoint = ModelCheckpoint(
-        dirpath=checkpoint_dir, filename="best", monitor=VAL_MONITOR, mode="max", save_top_k=1, save_last=True
-    )
+    checkpoint = ModelCheckpoint(dirpath=checkpoint_dir, filename="best", monitor=VAL_MONITOR, mode="max", save_top_k=1)
+    # last.ckpt after every epoch (save_last=True would rewrite it only when "best" improves)
+    latest = ModelCheckpoint(dirpath=checkpoint_dir, filename="last", monitor=None, save_top_k=1, enable_version_counter=False)
     stopping = EarlyStopping(monitor=VAL_MONITOR, mode="max", patience=config.train.patience)
     train = config.train
     trainer = L.Trainer(
@@ -104,7 +104,7 @@ def fit_ranker(
         precision=train.precision,
         gradient_clip_val=train.grad_clip,
         limit_train_batches=train.limit_train_batches,
-        callbacks=[checkpoint, stopping, *(callbacks or [])],
+        callbacks=[checkpoint, latest, stopping, *(callbacks or [])],
         logger=logger if logger is not None else False,
         enable_progress_bar=progress,
         enable_model_summary=False,
