@@ -61,14 +61,6 @@ def one_process(prepared, tmp_path_factory) -> FitResult:
     return fit_ranker(config, datamodule, out / "checkpoints", progress=False)
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 # ---- each rank reads its part ------------------------------------------------------------
 
 

@@ -68,14 +68,6 @@ def _torchrun(script: Path, *args: str, nproc: int = 2, cwd: Path | None = None,
     return json.loads(line.removeprefix("RESULT "))
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 # ---- the torchrec primitive --------------------------------------------------------------
 
 
