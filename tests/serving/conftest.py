@@ -15,11 +15,5 @@ def prepared(tmp_path) -> Path:
 
 
 @pytest.fixture(autouse=True)
-def one_torch_thread():
-    """Tiny tensors: one thread is ~10x faster than two on a shared 2-core machine."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+def _single_thread(one_torch_thread):
+    """Every scoring test runs on one torch thread (``one_torch_thread`` in tests/conftest.py)."""

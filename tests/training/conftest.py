@@ -1,13 +1,8 @@
 """Fixtures of the training tests."""
 
 import pytest
-import torch
 
 
 @pytest.fixture(autouse=True)
-def one_torch_thread():
-    """Tiny tensors: one thread is much faster than two on a shared 2-core machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+def _single_thread(one_torch_thread):
+    """Every training test runs on one torch thread (``one_torch_thread`` in tests/conftest.py)."""
