@@ -179,7 +179,8 @@ def _n_partitions(cfg: DataConfig, source: Source, rows: int | None) -> int:
         ratio = 8 if source.fmt == "parquet" else BYTES_PER_TEXT_ROW
         size = sum(p.stat().st_size * (GZIP_RATIO if p.name.endswith(".gz") else 1) for p in source.paths)
         rows = size // ratio
-    return max(1, math.ceil(rows / cfg.partition_rows))
+    n = math.ceil(rows / cfg.partition_rows)
+    return 1 if n <= 1 else WORKERS * math.ceil(n / WORKERS)  # whole rounds of WORKERS threads
 
 
 def _rows(files: list[Path]) -> int:
@@ -247,6 +248,7 @@ def _prepare(cfg: DataConfig, source: Source, out: Path, work: Path) -> PrepareR
         )
     item_ids = coder.ids()
     item_count = np.zeros(item_ids.len(), dtype=np.int64)
+    per_user: list[np.ndarray] = []
     start = 0
     for part in cleaned:  # the k-core filter, one partition at a time
         mask = keep[start : start + part.frame.height]
@@ -254,6 +256,9 @@ def _prepare(cfg: DataConfig, source: Source, out: Path, work: Path) -> PrepareR
         if not mask.all():
             part.frame = part.frame.filter(pl.Series(mask))
         item_count += np.bincount(part.frame[ITEM_CODE].to_numpy(), minlength=item_ids.len())
+        per_user.append(np.bincount(part.frame[USER_CODE].to_numpy() - part.user_offset))
+    lengths = np.concatenate(per_user)
+    lengths = lengths[lengths > 0]  # (U,) events per user kept, the same multiset as the sequences' lengths
     present = np.flatnonzero(item_count)
     vocab = build_vocabulary(
         pl.LazyFrame({ITEM_ID: item_ids.gather(present), COUNT: item_count[present].astype(np.int64)})
@@ -265,10 +270,14 @@ def _prepare(cfg: DataConfig, source: Source, out: Path, work: Path) -> PrepareR
         .to_numpy()
     )
 
-    # D: write events and sequences, partition after partition
-    lengths, t_min, t_max = _write_outputs(cleaned, item_ids, idx_of_code, out)
-    with atomic_path(out / ITEMS_FILE) as tmp:
-        vocab.write_parquet(tmp)
+    # D: write events and sequences, partition after partition; the histogram is drawn meanwhile
+    # (matplotlib holds the GIL, the polars writer mostly does not)
+    with ThreadPoolExecutor(1) as plotter:
+        histogram = plotter.submit(_plot, lengths, out / HISTOGRAM_FILE)
+        t_min, t_max = _write_outputs(cleaned, item_ids, idx_of_code, out)
+        with atomic_path(out / ITEMS_FILE) as tmp:
+            vocab.write_parquet(tmp)
+        histogram.result()
 
     n_users, n_items = int(lengths.shape[0]), int(vocab.height)
     counts = {
@@ -302,8 +311,6 @@ def _prepare(cfg: DataConfig, source: Source, out: Path, work: Path) -> PrepareR
     }
     with atomic_path(out / STATS_FILE) as tmp:
         tmp.write_text(json.dumps(stats, indent=2) + "\n")
-    with atomic_path(out / HISTOGRAM_FILE) as tmp:
-        plot_history_lengths(lengths, tmp)
     result = PrepareResult(output_dir=out, counts=counts, stats=stats)
     return result
 
@@ -448,16 +455,21 @@ def _clean_partition(cfg: DataConfig, files: list[Path]) -> tuple[pl.Series, pl.
     return users, items, frame, df.height
 
 
+def _plot(lengths: np.ndarray, path: Path) -> None:
+    with atomic_path(path) as tmp:
+        plot_history_lengths(lengths, tmp)
+
+
 def _write_outputs(
     parts: list[_Part], item_ids: pl.Series, idx_of_code: np.ndarray, out: Path
-) -> tuple[np.ndarray, int | None, int | None]:
+) -> tuple[int | None, int | None]:
     """D: events and sequences of every partition (after the k-core), each streamed into one file.
 
     Each output is a polars lazy source that yields one partition at a time, sunk with the
     (multi-threaded) polars Parquet writer; nothing larger than a partition is materialised.
 
     Returns:
-        (U,) int64 history lengths, and the smallest and largest timestamp kept.
+        The smallest and largest timestamp kept (None when nothing was kept).
     """
     has = {c: c in parts[0].frame.columns for c in (EVENT_TYPE, VALUE)}
 
@@ -472,7 +484,6 @@ def _write_outputs(
                 cols.append(sub[VALUE])
             yield pl.DataFrame(cols)
 
-    lengths: list[np.ndarray] = []
     bounds: list[tuple[int, int]] = []
 
     def sequences(*_: object) -> Iterator[pl.DataFrame]:
@@ -483,7 +494,6 @@ def _write_outputs(
             item_idx = pl.Series(ITEM_IDX, idx_of_code[sub[ITEM_CODE].to_numpy()], dtype=pl.Int32)
             users = pl.col(USER_CODE).set_sorted().alias(USER_ID)  # sorted keys: groups are slices
             seq = group_sequences(sub.lazy().select(users, TIMESTAMP, item_idx)).collect()
-            lengths.append(seq[LENGTH].to_numpy())
             bounds.append((sub[TIMESTAMP].min(), sub[TIMESTAMP].max()))  # type: ignore[arg-type]
             yield seq.with_columns(part.users.gather(seq[USER_ID] - part.user_offset).alias(USER_ID))
 
@@ -499,4 +509,4 @@ def _write_outputs(
             register_io_source(source, schema=schema).sink_parquet(tmp, compression="zstd", compression_level=1)
     t_min = min(lo for lo, _ in bounds) if bounds else None
     t_max = max(hi for _, hi in bounds) if bounds else None
-    return np.concatenate(lengths).astype(np.int64), t_min, t_max
+    return t_min, t_max
