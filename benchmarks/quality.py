@@ -136,6 +136,7 @@ def main(argv: list[str] | None = None) -> None:
     from pipelines.evaluate import run_evaluate
     from recsys_alibi.atomic import write_json_atomic
     from recsys_alibi.config import load_config
+    from recsys_alibi.tracking import setup_tracking
 
     configure_logging()
     stem = Path(args.config).stem
@@ -145,6 +146,8 @@ def main(argv: list[str] | None = None) -> None:
     base = load_config(args.config, args.overrides)
     prepared = workdir / "prepared"
     print(run_prepare(base, None, prepared).summary(), flush=True)
+    # create the tracking store and experiment once: parallel workers migrating a new SQLite store race
+    setup_tracking(base.tracking)
 
     tasks = [
         (label, seed, [*args.overrides, f"seed={seed}", f"output={workdir / f'{label.lower()}-seed{seed}'}", *extra])
