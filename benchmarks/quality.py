@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
 
     from pipelines.cli import configure_logging
-    from pipelines.data_steps import run_prepare
+    from pipelines.data_steps import run_generate, run_prepare
     from pipelines.evaluate import run_evaluate
     from recsys_alibi.atomic import write_json_atomic
     from recsys_alibi.config import load_config
@@ -145,7 +145,12 @@ def main(argv: list[str] | None = None) -> None:
     curve_path = args.curve or Path("docs/results") / f"{stem}-curve.png"
     base = load_config(args.config, args.overrides)
     prepared = workdir / "prepared"
-    print(run_prepare(base, None, prepared).summary(), flush=True)
+    input_path = None  # data.input of the config, or the synthetic log when generate.enabled
+    if base.generate.enabled:
+        generated = run_generate(base, workdir / "events.parquet")
+        print(generated.summary(), flush=True)
+        input_path = str(generated.path)
+    print(run_prepare(base, input_path, prepared).summary(), flush=True)
     # create the tracking store and experiment once: parallel workers migrating a new SQLite store race
     setup_tracking(base.tracking)
 

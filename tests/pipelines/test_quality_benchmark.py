@@ -1,0 +1,57 @@
+"""benchmarks/quality.py: the seed summary, and a whole run with two parallel jobs on a new store."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from test_pipeline_end_to_end import TINY
+
+REPO = Path(__file__).resolve().parents[2]
+_spec = importlib.util.spec_from_file_location("quality_benchmark", REPO / "benchmarks" / "quality.py")
+quality = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(quality)
+summarise = quality.summarise
+
+
+def _run(seed: int, hr: float, ndcg: float) -> dict:
+    return {"seed": seed, "train_seconds": 10.0 * seed, "epochs": seed, "metrics": {"HR@10": hr, "NDCG@10": ndcg}}
+
+
+def test_summarise_gives_means_and_sample_std_over_seeds():
+    out = summarise([_run(1, 0.30, 0.18), _run(2, 0.32, 0.19), _run(3, 0.34, 0.17)])
+    assert out["HR@10"] == pytest.approx(0.32) and out["NDCG@10"] == pytest.approx(0.18)
+    # sample std (ddof = 1): sqrt((0.02^2 + 0 + 0.02^2) / 2) = 0.02; NDCG: sqrt((0 + 0.01^2 + 0.01^2) / 2) = 0.01
+    assert out["HR@10_std"] == pytest.approx(0.02) and out["NDCG@10_std"] == pytest.approx(0.01)
+    assert out["seeds"] == [1, 2, 3] and out["train_seconds"] == [10.0, 20.0, 30.0] and out["epochs"] == [1, 2, 3]
+    assert "MRR" not in out  # absent metrics are left out, not zero
+    assert summarise([_run(7, 0.3, 0.2)])["NDCG@10_std"] == 0.0
+
+
+def test_two_parallel_jobs_on_a_new_tracking_store_write_the_results(tmp_path):
+    """Both workers start on a store that does not exist yet (they used to race migrating it)."""
+    args = [sys.executable, str(REPO / "benchmarks" / "quality.py"), "--config", str(REPO / "configs" / "default.yaml")]
+    args += ["--seeds", "1", "--jobs", "2", "--workdir", "work", "--json", "result.json", "--curve", "curve.png"]
+    for item in TINY:
+        args += ["--set", item]
+    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}", "OMP_NUM_THREADS": "1"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    done = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    result = json.loads((tmp_path / "result.json").read_text())
+    alibi, sasrec = result["per_seed"]["ALiBi"], result["per_seed"]["SASRec"]
+    assert [r["position"] for r in alibi] == ["alibi"] and [r["position"] for r in sasrec] == ["learned"]
+    assert result["NDCG@10"] == alibi[0]["metrics"]["NDCG@10"] and result["NDCG@10_std"] == 0.0
+    assert result["baseline"]["HR@10"] == sasrec[0]["metrics"]["HR@10"]
+    assert result["seeds"] == result["baseline"]["seeds"] == [1]
+    assert len(alibi[0]["val_curve"]) == alibi[0]["epochs"] == 2  # one validation per epoch (TINY: 2 epochs)
+    assert 0.0 < result["popularity"]["HR@10"] <= 1.0
+    assert result["command"].startswith("python benchmarks/quality.py --config ")
+    assert (tmp_path / "curve.png").stat().st_size > 0
+    assert "| ALiBi ranker |" in done.stdout and "| SASRec (learned positions) |" in done.stdout
