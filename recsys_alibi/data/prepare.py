@@ -29,7 +29,8 @@ B. per partition (in memory, ``WORKERS`` at a time in threads): ``min_value`` fi
 C. the iterative k-core on the codes of all events at once (two Int32 arrays), then each
    partition filtered in place;
 D. per partition: vocabulary indices, raw ids restored; events and sequences are streamed
-   into their output files by the polars Parquet writer, one partition at a time.
+   into their output files by the polars Parquet writer, one partition at a time, while a
+   second thread draws the history-length histogram.
 
 Peak memory is about 20-30 bytes per event plus ``WORKERS`` partitions' worth of working space.
 
@@ -92,8 +93,18 @@ from recsys_alibi.data.schema import (
     USER_ID,
     VALUE,
 )
-from recsys_alibi.data.sequences import build_vocabulary, group_sequences, read_items, read_sequences
-from recsys_alibi.data.stats import HISTOGRAM_FILE, history_length_summary, plot_history_lengths, sparsity
+from recsys_alibi.data.sequences import (
+    build_vocabulary,
+    group_sequences,
+    read_items,
+    read_sequences,
+)
+from recsys_alibi.data.stats import (
+    HISTOGRAM_FILE,
+    history_length_summary,
+    plot_history_lengths,
+    sparsity,
+)
 
 __all__ = ["DataError", "PrepareResult", "prepare", "read_items", "read_sequences"]
 
