@@ -109,6 +109,7 @@ class TrainConfig(_Section):
     val_batch_size: int = Field(256, ge=1)
     val_users: int | None = None  # validate on a fixed random subset of users (None: all)
     packing: bool = False  # pack several users' windows into rows of model.max_len (no padding compute)
+    windows: Literal["last", "all"] = "last"  # train on each history's last max_len + 1 events, or on all of it
     attention_health: bool = True  # log per-head entropy / zero-weight share at each validation (ALiBi)
     zero_share_threshold: float = Field(0.05, ge=0, le=1)  # warn when a head has more exactly-zero weights
 

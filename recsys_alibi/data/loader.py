@@ -83,22 +83,40 @@ def pad_right(rows: list[np.ndarray], length: int | None = None) -> tuple[torch.
 
 
 class NextItemWindows(Dataset):
-    """Training samples: the last ``max_len + 1`` events of each history, shifted by one.
+    """Training samples: windows of up to ``max_len + 1`` events of each history.
 
     Item i of a sample is the input at position t and the target at position t - 1 (SASRec's
     all-positions next-item objective). Histories shorter than 2 events yield nothing.
+
+    ``windows="last"``: one sample per user, the last ``max_len + 1`` events (SASRec's recipe;
+    older events of longer histories are never trained on). ``windows="all"``: the whole history,
+    cut from the end into windows of ``max_len + 1`` events that overlap by one, so every event
+    after a user's first is a target exactly once; a history of n events gives
+    ``ceil((n - 1) / max_len)`` samples.
+
+    Raises:
+        ValueError: ``windows`` is neither "last" nor "all".
     """
 
-    def __init__(self, histories: FlatSequences, max_len: int) -> None:
+    def __init__(self, histories: FlatSequences, max_len: int, windows: str = "last") -> None:
+        if windows not in ("last", "all"):
+            raise ValueError(f"windows must be 'last' or 'all', got {windows!r}")
         self.histories = histories
         self.max_len = max_len
-        self.users = np.flatnonzero(histories.lengths() >= 2)
+        lengths = histories.lengths()
+        users = np.flatnonzero(lengths >= 2)
+        per_user = -(-(lengths[users] - 1) // max_len) if windows == "all" else np.ones(users.size, np.int64)
+        self.users = np.repeat(users, per_user)  # (S,) user row of each sample
+        first = np.repeat(np.cumsum(per_user) - per_user, per_user)
+        back = np.arange(self.users.size) - first  # 0 = the last window, 1 = the one before, ...
+        self.ends = histories.offsets[self.users + 1] - back * max_len  # (S,) exclusive end in values
+        self.starts = np.maximum(histories.offsets[self.users], self.ends - max_len - 1)
 
     def __len__(self) -> int:
         return len(self.users)
 
     def __getitem__(self, i: int) -> np.ndarray:
-        return self.histories.get(int(self.users[i]), last=self.max_len + 1)
+        return self.histories.values[self.starts[i] : self.ends[i]]
 
 
 def collate_next_item(samples: list[np.ndarray]) -> dict[str, torch.Tensor]:

@@ -124,8 +124,9 @@ class SequenceDataModule(L.LightningDataModule):
         """Read the training and validation users of ``rank`` out of ``world_size`` (idempotent).
 
         Raises:
-            ConfigError: ``train.batch_size`` is not divisible by ``world_size``, or there are
-                fewer validation users than processes.
+            ConfigError: ``train.batch_size`` is not divisible by ``world_size``, there are
+                fewer validation users than processes, or ``train.windows`` is "all" with more
+                than one process.
         """
         if (self.rank, self.world_size) == (rank, world_size):
             return
@@ -133,6 +134,11 @@ class SequenceDataModule(L.LightningDataModule):
             raise ConfigError(
                 f"train.batch_size={self.train_cfg.batch_size} is the global batch and must be divisible by "
                 f"the {world_size} training processes"
+            )
+        if self.train_cfg.windows == "all" and world_size > 1:
+            raise ConfigError(
+                "train.windows=all gives each process a different number of windows (and of steps); "
+                "use it with one training process"
             )
         if 0 < self.valid_rows.size < world_size:
             raise ConfigError(f"{self.valid_rows.size} validation users cannot be split over {world_size} processes")
@@ -166,7 +172,7 @@ class SequenceDataModule(L.LightningDataModule):
     def train_dataloader(self) -> DataLoader:
         if self.rank is None:
             self.load()
-        dataset = NextItemWindows(self.train_histories, self.model_cfg.max_len)
+        dataset = NextItemWindows(self.train_histories, self.model_cfg.max_len, self.train_cfg.windows)
         collate = (
             partial(collate_packed_next_item, row_len=self.model_cfg.max_len)
             if self.train_cfg.packing

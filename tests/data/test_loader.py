@@ -48,6 +48,24 @@ def test_next_item_windows_shift_by_one_and_skip_single_events():
     assert batch["lengths"].tolist() == [2, 1]
 
 
+def test_all_windows_cover_every_target_once_and_overlap_by_one_event():
+    flat = FlatSequences.from_series(pl.Series("h", [[1, 2, 3, 4, 5, 6], [7], [8, 9]], dtype=pl.List(pl.Int32)))
+    dataset = NextItemWindows(flat, max_len=2, windows="all")
+    windows = [dataset[i].tolist() for i in range(len(dataset))]
+    # user 0 (6 events, ceil(5 / 2) = 3 windows, newest first), user 1 skipped, user 2 one window
+    assert windows == [[4, 5, 6], [2, 3, 4], [1, 2], [8, 9]]
+    targets = sorted(t for w in windows for t in w[1:])
+    assert targets == [2, 3, 4, 5, 6, 9]  # every event after a user's first, exactly once
+    assert [w.tolist() for w in (NextItemWindows(flat, max_len=2)[i] for i in range(2))] == [[4, 5, 6], [8, 9]]
+
+
+def test_windows_must_be_last_or_all():
+    import pytest
+
+    with pytest.raises(ValueError, match="'last' or 'all'"):
+        NextItemWindows(_flat(), max_len=2, windows="every")
+
+
 def test_history_targets_truncate_to_last_events():
     dataset = HistoryTargets(_flat(), np.array([10, 11, 12]), max_len=3)
     batch = collate_history_targets([dataset[i] for i in range(len(dataset))])

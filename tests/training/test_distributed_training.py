@@ -93,6 +93,13 @@ def test_datamodule_parts_have_equal_steps_disjoint_validation_and_global_counts
     odd = tiny_config(Path("unused"), "train.batch_size=33")
     with pytest.raises(ConfigError, match="global batch"):
         SequenceDataModule(prepared, odd.model, odd.train, odd.seed).load(0, 2)
+    whole = tiny_config(Path("unused"), "train.windows=all")
+    with pytest.raises(ConfigError, match="one training process"):
+        SequenceDataModule(prepared, whole.model, whole.train, whole.seed).load(0, 2)
+    single = SequenceDataModule(prepared, whole.model, whole.train, whole.seed)
+    single.load(0, 1)
+    windows = single.train_dataloader().dataset
+    assert sum(len(windows[i]) - 1 for i in range(len(windows))) == single.n_train_events - single.n_train_users
 
 
 def test_validation_sums_of_parts_give_the_one_process_metrics():
