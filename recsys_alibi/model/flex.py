@@ -173,7 +173,11 @@ class FlexAlibi:
             def score_mod(score, b, h, q_idx, kv_idx):
                 dist = q_idx + s_off - kv_idx
                 dist = torch.where(s_causal, dist, dist.abs())
-                return score + torch.maximum(-m[h] * dist, -clamp)
+                penalty = m[h] * dist  # -bias
+                # min(penalty, clamp) as a where, not torch.minimum: at a tie (penalty == clamp)
+                # minimum splits the slope gradient in half, clamp() in the eager and sdpa masks
+                # passes all of it; where passes all of it too, so the backends agree on ties
+                return score - torch.where(penalty > clamp, clamp, penalty)
 
         pad_b, pad_q, pad_k = b_pad - b, q_pad - lq, k_pad - lk
         qp = F.pad(q, (0, 0, 0, pad_q, 0, 0, 0, pad_b)) if pad_q or pad_b else q  # (B_pad, H, q_pad, D)

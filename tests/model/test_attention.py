@@ -75,7 +75,9 @@ CASES = {
     "window": {"window": 16, "lengths": [130, 100]},
     "window_sinks": {"window": 16, "sinks": 4, "lengths": [129, 37]},
     "bidir_window_sinks": {"causal": False, "window": 9, "sinks": 2, "lengths": [130, 50]},
-    "clamp": {"bias_clamp": 0.5, "lengths": [130, 37]},
+    # 0.3 is no slope (2^-2, 2^-4, 2^-8) times an integer distance: at an exact tie the slope
+    # gradient hangs on the last bit of the learnable slopes, which CUDA's exp rounds differently
+    "clamp": {"bias_clamp": 0.3, "lengths": [130, 37]},
     "packed_window_sinks": {"seq_ids": "packed", "window": 12, "sinks": 3},
     "packed_bidir": {"seq_ids": "packed", "causal": False},
 }
