@@ -14,6 +14,7 @@ import polars as pl
 from recsys_alibi.config import JobConfig
 from recsys_alibi.data.prepare import read_items, read_sequences
 from recsys_alibi.data.splits import default_cutoff, leave_one_out, temporal_split
+from recsys_alibi.data.time_gaps import check_real_timestamps, sequences_for
 from recsys_alibi.evaluation.baselines import BASELINES
 from recsys_alibi.evaluation.evaluator import EvaluationResult, evaluate
 from recsys_alibi.evaluation.report import write_report
@@ -110,7 +111,8 @@ def run_evaluate(
     if (model_uri is None) == (baseline is None):
         raise ValueError("evaluate needs exactly one of --model-uri URI or --baseline popularity")
     prepared_dir = Path(prepared_dir)
-    examples = test_examples(config, read_sequences(prepared_dir))
+    sequences = read_sequences(prepared_dir)
+    examples = test_examples(config, sequences)
     items = read_items(prepared_dir)
     n_items = items.height
     output_dir = Path(output_dir or Path(config.output) / "report")
@@ -124,6 +126,9 @@ def run_evaluate(
     loaded = load_ranker(model_uri)
     check_same_vocabulary(loaded.items, items, model_uri, prepared_dir)
     scorer = RankerScorer(loaded.model, name=loaded.model.cfg.position)
+    if scorer.uses_time_gaps:  # the examples again, with the history's time-gap buckets
+        check_real_timestamps(prepared_dir)
+        examples = test_examples(config, sequences_for(loaded.model, sequences))
     job = evaluate_scorer(config, scorer, examples, n_items, output_dir)
     if loaded.run_id:
         log_report_to_run(loaded.run_id, job)

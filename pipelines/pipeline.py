@@ -37,6 +37,7 @@ from pipelines.promotion import (
 from pipelines.train import TrainJobResult, run_train
 from recsys_alibi.config import ConfigError, JobConfig, with_overrides
 from recsys_alibi.data.prepare import read_items, read_sequences
+from recsys_alibi.data.time_gaps import sequences_for
 from recsys_alibi.evaluation.report import format_metrics_table
 from serving.score import ScoreJobResult, run_score
 
@@ -137,8 +138,9 @@ def run_pipeline(config: JobConfig, *, progress: bool = True) -> PipelineResult:
 
     model = trained_model(trained)
     scorer = RankerScorer(model, name=config.model.position)
+    model_examples = test_examples(config, sequences_for(model, sequences))  # with time gaps if it reads them
     model_eval = evaluate_scorer(
-        config, scorer, examples, n_items, out / "report", baselines={"popularity": popularity.result}
+        config, scorer, model_examples, n_items, out / "report", baselines={"popularity": popularity.result}
     )
     log_report_to_run(trained.run_id, model_eval)
     gate = run_gate(config, model, str(trained.model.version), items, sequences)

@@ -27,6 +27,7 @@ import polars as pl
 
 from recsys_alibi.config import JobConfig
 from recsys_alibi.data import schema
+from recsys_alibi.data.time_gaps import sequences_for
 from recsys_alibi.tracking import metric_key
 
 log = logging.getLogger(__name__)
@@ -224,9 +225,8 @@ def run_gate(config: JobConfig, new_model, new_version: str, items: pl.DataFrame
     tracking = config.tracking
     name, alias, metric = tracking.registered_model, tracking.champion_alias, tracking.promotion_metric
     client = mlflow.MlflowClient()
-    examples = validation_examples(sequences)
     n_items = items.height
-    new_metrics = validation_metrics(config, new_model, examples, n_items)
+    new_metrics = validation_metrics(config, new_model, validation_examples(sequences_for(new_model, sequences)), n_items)
     if metric not in new_metrics:
         raise ValueError(
             f"tracking.promotion_metric={metric} is not evaluated; choose one of {sorted(new_metrics)} or change evaluate.ks"
@@ -246,6 +246,7 @@ def run_gate(config: JobConfig, new_model, new_version: str, items: pl.DataFrame
             )
             log.warning("promotion: %s", decision.reason)
         else:
+            examples = validation_examples(sequences_for(champion.model, sequences))
             champion_value = validation_metrics(config, champion.model, examples, n_items)[metric]
             decision = decide(new_metrics[metric], champion_value, tracking.promotion_margin, metric)
 

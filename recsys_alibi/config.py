@@ -77,11 +77,16 @@ class ModelConfig(_Section):
     window: int | None = Field(None, ge=1)  # sliding attention window, items
     sinks: int = Field(0, ge=0)  # first events always visible (StreamingLLM)
     shard_embeddings: bool = False  # row-wise torchrec sharding of the item table (docs/scaling.md)
+    time_gap_buckets: int = Field(0, ge=0)  # 0 = off; else a second table of log2 time-gap buckets (>= 3)
 
     @model_validator(mode="after")
     def _heads_divide_width(self) -> "ModelConfig":
         if self.d_model % self.n_heads:
             raise ValueError(f"model.d_model={self.d_model} must be divisible by model.n_heads={self.n_heads}")
+        if 0 < self.time_gap_buckets < 3:
+            raise ValueError("model.time_gap_buckets needs at least 3 (padding, first event, one gap bucket); 0 = off")
+        if self.time_gap_buckets and self.shard_embeddings:
+            raise ValueError("model.time_gap_buckets does not work with model.shard_embeddings yet; use one of them")
         return self
 
 

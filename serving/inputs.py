@@ -38,6 +38,7 @@ from recsys_alibi.config import DataConfig
 from recsys_alibi.data import schema
 from recsys_alibi.data.ingest import DataError, resolve_paths
 from recsys_alibi.data.loader import FlatSequences
+from recsys_alibi.data.time_gaps import gap_buckets
 
 log = logging.getLogger(__name__)
 
@@ -54,11 +55,15 @@ class Shard:
         histories: U sequences of model item indices (1..N, int64), time order, unknown items
             removed; a sequence may be empty (no known item: the user is skipped).
         unknown_events: events dropped because the model does not know their item.
+        gaps: time-gap buckets of the kept events, aligned with ``histories`` (time-gap models
+            only; computed on the whole input history, so dropping an unknown event keeps each
+            other event's true gap), else None.
     """
 
     user_ids: pl.Series
     histories: FlatSequences
     unknown_events: int
+    gaps: FlatSequences | None = None
 
 
 @dataclass(frozen=True)
@@ -73,6 +78,8 @@ class ScoreInput:
             the input already uses the model's indices.
         stats: ``unknown_items`` and, for raw events, ``input_rows``, ``rejected_rows``,
             ``duplicate_rows``, ``filtered_rows``.
+        time_gap_buckets: G > 0 when the model reads time gaps: shards then carry ``gaps``
+            from the input's ``timestamp`` lists (``recsys_alibi.data.time_gaps``).
     """
 
     kind: str
@@ -80,15 +87,19 @@ class ScoreInput:
     n_users: int
     remap: np.ndarray | None = None
     stats: dict[str, int] = field(default_factory=dict)
+    time_gap_buckets: int = 0
 
     def read_shard(self, start: int, n: int) -> Shard:
         """Users ``start .. start + n - 1`` with their histories in model indices (bounded memory)."""
-        frame = (
-            pl.scan_parquet(self.sequences).select(schema.USER_ID, schema.ITEM_IDX).slice(start, n).collect()
-        )
+        columns = [schema.USER_ID, schema.ITEM_IDX] + ([schema.TIMESTAMP] if self.time_gap_buckets else [])
+        frame = pl.scan_parquet(self.sequences).select(columns).slice(start, n).collect()
         histories = FlatSequences.from_series(frame.get_column(schema.ITEM_IDX))
-        histories, unknown = map_histories(histories, self.remap)
-        return Shard(user_ids=frame.get_column(schema.USER_ID), histories=histories, unknown_events=unknown)
+        mapped, unknown = map_histories(histories, self.remap)
+        gaps = None
+        if self.time_gap_buckets:
+            gaps = gap_buckets(FlatSequences.from_series(frame.get_column(schema.TIMESTAMP)), self.time_gap_buckets)
+            gaps = select_events(gaps, known_events(histories, self.remap))
+        return Shard(user_ids=frame.get_column(schema.USER_ID), histories=mapped, unknown_events=unknown, gaps=gaps)
 
 
 def map_histories(histories: FlatSequences, remap: np.ndarray | None) -> tuple[FlatSequences, int]:
@@ -102,19 +113,33 @@ def map_histories(histories: FlatSequences, remap: np.ndarray | None) -> tuple[F
         The sequences in model indices, order kept, and the number of dropped unknown events
         (padding zeros are not counted).
     """
-    values = histories.values
+    mapped = FlatSequences(values=_mapped(histories.values, remap), offsets=histories.offsets)
+    keep = mapped.values > 0
+    unknown = int(((histories.values > 0) & ~keep).sum())
+    return select_events(mapped, keep), unknown
+
+
+def _mapped(values: np.ndarray, remap: np.ndarray | None) -> np.ndarray:
+    """(E,) input indices -> (E,) int64 model indices (0: unknown or padding)."""
     if remap is None:
-        mapped = values
-    else:  # indices beyond the input vocabulary cannot occur in prepared data; treat them as unknown
-        mapped = np.where(values < remap.shape[0], remap[np.minimum(values, remap.shape[0] - 1)], 0)
-    keep = mapped > 0
+        return values.astype(np.int64)
+    # indices beyond the input vocabulary cannot occur in prepared data; treat them as unknown
+    return np.where(values < remap.shape[0], remap[np.minimum(values, remap.shape[0] - 1)], 0).astype(np.int64)
+
+
+def known_events(histories: FlatSequences, remap: np.ndarray | None) -> np.ndarray:
+    """(E,) bool: the events ``map_histories`` keeps (an item the model knows, not padding)."""
+    return _mapped(histories.values, remap) > 0
+
+
+def select_events(sequences: FlatSequences, keep: np.ndarray) -> FlatSequences:
+    """The events where ``keep`` (E,) bool is True, each sequence's order kept (int64 values)."""
     if keep.all():
-        return FlatSequences(values=mapped.astype(np.int64), offsets=histories.offsets), 0
-    unknown = int(((values > 0) & ~keep).sum())
-    owner = np.repeat(np.arange(len(histories)), histories.lengths())  # (E,) user of each event
-    counts = np.bincount(owner[keep], minlength=len(histories))
+        return FlatSequences(values=sequences.values.astype(np.int64), offsets=sequences.offsets)
+    owner = np.repeat(np.arange(len(sequences)), sequences.lengths())  # (E,) sequence of each event
+    counts = np.bincount(owner[keep], minlength=len(sequences))
     offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-    return FlatSequences(values=mapped[keep].astype(np.int64), offsets=offsets), unknown
+    return FlatSequences(values=sequences.values[keep].astype(np.int64), offsets=offsets)
 
 
 def vocabulary_remap(input_items: pl.DataFrame, model_items: pl.DataFrame) -> tuple[np.ndarray | None, int]:
@@ -225,7 +250,7 @@ def release_staged(staged_dir: Path) -> None:
 
 
 def open_input(
-    input_path: str | Path, model_items: pl.DataFrame, data: DataConfig, staged_dir: Path
+    input_path: str | Path, model_items: pl.DataFrame, data: DataConfig, staged_dir: Path, time_gap_buckets: int = 0
 ) -> ScoreInput:
     """Resolve ``input_path`` into a :class:`ScoreInput` in the model's item indices.
 
@@ -234,10 +259,12 @@ def open_input(
         model_items: the model's vocabulary (``item_idx`` 1..N, ``item_id``).
         data: the ``data`` config section (format, column map, cleaning) for raw events.
         staged_dir: where raw events are staged (``output_dir/_input``).
+        time_gap_buckets: the model's ``time_gap_buckets`` (0: it reads no time gaps).
 
     Raises:
         DataError: missing/unreadable/empty input, wrong columns, or a bare sequences file with
-            indices beyond the model's catalog.
+            indices beyond the model's catalog; a time-gap model and an input without
+            ``timestamp`` lists.
     """
     kind = input_kind(input_path)
     path = Path(input_path)
@@ -251,6 +278,8 @@ def open_input(
         stats = stage_events(data, input_path, staged_dir)
         sequences, items_path = staged_dir / schema.SEQUENCES_FILE, staged_dir / schema.ITEMS_FILE
     _check_sequences(sequences)
+    if time_gap_buckets and schema.TIMESTAMP not in pl.read_parquet_schema(sequences):
+        raise DataError(f"the model reads time gaps but {sequences} has no '{schema.TIMESTAMP}' list column")
     n_users = _n_rows(sequences)
     if n_users == 0:
         raise DataError(f"no users to score in {sequences}; check --input")
@@ -268,4 +297,5 @@ def open_input(
     stats["unknown_items"] = unknown_items
     if unknown_items:
         log.info("%d items of the input are not in the model's vocabulary; their events are skipped", unknown_items)
-    return ScoreInput(kind=kind, sequences=sequences, n_users=n_users, remap=remap, stats=stats)
+    return ScoreInput(kind=kind, sequences=sequences, n_users=n_users, remap=remap, stats=stats,
+                      time_gap_buckets=time_gap_buckets)  # fmt: skip

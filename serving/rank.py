@@ -133,6 +133,7 @@ class ShardRanker:
         self.n_items = int(self.table.shape[0]) - 1
         self.item_ids = item_id_lookup(items, self.n_items)
         self.context = min(cfg.max_context, model.max_context or cfg.max_context)
+        self.time_gap_buckets = int(getattr(model.items, "time_gap_buckets", 0))
         model_sinks = int(getattr(model.cfg, "sinks", 0) or 0)
         self.sinks = model_sinks if cfg.sinks is None else int(cfg.sinks)
         if self.sinks >= self.context:
@@ -151,12 +152,15 @@ class ShardRanker:
                                     schema.ITEM_ID: self.item_ids.dtype, schema.SCORE: pl.Float32})  # fmt: skip
 
     @torch.inference_mode()
-    def rank(self, user_ids: pl.Series, histories: FlatSequences) -> tuple[pl.DataFrame, int]:
+    def rank(
+        self, user_ids: pl.Series, histories: FlatSequences, gaps: FlatSequences | None = None
+    ) -> tuple[pl.DataFrame, int]:
         """Rank every user with at least one known event.
 
         Args:
             user_ids: (U,) raw user ids.
             histories: U sequences of model item indices (1..N), time order.
+            gaps: their time-gap buckets (same offsets), required by a time-gap model.
 
         Returns:
             ``(rankings, skipped_users)``: rows ``user_id``, ``rank`` int32 1..K', ``item_id``,
@@ -171,19 +175,27 @@ class ShardRanker:
         frames = []
         for start, end in plan_batches(sorted_len, self.cfg.batch_size, self.cfg.batch_tokens):
             rows = order[start:end]
-            frames.append(self._rank_batch(user_ids, histories, rows))
+            frames.append(self._rank_batch(user_ids, histories, rows, gaps))
         skipped = int(lengths.shape[0] - scored.shape[0])
         if not frames:
             return self.empty(user_ids.dtype), skipped
         return pl.concat(frames).sort(schema.USER_ID, schema.RANK), skipped
 
-    def _rank_batch(self, user_ids: pl.Series, histories: FlatSequences, rows: np.ndarray) -> pl.DataFrame:
+    def _rank_batch(
+        self, user_ids: pl.Series, histories: FlatSequences, rows: np.ndarray, gaps: FlatSequences | None
+    ) -> pl.DataFrame:
         context, lengths = pad_right([context_window(histories.get(int(u)), self.context, self.sinks) for u in rows])
+        context_gaps = None  # (B, L) the same events' time-gap buckets
+        if gaps is not None:
+            context_gaps = pad_right([context_window(gaps.get(int(u)), self.context, self.sinks) for u in rows])[0]
+            context_gaps = context_gaps.to(self.device)
         if self.cfg.exclude_seen:
             seen, _ = pad_right([histories.get(int(u)) for u in rows])  # (B, S) the whole history
         else:
             seen = torch.zeros((len(rows), 0), dtype=torch.int64)
-        hidden = self.model.last_hidden(context.to(self.device), lengths.to(self.device), backend=self.backend)  # (B, D)
+        hidden = self.model.last_hidden(
+            context.to(self.device), lengths.to(self.device), backend=self.backend, gaps=context_gaps
+        )  # (B, D)
         values, indices = chunked_topk(
             hidden.to(self.table.dtype), self.table, seen, self.k, chunk=self.cfg.catalog_chunk,
             exclude_seen=self.cfg.exclude_seen,

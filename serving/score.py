@@ -199,7 +199,10 @@ class _ScoreJob:
         if manifest.complete:  # a kill may have come between completing and releasing
             release_staged(self.output_dir / STAGED_INPUT)
             return manifest, None
-        source = open_input(self.input_path, self.items, self.config.data, self.output_dir / STAGED_INPUT)
+        source = open_input(
+            self.input_path, self.items, self.config.data, self.output_dir / STAGED_INPUT,
+            time_gap_buckets=self.ranker.time_gap_buckets,
+        )  # fmt: skip
         n_shards = max(1, -(-source.n_users // self.config.score.shard_users))
         if manifest.users is not None and (manifest.users, manifest.n_shards) != (source.n_users, n_shards):
             raise OutputDirError(
@@ -246,7 +249,7 @@ class _ScoreJob:
     def _score_shard(self, source: ScoreInput, shard: int) -> int:
         shard_users = self.config.score.shard_users
         batch = source.read_shard(shard * shard_users, shard_users)
-        rankings, skipped = self.ranker.rank(batch.user_ids, batch.histories)
+        rankings, skipped = self.ranker.rank(batch.user_ids, batch.histories, batch.gaps)
         name = part_name(shard)
         write_atomic(self.output_dir / name, lambda tmp: rankings.write_parquet(tmp))
         self.hook("written", shard)
@@ -278,8 +281,15 @@ class _progress_bar:
     def __enter__(self) -> Callable[[int], None]:
         if not self.enabled:
             return lambda n: None
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn
-        from rich.progress import TimeElapsedColumn, TimeRemainingColumn
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            ProgressColumn,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
         from rich.text import Text
 
         class _Speed(ProgressColumn):

@@ -94,14 +94,21 @@ class NextItemWindows(Dataset):
     after a user's first is a target exactly once; a history of n events gives
     ``ceil((n - 1) / max_len)`` samples.
 
+    ``gaps``: optional time-gap buckets with the offsets of ``histories``
+    (``recsys_alibi.data.time_gaps``); each sample is then a (2, n) array, items over gaps.
+
     Raises:
-        ValueError: ``windows`` is neither "last" nor "all".
+        ValueError: ``windows`` is neither "last" nor "all"; ``gaps`` not aligned with ``histories``.
     """
 
-    def __init__(self, histories: FlatSequences, max_len: int, windows: str = "last") -> None:
+    def __init__(
+        self, histories: FlatSequences, max_len: int, windows: str = "last", gaps: FlatSequences | None = None
+    ) -> None:
         if windows not in ("last", "all"):
             raise ValueError(f"windows must be 'last' or 'all', got {windows!r}")
+        _check_aligned(histories, gaps)
         self.histories = histories
+        self.gaps = gaps
         self.max_len = max_len
         lengths = histories.lengths()
         users = np.flatnonzero(lengths >= 2)
@@ -116,15 +123,34 @@ class NextItemWindows(Dataset):
         return len(self.users)
 
     def __getitem__(self, i: int) -> np.ndarray:
-        return self.histories.values[self.starts[i] : self.ends[i]]
+        window = slice(self.starts[i], self.ends[i])
+        items = self.histories.values[window]
+        return items if self.gaps is None else np.stack([items, self.gaps.values[window]])
+
+
+def _check_aligned(histories: FlatSequences, gaps: FlatSequences | None) -> None:
+    if gaps is not None and not np.array_equal(gaps.offsets, histories.offsets):
+        raise ValueError("time gaps must have exactly the offsets of the histories (one bucket per event)")
+
+
+def _split_gaps(samples: list[np.ndarray]) -> tuple[list[np.ndarray], list[np.ndarray] | None]:
+    """Samples of (n,) items or (2, n) items over gaps -> (item rows, gap rows or None)."""
+    if not samples or np.ndim(samples[0]) == 1:
+        return samples, None
+    return [s[0] for s in samples], [s[1] for s in samples]
 
 
 def collate_next_item(samples: list[np.ndarray]) -> dict[str, torch.Tensor]:
-    """Windows -> ``inputs`` (B, L) int64, ``targets`` (B, L) int64 (0 = no target), ``lengths`` (B,)."""
-    tokens, lengths = pad_right(samples)  # (B, L + 1)
+    """Windows -> ``inputs`` (B, L) int64, ``targets`` (B, L) int64 (0 = no target), ``lengths`` (B,),
+    and with time gaps ``gaps`` (B, L) int64: the buckets of the inputs (0 at padding)."""
+    items, gap_rows = _split_gaps(samples)
+    tokens, lengths = pad_right(items)  # (B, L + 1)
     valid = torch.arange(tokens.shape[1] - 1)[None, :] < (lengths - 1)[:, None]  # (B, L)
     inputs = tokens[:, :-1] * valid  # each row's last event is only a target
-    return {"inputs": inputs, "targets": tokens[:, 1:], "lengths": lengths - 1}
+    batch = {"inputs": inputs, "targets": tokens[:, 1:], "lengths": lengths - 1}
+    if gap_rows is not None:
+        batch["gaps"] = pad_right(gap_rows)[0][:, :-1] * valid
+    return batch
 
 
 def collate_packed_next_item(samples: list[np.ndarray], row_len: int) -> dict[str, torch.Tensor]:
@@ -133,28 +159,39 @@ def collate_packed_next_item(samples: list[np.ndarray], row_len: int) -> dict[st
     Returns ``inputs`` / ``targets`` (R, row_len) int64 (0 = padding / no target), ``seq_ids``
     (R, row_len) int64 (s + 1 for sample s, 0 = padding) and ``lengths`` (R,) filled positions.
     R <= B rows; a sample's outputs do not depend on what it shares a row with (ALiBi needs only
-    distances, so no position offsets). Packing: ``recsys_alibi.model.packing``.
+    distances, so no position offsets). With time gaps also ``gaps`` (R, row_len) int64, packed
+    like the inputs. Packing: ``recsys_alibi.model.packing``.
     """
     from recsys_alibi.model.packing import pack_items, pack_sequences
 
-    inputs = [torch.from_numpy(np.asarray(w[:-1], dtype=np.int64)) for w in samples]
-    targets = [torch.from_numpy(np.asarray(w[1:], dtype=np.int64)) for w in samples]
+    items, gap_rows = _split_gaps(samples)
+    inputs = [torch.from_numpy(np.asarray(w[:-1], dtype=np.int64)) for w in items]
+    targets = [torch.from_numpy(np.asarray(w[1:], dtype=np.int64)) for w in items]
     plan = pack_sequences([len(t) for t in inputs], row_len)
     packed = pack_items(inputs, row_len, plan=plan)
-    return {
+    batch = {
         "inputs": packed.tokens,
         "targets": pack_items(targets, row_len, plan=plan).tokens,
         "seq_ids": packed.seq_ids,
         "lengths": (packed.seq_ids > 0).sum(1),
     }
+    if gap_rows is not None:
+        gap_inputs = [torch.from_numpy(np.asarray(g[:-1], dtype=np.int64)) for g in gap_rows]
+        batch["gaps"] = pack_items(gap_inputs, row_len, plan=plan).tokens
+    return batch
 
 
 class HistoryTargets(Dataset):
-    """Evaluation samples: (last ``max_len`` events of a history, its held-out target item)."""
+    """Evaluation samples: (last ``max_len`` events of a history, its held-out target item), with
+    ``gaps`` (aligned time-gap buckets) the history as a (2, n) array, items over gaps."""
 
-    def __init__(self, histories: FlatSequences, targets: np.ndarray, max_len: int | None) -> None:
+    def __init__(
+        self, histories: FlatSequences, targets: np.ndarray, max_len: int | None, gaps: FlatSequences | None = None
+    ) -> None:
+        _check_aligned(histories, gaps)
         keep = histories.lengths() >= 1
         self.histories = histories
+        self.gaps = gaps
         self.rows = np.flatnonzero(keep)
         self.targets = np.asarray(targets, dtype=np.int64)
         self.max_len = max_len
@@ -164,10 +201,18 @@ class HistoryTargets(Dataset):
 
     def __getitem__(self, i: int) -> tuple[np.ndarray, int]:
         u = int(self.rows[i])
-        return self.histories.get(u, last=self.max_len), int(self.targets[u])
+        history = self.histories.get(u, last=self.max_len)
+        if self.gaps is not None:
+            history = np.stack([history, self.gaps.get(u, last=self.max_len)])
+        return history, int(self.targets[u])
 
 
 def collate_history_targets(samples: list[tuple[np.ndarray, int]]) -> dict[str, torch.Tensor]:
-    """-> ``history`` (B, L) int64 right-padded, ``lengths`` (B,), ``targets`` (B,) int64."""
-    history, lengths = pad_right([s[0] for s in samples])
-    return {"history": history, "lengths": lengths, "targets": torch.tensor([s[1] for s in samples])}
+    """-> ``history`` (B, L) int64 right-padded, ``lengths`` (B,), ``targets`` (B,) int64, and with
+    time gaps ``history_gaps`` (B, L) int64."""
+    items, gap_rows = _split_gaps([s[0] for s in samples])
+    history, lengths = pad_right(items)
+    batch = {"history": history, "lengths": lengths, "targets": torch.tensor([s[1] for s in samples])}
+    if gap_rows is not None:
+        batch["history_gaps"] = pad_right(gap_rows)[0]
+    return batch

@@ -18,6 +18,7 @@ COUNT = "count"
 RANK = "rank"
 SCORE = "score"
 REJECT_REASON = "reject_reason"
+TIME_GAPS = "time_gaps"  # list<int32> gap buckets beside item_idx (recsys_alibi.data.time_gaps)
 SOURCE_ROW = "source_row"  # position in the source, keeps ties in source order
 
 PADDING_IDX = 0

@@ -15,6 +15,9 @@ test     items[: n - 1]      [items[n-1]]  n >= 2 (non-empty history)
 
 Users too short for a stage are left out of that stage only.
 
+Where the input has a ``time_gaps`` list column (``recsys_alibi.data.time_gaps``), both splits
+also return ``history_time_gaps``: the buckets of the history's events, cut the same way.
+
 Temporal (global cutoff ``c`` in seconds): history = the user's events with ``timestamp < c``,
 targets = those with ``timestamp >= c``; only users with both are kept.
 """
@@ -25,10 +28,11 @@ from typing import Literal
 
 import polars as pl
 
-from recsys_alibi.data.schema import ITEM_IDX, LENGTH, TIMESTAMP, USER_ID
+from recsys_alibi.data.schema import ITEM_IDX, LENGTH, TIME_GAPS, TIMESTAMP, USER_ID
 
 HISTORY = "history"
 TARGETS = "targets"
+HISTORY_TIME_GAPS = "history_time_gaps"  # with a ``time_gaps`` input column: the history's gap buckets
 STAGES = ("train", "valid", "test")
 MIN_LENGTH = {"train": 4, "valid": 3, "test": 2}  # shortest sequence that takes part in a stage
 
@@ -53,22 +57,27 @@ def leave_one_out(
         raise ValueError(f"stage must be one of {STAGES}, got {stage!r}")
     items = pl.col(ITEM_IDX)
     n = pl.col(LENGTH)
-    if stage == "test":
-        history, targets = items.list.head(n - 1), items.list.tail(1)
-    elif stage == "valid":
-        history, targets = items.list.head(n - 2), items.list.slice(n - 2, 1)
-    else:
-        history, targets = items.list.head(n - 2), items.list.head(0)
+    kept = n - 1 if stage == "test" else n - 2  # history length
+    history = items.list.head(kept)
+    targets = items.list.tail(1) if stage == "test" else items.list.slice(n - 2, 1 if stage == "valid" else 0)
+    frame = _lazy(sequences)
     return (
-        _lazy(sequences)
-        .filter(n >= MIN_LENGTH[stage])
+        frame.filter(n >= MIN_LENGTH[stage])
         .select(
             USER_ID,
             history.cast(pl.List(pl.Int32)).alias(HISTORY),
             targets.cast(pl.List(pl.Int32)).alias(TARGETS),
+            *_history_time_gaps(frame, kept),
         )
         .collect()
     )
+
+
+def _history_time_gaps(frame: pl.LazyFrame, kept: pl.Expr) -> list[pl.Expr]:
+    """``[time_gaps.list.head(kept) as history_time_gaps]`` where the input has time gaps, else []."""
+    if TIME_GAPS not in frame.collect_schema().names():
+        return []
+    return [pl.col(TIME_GAPS).list.head(kept).cast(pl.List(pl.Int32)).alias(HISTORY_TIME_GAPS)]
 
 
 def temporal_split(sequences: pl.DataFrame | pl.LazyFrame, cutoff: int) -> pl.DataFrame:
@@ -83,14 +92,15 @@ def temporal_split(sequences: pl.DataFrame | pl.LazyFrame, cutoff: int) -> pl.Da
     """
     before = pl.col(TIMESTAMP).list.eval(pl.element() < cutoff).list.sum().cast(pl.Int64)
     items = pl.col(ITEM_IDX)
+    frame = _lazy(sequences)
     return (
-        _lazy(sequences)
-        .with_columns(before.alias("_before"), items.list.len().alias("_n"))
+        frame.with_columns(before.alias("_before"), items.list.len().alias("_n"))
         .filter((pl.col("_before") > 0) & (pl.col("_before") < pl.col("_n")))
         .select(
             USER_ID,
             items.list.head(pl.col("_before")).cast(pl.List(pl.Int32)).alias(HISTORY),
             items.list.slice(pl.col("_before")).cast(pl.List(pl.Int32)).alias(TARGETS),
+            *_history_time_gaps(frame, pl.col("_before")),
         )
         .collect()
     )

@@ -35,6 +35,7 @@ import torch
 
 from recsys_alibi.config import EvaluateConfig
 from recsys_alibi.data.loader import FlatSequences
+from recsys_alibi.data.splits import HISTORY_TIME_GAPS
 from recsys_alibi.evaluation.metrics import coverage_at_k, metric_names, per_user_metrics
 from recsys_alibi.evaluation.ranking import mask_seen, target_ranks, topk
 
@@ -62,6 +63,10 @@ class Scorer(Protocol):
         name: short label used in reports ("alibi", "sasrec", "popularity").
         max_context: longest history accepted, in events (None = any length). A learned-position
             SASRec sets its ``max_len``; the evaluator never passes more than this.
+
+    Optional: a scorer with ``uses_time_gaps = True`` (a ranker trained with
+    ``model.time_gap_buckets``) is called as ``score(history, lengths, gaps)``, gaps (B, L) int64
+    time-gap buckets aligned with history; the examples must then carry ``history_time_gaps``.
     """
 
     name: str
@@ -233,6 +238,7 @@ def _tie_sensitive(scores: torch.Tensor, targets: torch.Tensor, ranks: torch.Ten
 def _score_pass(
     scorer: Scorer,
     history: FlatSequences,
+    gaps: FlatSequences | None,
     targets: FlatSequences,
     order: np.ndarray,
     n_items: int,
@@ -253,7 +259,10 @@ def _score_pass(
             hist, lengths = history.padded(rows, context)  # (B, L), (B,)
             seen = hist if int(lengths.sum()) == int(history.lengths()[rows].sum()) else history.padded(rows)[0]
             tgt, n_tgt = targets.padded(rows)  # (B, T)
-            scores = scorer.score(hist, lengths)
+            if gaps is None:
+                scores = scorer.score(hist, lengths)
+            else:
+                scores = scorer.score(hist, lengths, gaps.padded(rows, context)[0])  # gaps (B, L)
             if scores.shape != (len(rows), n_items + 1):
                 raise ValueError(
                     f"scorer '{scorer.name}' returned scores of shape {tuple(scores.shape)}, "
@@ -336,6 +345,16 @@ def evaluate(
         raise ValueError("no users to evaluate: the examples hold no user with a target")
     history = _checked_lists(examples[HISTORY], n_items)
     targets = _checked_lists(examples[TARGETS], n_items)
+    gaps = None
+    if getattr(scorer, "uses_time_gaps", False):
+        if HISTORY_TIME_GAPS not in examples.columns:
+            raise ValueError(
+                f"scorer '{scorer.name}' reads time gaps: the examples need a '{HISTORY_TIME_GAPS}' column "
+                "(split sequences that carry time_gaps, recsys_alibi.data.time_gaps.with_time_gaps)"
+            )
+        gaps = FlatSequences.from_series(examples[HISTORY_TIME_GAPS])
+        if not np.array_equal(gaps.offsets, history.offsets):
+            raise ValueError(f"'{HISTORY_TIME_GAPS}' must hold one bucket per history event")
     hist_len = history.lengths()
     longest = int(hist_len.max())
     order = np.argsort(-hist_len, kind="stable")  # similar lengths share a batch
@@ -348,7 +367,7 @@ def evaluate(
         if effective not in passes:
             t0 = time.perf_counter()
             passes[effective] = _score_pass(
-                scorer, history, targets, order, n_items, cfg, ks, effective, progress, label
+                scorer, history, gaps, targets, order, n_items, cfg, ks, effective, progress, label
             )
             logger.info("%s: %s pass over %d users in %.1fs", scorer.name, label, len(order), time.perf_counter() - t0)
         return passes[effective]

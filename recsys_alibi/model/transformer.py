@@ -114,7 +114,7 @@ class AlibiRanker(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.n_items = n_items
-        self.items = ItemEmbeddings(n_items, cfg.d_model)
+        self.items = ItemEmbeddings(n_items, cfg.d_model, time_gap_buckets=cfg.time_gap_buckets)
         self.slopes = AlibiSlopes(cfg.n_heads, cfg.max_bias, learnable=cfg.learnable_slopes)
         self.positions = nn.Embedding(cfg.max_len, cfg.d_model) if cfg.position == "learned" else None
         self.input_dropout = nn.Dropout(cfg.dropout)
@@ -130,10 +130,19 @@ class AlibiRanker(nn.Module):
         slopes = self.slopes()  # (H,)
         return slopes if self.cfg.position == "alibi" else torch.zeros_like(slopes)
 
+    @property
+    def uses_time_gaps(self) -> bool:
+        """True when the model reads time-gap buckets beside the items (``model.time_gap_buckets``)."""
+        return self.items.time_gap_buckets > 0
+
     def _embed(
-        self, item_idx: torch.Tensor, lengths: torch.Tensor, embedded: torch.Tensor | None = None
+        self,
+        item_idx: torch.Tensor,
+        lengths: torch.Tensor,
+        embedded: torch.Tensor | None = None,
+        gaps: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        rows = self.items(item_idx, lengths) if embedded is None else embedded  # (B, L, D)
+        rows = self.items(item_idx, lengths, gaps) if embedded is None else embedded  # (B, L, D)
         x = rows * math.sqrt(self.cfg.d_model)
         if self.positions is not None:
             length = item_idx.shape[1]
@@ -152,6 +161,7 @@ class AlibiRanker(nn.Module):
         seq_ids: torch.Tensor | None = None,
         backend: str | None = None,
         embedded: torch.Tensor | None = None,
+        gaps: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Hidden states (B, L, D) float32 of right-padded rows.
 
@@ -162,9 +172,11 @@ class AlibiRanker(nn.Module):
             backend: overrides ``cfg.attention_backend`` (e.g. ``"eager"``).
             embedded: optional (B, L, D) float32 item rows already looked up (zeros at padding),
                 used instead of ``self.items(item_idx, lengths)`` (sharded training).
+            gaps: (B, L) int64 time-gap buckets aligned with ``item_idx``, required exactly when
+                ``uses_time_gaps`` (``recsys_alibi.data.time_gaps``); ValueError otherwise.
         """
         slopes = self._head_slopes()
-        x = self._embed(item_idx, lengths, embedded)
+        x = self._embed(item_idx, lengths, embedded, gaps)
         for block in self.blocks:
             x = block(x, slopes, lengths, seq_ids, backend)
         return self.final_norm(x)
@@ -178,21 +190,25 @@ class AlibiRanker(nn.Module):
         with torch.autocast(hidden.device.type, enabled=False):
             return hidden.float() @ self.items.weight.float().T
 
-    def last_hidden(self, item_idx: torch.Tensor, lengths: torch.Tensor, backend: str | None = None) -> torch.Tensor:
-        """(B, D) hidden state at each row's last event (position ``lengths - 1``)."""
-        hidden = self.encode(item_idx, lengths, backend=backend)  # (B, L, D)
+    def last_hidden(
+        self, item_idx: torch.Tensor, lengths: torch.Tensor, backend: str | None = None, gaps: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """(B, D) hidden state at each row's last event (position ``lengths - 1``); ``gaps`` as in ``encode``."""
+        hidden = self.encode(item_idx, lengths, backend=backend, gaps=gaps)  # (B, L, D)
         rows = torch.arange(hidden.shape[0], device=hidden.device)
         return hidden[rows, (lengths - 1).clamp(min=0)]
 
-    def score(self, item_idx: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-        """(B, N + 1) float32 next-item scores for right-padded histories (B, L)."""
-        return self.logits(self.last_hidden(item_idx, lengths)).float()
+    def score(self, item_idx: torch.Tensor, lengths: torch.Tensor, gaps: torch.Tensor | None = None) -> torch.Tensor:
+        """(B, N + 1) float32 next-item scores for right-padded histories (B, L); ``gaps`` as in ``encode``."""
+        return self.logits(self.last_hidden(item_idx, lengths, gaps=gaps)).float()
 
     @torch.no_grad()
-    def attention_weights(self, item_idx: torch.Tensor, lengths: torch.Tensor) -> list[torch.Tensor]:
+    def attention_weights(
+        self, item_idx: torch.Tensor, lengths: torch.Tensor, gaps: torch.Tensor | None = None
+    ) -> list[torch.Tensor]:
         """Per layer, the (B, H, L, L) attention weights from the eager reference backend."""
         slopes = self._head_slopes()
-        x = self._embed(item_idx, lengths)
+        x = self._embed(item_idx, lengths, gaps=gaps)
         weights = []
         for block in self.blocks:
             weights.append(block.attn.weights(block.attn_norm(x), slopes, lengths))

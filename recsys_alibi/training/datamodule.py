@@ -42,8 +42,9 @@ from recsys_alibi.data.partition import (
     valid_part,
 )
 from recsys_alibi.data.prepare import read_items
-from recsys_alibi.data.schema import ITEM_IDX, LENGTH, USER_ID
-from recsys_alibi.data.splits import MIN_LENGTH, leave_one_out
+from recsys_alibi.data.schema import ITEM_IDX, LENGTH, TIMESTAMP, USER_ID
+from recsys_alibi.data.splits import HISTORY_TIME_GAPS, MIN_LENGTH, leave_one_out
+from recsys_alibi.data.time_gaps import check_real_timestamps, with_time_gaps
 
 
 def first_targets(examples: pl.DataFrame) -> np.ndarray:
@@ -142,13 +143,27 @@ class SequenceDataModule(L.LightningDataModule):
             )
         if 0 < self.valid_rows.size < world_size:
             raise ConfigError(f"{self.valid_rows.size} validation users cannot be split over {world_size} processes")
-        columns = [USER_ID, ITEM_IDX, LENGTH]
-        train_rows = train_part(self.train_rows, rank, world_size)
-        train = leave_one_out(read_sequence_rows(self.prepared_dir, train_rows, columns), "train")
+        buckets = self.model_cfg.time_gap_buckets
+        if buckets:
+            try:
+                check_real_timestamps(self.prepared_dir)
+            except ValueError as err:
+                raise ConfigError(str(err)) from None
+        columns = [USER_ID, ITEM_IDX, LENGTH] + ([TIMESTAMP] if buckets else [])
+
+        def split(rows: np.ndarray, stage: str) -> pl.DataFrame:
+            frame = read_sequence_rows(self.prepared_dir, rows, columns)
+            return leave_one_out(with_time_gaps(frame, buckets) if buckets else frame, stage)
+
+        def gaps_of(examples: pl.DataFrame) -> FlatSequences | None:
+            return FlatSequences.from_series(examples.get_column(HISTORY_TIME_GAPS)) if buckets else None
+
+        train = split(train_part(self.train_rows, rank, world_size), "train")
         self.train_histories = FlatSequences.from_series(train.get_column("history"))
-        valid_rows = valid_part(self.valid_rows, rank, world_size)
-        valid = leave_one_out(read_sequence_rows(self.prepared_dir, valid_rows, columns), "valid")
+        self.train_gaps = gaps_of(train)
+        valid = split(valid_part(self.valid_rows, rank, world_size), "valid")
         self.valid_histories = FlatSequences.from_series(valid.get_column("history"))
+        self.valid_gaps = gaps_of(valid)
         self.valid_targets = first_targets(valid)
         per_rank = len(self.train_histories)
         self._own_train = int(np.clip(self.train_rows.size - rank * per_rank, 0, per_rank))  # before the padding
@@ -172,7 +187,9 @@ class SequenceDataModule(L.LightningDataModule):
     def train_dataloader(self) -> DataLoader:
         if self.rank is None:
             self.load()
-        dataset = NextItemWindows(self.train_histories, self.model_cfg.max_len, self.train_cfg.windows)
+        dataset = NextItemWindows(
+            self.train_histories, self.model_cfg.max_len, self.train_cfg.windows, gaps=self.train_gaps
+        )
         collate = (
             partial(collate_packed_next_item, row_len=self.model_cfg.max_len)
             if self.train_cfg.packing
@@ -185,5 +202,5 @@ class SequenceDataModule(L.LightningDataModule):
         if self.rank is None:
             self.load()
         max_len = self.model_cfg.max_len
-        dataset = HistoryTargets(self.valid_histories, self.valid_targets, max_len)
+        dataset = HistoryTargets(self.valid_histories, self.valid_targets, max_len, gaps=self.valid_gaps)
         return DataLoader(dataset, batch_size=self.train_cfg.val_batch_size, collate_fn=collate_history_targets)

@@ -129,7 +129,9 @@ class RankerModule(L.LightningModule):
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         if self.table is not None:
             return self._sharded_training_step(batch)
-        hidden = self.model.encode(batch["inputs"], batch["lengths"], batch.get("seq_ids"))  # (B, L, D)
+        hidden = self.model.encode(
+            batch["inputs"], batch["lengths"], batch.get("seq_ids"), gaps=batch.get("gaps")
+        )  # (B, L, D)
         supervised = batch["targets"] > 0  # (B, L)
         loss = self.loss(hidden[supervised], batch["targets"][supervised], self.model.items.weight)
         self.log("train/loss", loss, prog_bar=True, batch_size=int(supervised.sum()))
@@ -157,7 +159,7 @@ class RankerModule(L.LightningModule):
         if self.table is not None:  # ranked over all shards at the end of the epoch
             self._val_batches.append({k: batch[k] for k in ("history", "lengths", "targets")})
             return
-        scores = self.model.score(batch["history"], batch["lengths"])  # (B, N + 1)
+        scores = self.model.score(batch["history"], batch["lengths"], batch.get("history_gaps"))  # (B, N + 1)
         scores = mask_seen(scores, batch["history"], exclude_seen=self.exclude_seen, keep=batch["targets"])
         self._val_ranks.append(target_ranks(scores, batch["targets"]).cpu())
 

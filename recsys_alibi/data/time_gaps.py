@@ -1,0 +1,99 @@
+"""Time-gap buckets: how long before each event its predecessor in the same history happened.
+
+An optional second input of the ranker (``model.time_gap_buckets``), looked up in its own
+torchrec table and added to the item vector. The gap of event t is ``timestamp[t] -
+timestamp[t - 1]`` in seconds, bucketed on a log2 scale (TiSASRec, Li et al., WSDM 2020, uses
+clipped intervals; log buckets follow the relative-time buckets of HSTU, Zhai et al., ICML 2024):
+
+=========================== ======================================================
+bucket                      meaning
+=========================== ======================================================
+0                           padding (no event)
+1                           the first event of a history (no predecessor)
+2 + floor(log2(1 + gap))    gap in seconds, capped at bucket ``n_buckets - 1``
+=========================== ======================================================
+
+So bucket 2 is a gap of 0 s, bucket 3 one second, bucket 12 17-34 minutes, bucket 18 about
+1.5-3 days; with 32 buckets every gap up to 34 years has its own bucket. Buckets are computed on
+whole histories, so a window cut out of a history keeps each event's true gap.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+
+from recsys_alibi.data.loader import FlatSequences
+from recsys_alibi.data.schema import STATS_FILE, TIME_GAPS, TIMESTAMP
+
+FIRST_EVENT = 1
+MIN_BUCKETS = 3  # padding, first event, one gap bucket
+
+
+def gap_buckets(timestamps: FlatSequences, n_buckets: int) -> FlatSequences:
+    """Bucketed gap of every event to its predecessor in the same sequence.
+
+    Args:
+        timestamps: U sequences of int64 seconds, each in time order (prepared sequences are).
+        n_buckets: table size including padding (0) and first-event (1) buckets; >= 3.
+
+    Returns:
+        FlatSequences with the same offsets, int64 values in 1..n_buckets - 1.
+
+    Raises:
+        ValueError: ``n_buckets`` < 3, or a sequence whose timestamps go backwards.
+    """
+    if n_buckets < MIN_BUCKETS:
+        raise ValueError(f"time gaps need at least {MIN_BUCKETS} buckets (padding, first event, gaps), got {n_buckets}")
+    ts = timestamps.values.astype(np.int64)
+    gaps = np.diff(ts, prepend=ts[:1])  # (E,) seconds since the previous value
+    first = np.zeros(ts.size, dtype=bool)
+    starts = timestamps.offsets[:-1][timestamps.lengths() > 0]
+    first[starts] = True
+    if (gaps[~first] < 0).any():
+        raise ValueError("timestamps go backwards inside a history; sort each history by time first")
+    buckets = 2 + np.floor(np.log2(1.0 + np.maximum(gaps, 0))).astype(np.int64)
+    buckets = np.where(first, FIRST_EVENT, np.minimum(buckets, n_buckets - 1))
+    return FlatSequences(values=buckets, offsets=timestamps.offsets)
+
+
+def gap_bucket_lists(timestamps: pl.Series, n_buckets: int) -> pl.Series:
+    """A ``list<Int64>`` timestamp column -> the matching ``list<Int32>`` bucket column (same name)."""
+    flat = gap_buckets(FlatSequences.from_series(timestamps), n_buckets)
+    lists = pa.LargeListArray.from_arrays(pa.array(flat.offsets), pa.array(flat.values.astype(np.int32)))
+    return pl.Series(timestamps.name, lists).cast(pl.List(pl.Int32))
+
+
+def with_time_gaps(sequences: pl.DataFrame, n_buckets: int) -> pl.DataFrame:
+    """Prepared sequences with a ``time_gaps`` list<Int32> column beside ``item_idx``.
+
+    Raises:
+        ValueError: no ``timestamp`` column, or ``n_buckets`` < 3.
+    """
+    if TIMESTAMP not in sequences.columns:
+        raise ValueError(f"time gaps need the '{TIMESTAMP}' column of the prepared sequences")
+    return sequences.with_columns(gap_bucket_lists(sequences.get_column(TIMESTAMP), n_buckets).alias(TIME_GAPS))
+
+
+def check_real_timestamps(prepared_dir: str | Path) -> None:
+    """Raise ValueError when the prepared data took its time from line order (no timestamps).
+
+    Such data (e.g. the SASRec ``user item`` format) has a gap of one "second" between all
+    events, so a time-gap table would learn nothing; ``stats.json`` records it.
+    """
+    path = Path(prepared_dir) / STATS_FILE
+    if path.exists() and json.loads(path.read_text()).get("time_from_line_order"):
+        raise ValueError(
+            f"{prepared_dir} has no timestamps (time came from line order, {STATS_FILE}): "
+            "model.time_gap_buckets needs a log with real timestamps; set it to 0"
+        )
+
+
+def sequences_for(model, sequences: pl.DataFrame) -> pl.DataFrame:
+    """``sequences`` with the time-gap buckets ``model`` (an ``AlibiRanker``) reads, if it reads any."""
+    buckets = getattr(getattr(model, "items", None), "time_gap_buckets", 0)
+    return with_time_gaps(sequences, buckets) if buckets else sequences
