@@ -51,8 +51,10 @@ def model_health(model, dtype: torch.dtype, length: int, seed: int = 0) -> dict[
     gen = torch.Generator().manual_seed(seed)
     items = torch.randint(1, model.n_items + 1, (HEALTH_ROWS, length), generator=gen)  # (B, L)
     lengths = torch.full((HEALTH_ROWS,), length, dtype=torch.int64)
+    buckets = model.items.time_gap_buckets
+    gaps = torch.randint(1, buckets, (HEALTH_ROWS, length), generator=gen) if buckets else None  # (B, L)
     with _autocast(dtype):
-        weights = model.attention_weights(items, lengths)  # per layer (B, H, L, L)
+        weights = model.attention_weights(items, lengths, gaps)  # per layer (B, H, L, L)
     vis = visible_pairs(lengths, length, model.cfg.window, model.cfg.sinks)
     layers = []
     for w in weights:

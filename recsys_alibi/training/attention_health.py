@@ -172,7 +172,10 @@ class AttentionHealth(L.Callback):
             return None
         per_row = n_heads * width * width * 4
         rows = max(1, min(self.max_rows, self.max_bytes // per_row))
-        return {"history": history[:rows, :width].clone(), "lengths": lengths[:rows].clone()}
+        kept = {"history": history[:rows, :width].clone(), "lengths": lengths[:rows].clone()}
+        if "history_gaps" in batch:  # a time-gap model reads them beside the items
+            kept["history_gaps"] = batch["history_gaps"][:rows, :width].clone()
+        return kept
 
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.sanity_checking:
@@ -188,7 +191,9 @@ class AttentionHealth(L.Callback):
         was_training = model.training
         model.eval()
         with trainer.precision_plugin.forward_context():
-            weights = model.attention_weights(history, lengths)  # per layer (B, H, L, L)
+            gaps = self.batch.get("history_gaps")
+            gaps = gaps.to(pl_module.device) if gaps is not None else None
+            weights = model.attention_weights(history, lengths, gaps)  # per layer (B, H, L, L)
         model.train(was_training)
         metrics = health_metrics(weights, lengths, model.cfg.window, model.cfg.sinks)
         self.last = metrics
