@@ -251,3 +251,27 @@ def test_scorer_output_is_not_modified():
     result = evaluate(scorer, _examples([([1, 2], [3]), ([4], [2])]), 6, cfg(), protocol_name="loo")
     assert scorer.weights.tolist() == WEIGHTS
     assert result.metrics["MRR"] == pytest.approx((1 + 1 / 2) / 2)
+
+
+class GapScorer(FixedScorer):
+    """A time-gap scorer: records the gaps it is given beside each history."""
+
+    uses_time_gaps = True
+
+    def score(self, history: torch.Tensor, lengths: torch.Tensor, gaps: torch.Tensor | None = None) -> torch.Tensor:
+        assert gaps is not None and gaps.shape == history.shape
+        self.gaps = getattr(self, "gaps", []) + [row[:n].tolist() for row, n in zip(gaps, lengths.tolist())]
+        return super().score(history, lengths)
+
+
+def test_time_gap_scorer_gets_the_history_gaps_cut_like_the_history():
+    examples = _examples([([2, 3, 4], [1]), ([5], [6])]).with_columns(
+        pl.Series("history_time_gaps", [[1, 9, 7], [1]], dtype=pl.List(pl.Int32))
+    )
+    scorer = GapScorer(WEIGHTS)
+    evaluate(scorer, examples, 6, cfg(), protocol_name="t", context_lengths=[2])
+    pairs = sorted(zip(scorer.histories(), scorer.gaps))
+    assert [5] in scorer.histories() and [3, 4] in scorer.histories()  # context 2 keeps the last two
+    assert ([3, 4], [9, 7]) in pairs and ([2, 3, 4], [1, 9, 7]) in pairs and ([5], [1]) in pairs
+    with pytest.raises(ValueError, match="history_time_gaps"):
+        evaluate(GapScorer(WEIGHTS), _examples([([2], [1])]), 6, cfg(), protocol_name="t")

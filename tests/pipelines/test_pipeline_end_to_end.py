@@ -82,3 +82,36 @@ def test_unknown_model_uri_and_missing_prepared_dir_are_one_line_errors(tmp_path
     assert main(["evaluate", "--baseline", "popularity", "--prepared", str(tmp_path / "nope")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "recsys-alibi prepare" in err[0]
+
+
+def test_pipeline_with_time_gaps_trains_evaluates_and_scores_with_them(tmp_path, mlflow_store, capsys):
+    out = tmp_path / "job"
+    args = ["pipeline", "--output", str(out), "--quiet"]
+    for item in [*TINY, "model.time_gap_buckets=16"]:
+        args += ["--set", item]
+    assert main(args) == 0
+    printed = capsys.readouterr().out
+    model_uri = next(line for line in printed.splitlines() if line.startswith("model_uri: ")).split(": ", 1)[1]
+    report = json.loads((out / "report" / "report.json").read_text())
+    rankings = pl.read_parquet(out / "rankings" / "*.parquet")
+    assert rankings.get_column(schema.USER_ID).n_unique() == report["n_users"]
+
+    from recsys_alibi.tracking import load_ranker
+
+    model = load_ranker(model_uri).model
+    assert model.uses_time_gaps and model.items.time_gap_buckets == 16
+    # the evaluate command reloads the model and rebuilds the gaps: the same test figures
+    again = tmp_path / "again"
+    cmd = ["evaluate", "--prepared", str(out / "prepared"), "--model-uri", model_uri, "--output", str(again)]
+    assert main([*cmd, *(x for item in TINY for x in ("--set", item))]) == 0
+    assert json.loads((again / "report.json").read_text())["metrics"] == report["metrics"]
+
+
+def test_time_gaps_on_data_without_timestamps_is_a_one_line_error(tmp_path, mlflow_store, capsys):
+    log = tmp_path / "log.txt"
+    log.write_text("".join(f"{u} {i}\n" for u in range(1, 9) for i in range(1, 7)))  # SASRec: line order is time
+    prepared = tmp_path / "prepared"
+    assert main(["prepare", "--input", str(log), "--format", "sasrec", "--output", str(prepared), "--quiet"]) == 0
+    assert main(["train", "--prepared", str(prepared), "--set", "model.time_gap_buckets=16", "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no timestamps" in err[0] and "time_gap_buckets" in err[0]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import polars as pl
 import pytest
+from polars.testing import assert_frame_equal
 from serving_fixtures import read_rankings, score_config, tiny_model, vocabulary
 
 from recsys_alibi.data import schema
@@ -92,3 +93,31 @@ def test_bare_sequences_file_must_fit_the_model(tmp_path):
 def test_missing_input_is_a_clear_error(tmp_path):
     with pytest.raises(DataError, match="input not found"):
         score_with_model(score_config(), tiny_model(), vocabulary(), tmp_path / "nope", tmp_path / "out", progress=False)
+
+
+def test_time_gap_model_reads_each_kept_events_true_gap(tmp_path):
+    import numpy as np
+
+    from recsys_alibi.data.loader import FlatSequences
+    from serving.rank import ShardRanker
+
+    events = tmp_path / "events.csv"
+    events.write_text(EVENTS)
+    model, config = tiny_model(time_gap_buckets=8), score_config(k=5, shard_users=2)
+    score_with_model(config, model, vocabulary(), events, tmp_path / "out", progress=False)
+    got = read_rankings(tmp_path / "out")
+    # gaps over the whole input history, then unknown events dropped: u1 at 10, (15), 20, 30 s ->
+    # first, 5 s, 5 s, 10 s -> buckets 1, (4), 4, 5; u2 at 5, (6), (7), 8 -> 1, (3), (3), 3; u3 first
+    histories = FlatSequences(np.array([3, 7, 5, 2, 2, 10]), np.array([0, 3, 5, 6]))
+    users = pl.Series(schema.USER_ID, ["u1", "u2", "u3"])
+    ranker = ShardRanker(model, vocabulary(), config.score, 5)
+    want, _ = ranker.rank(users, histories, FlatSequences(np.array([1, 4, 5, 1, 3, 1]), histories.offsets))
+    assert_frame_equal(got.select(want.columns), want, check_exact=False, abs_tol=1e-6)  # other batch padding
+    other, _ = ranker.rank(users, histories, FlatSequences(np.array([1, 2, 2, 1, 2, 1]), histories.offsets))
+    assert (other["score"] - want["score"]).abs().max() > 1e-3  # the gaps reach the scores
+
+
+def test_time_gap_model_needs_timestamps(tmp_path):
+    path = _sequences(tmp_path / "seqs", {"u1": [3, 4]})
+    with pytest.raises(DataError, match="timestamp"):
+        score_with_model(score_config(), tiny_model(time_gap_buckets=8), vocabulary(), path, tmp_path / "o", progress=False)
