@@ -37,7 +37,7 @@ from pipelines.promotion import (
 from pipelines.train import TrainJobResult, run_train
 from recsys_alibi.config import ConfigError, JobConfig, with_overrides
 from recsys_alibi.data.prepare import read_items, read_sequences
-from recsys_alibi.data.time_gaps import sequences_for
+from recsys_alibi.data.time_gaps import has_real_timestamps, sequences_for
 from recsys_alibi.evaluation.report import format_metrics_table
 from serving.score import ScoreJobResult, run_score
 
@@ -143,7 +143,7 @@ def run_pipeline(config: JobConfig, *, progress: bool = True) -> PipelineResult:
         config, scorer, model_examples, n_items, out / "report", baselines={"popularity": popularity.result}
     )
     log_report_to_run(trained.run_id, model_eval)
-    gate = run_gate(config, model, str(trained.model.version), items, sequences)
+    gate = run_gate(config, model, str(trained.model.version), items, sequences, has_real_timestamps(prepared_dir))
     log_gate_to_run(trained.run_id, gate)
     # the champion's rankings replace those of an earlier pipeline run in the same output directory
     rescore = with_overrides(config, score={"overwrite": True})

@@ -208,11 +208,21 @@ def current_champion(name: str, alias: str):
         return None
 
 
-def run_gate(config: JobConfig, new_model, new_version: str, items: pl.DataFrame, sequences: pl.DataFrame) -> GateResult:
+def run_gate(
+    config: JobConfig,
+    new_model,
+    new_version: str,
+    items: pl.DataFrame,
+    sequences: pl.DataFrame,
+    real_timestamps: bool = True,
+) -> GateResult:
     """Compare the new version with the champion on the validation examples and move or keep the alias.
 
     Tags the new version with its validation metrics (``valid.<metric>``), the champion's value,
-    ``promotion.decision``, and ``rejected`` (the reason) when it does not take the alias.
+    ``promotion.decision``, and ``rejected`` (the reason) when it does not take the alias. A
+    champion that cannot be evaluated on this data (another item vocabulary; time gaps while
+    ``real_timestamps`` is False, i.e. the data's time came from line order) is not comparable:
+    the new version is promoted with that reason.
 
     Raises:
         ValueError: the promotion metric is not among the evaluated metrics (check ``evaluate.ks``).
@@ -243,6 +253,13 @@ def run_gate(config: JobConfig, new_model, new_version: str, items: pl.DataFrame
                 True,
                 f"champion v{held_version} has another item vocabulary ({champion.items.height} items, "
                 f"data has {n_items}): not comparable, new version promoted",
+            )
+            log.warning("promotion: %s", decision.reason)
+        elif champion.model.uses_time_gaps and not real_timestamps:
+            decision = Decision(
+                True,
+                f"champion v{held_version} reads time gaps and this data has no timestamps (time from line "
+                "order): not comparable, new version promoted",
             )
             log.warning("promotion: %s", decision.reason)
         else:

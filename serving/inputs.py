@@ -38,7 +38,7 @@ from recsys_alibi.config import DataConfig
 from recsys_alibi.data import schema
 from recsys_alibi.data.ingest import DataError, resolve_paths
 from recsys_alibi.data.loader import FlatSequences
-from recsys_alibi.data.time_gaps import gap_buckets
+from recsys_alibi.data.time_gaps import checked_timestamps, gap_buckets, has_real_timestamps
 
 log = logging.getLogger(__name__)
 
@@ -97,8 +97,11 @@ class ScoreInput:
         mapped, unknown = map_histories(histories, self.remap)
         gaps = None
         if self.time_gap_buckets:
-            gaps = gap_buckets(FlatSequences.from_series(frame.get_column(schema.TIMESTAMP)), self.time_gap_buckets)
-            gaps = select_events(gaps, known_events(histories, self.remap))
+            try:
+                timestamps = checked_timestamps(frame)
+            except ValueError as err:
+                raise DataError(f"{self.sequences}, users {start}..{start + frame.height - 1}: {err}") from None
+            gaps = select_events(gap_buckets(timestamps, self.time_gap_buckets), known_events(histories, self.remap))
         return Shard(user_ids=frame.get_column(schema.USER_ID), histories=mapped, unknown_events=unknown, gaps=gaps)
 
 
@@ -200,6 +203,21 @@ def _n_rows(path: Path) -> int:
     return int(pl.scan_parquet(path).select(pl.len()).collect().item())
 
 
+def _check_timestamps(sequences: Path) -> None:
+    """DataError unless a time-gap model can read real per-event timestamps from ``sequences``."""
+    found = pl.read_parquet_schema(sequences).get(schema.TIMESTAMP)
+    if not isinstance(found, pl.List) or not found.inner.is_integer():
+        raise DataError(
+            f"the model reads time gaps but {sequences} has no '{schema.TIMESTAMP}' list of integer seconds "
+            f"(found: {found or 'no such column'})"
+        )
+    if not has_real_timestamps(sequences.parent):  # a prepared or staged dir records where time came from
+        raise DataError(
+            f"the model reads time gaps but the data in {sequences.parent} has no timestamps (time came from "
+            f"line order, {schema.STATS_FILE}); score it with a model trained with model.time_gap_buckets=0"
+        )
+
+
 def _check_sequences(path: Path) -> None:
     found = pl.read_parquet_schema(path)
     if schema.USER_ID not in found or not isinstance(found.get(schema.ITEM_IDX), pl.List):
@@ -278,8 +296,8 @@ def open_input(
         stats = stage_events(data, input_path, staged_dir)
         sequences, items_path = staged_dir / schema.SEQUENCES_FILE, staged_dir / schema.ITEMS_FILE
     _check_sequences(sequences)
-    if time_gap_buckets and schema.TIMESTAMP not in pl.read_parquet_schema(sequences):
-        raise DataError(f"the model reads time gaps but {sequences} has no '{schema.TIMESTAMP}' list column")
+    if time_gap_buckets:
+        _check_timestamps(sequences)
     n_users = _n_rows(sequences)
     if n_users == 0:
         raise DataError(f"no users to score in {sequences}; check --input")

@@ -13,8 +13,8 @@ bucket                      meaning
 2 + floor(log2(1 + gap))    gap in seconds, capped at bucket ``n_buckets - 1``
 =========================== ======================================================
 
-So bucket 2 is a gap of 0 s, bucket 3 one second, bucket 12 17-34 minutes, bucket 18 about
-1.5-3 days; with 32 buckets every gap up to 34 years has its own bucket. Buckets are computed on
+So bucket 2 is a gap of 0 s, bucket 3 1-2 s, bucket 12 17-34 minutes, bucket 18 0.76-1.5 days,
+bucket 19 1.5-3 days; with 32 buckets the last one holds every gap of 17 years or more. Buckets are computed on
 whole histories, so a window cut out of a history keeps each event's true gap.
 """
 
@@ -28,7 +28,7 @@ import polars as pl
 import pyarrow as pa
 
 from recsys_alibi.data.loader import FlatSequences
-from recsys_alibi.data.schema import STATS_FILE, TIME_GAPS, TIMESTAMP
+from recsys_alibi.data.schema import ITEM_IDX, STATS_FILE, TIME_GAPS, TIMESTAMP
 
 FIRST_EVENT = 1
 MIN_BUCKETS = 3  # padding, first event, one gap bucket
@@ -61,34 +61,56 @@ def gap_buckets(timestamps: FlatSequences, n_buckets: int) -> FlatSequences:
     return FlatSequences(values=buckets, offsets=timestamps.offsets)
 
 
-def gap_bucket_lists(timestamps: pl.Series, n_buckets: int) -> pl.Series:
-    """A ``list<Int64>`` timestamp column -> the matching ``list<Int32>`` bucket column (same name)."""
-    flat = gap_buckets(FlatSequences.from_series(timestamps), n_buckets)
-    lists = pa.LargeListArray.from_arrays(pa.array(flat.offsets), pa.array(flat.values.astype(np.int32)))
-    return pl.Series(timestamps.name, lists).cast(pl.List(pl.Int32))
+def checked_timestamps(sequences: pl.DataFrame) -> FlatSequences:
+    """The ``timestamp`` lists of ``sequences``, checked against its ``item_idx`` lists.
+
+    Raises:
+        ValueError: no ``timestamp`` column, one that is not a list of integers, a null list or
+            timestamp, or a user whose timestamp list is not as long as its item list.
+    """
+    if TIMESTAMP not in sequences.columns:
+        raise ValueError(f"time gaps need a '{TIMESTAMP}' list column beside '{ITEM_IDX}'")
+    column = sequences.get_column(TIMESTAMP)
+    if not isinstance(column.dtype, pl.List) or not column.dtype.inner.is_integer():
+        raise ValueError(f"'{TIMESTAMP}' must be a list of integer seconds per user, got {column.dtype}")
+    if column.null_count() or bool(column.list.eval(pl.element().is_null().any()).explode().any()):
+        raise ValueError(f"'{TIMESTAMP}' holds null lists or null timestamps; repair or drop those users")
+    differ = column.list.len() != sequences.get_column(ITEM_IDX).list.len()
+    if bool(differ.any()):
+        first = int(differ.arg_true()[0])
+        raise ValueError(
+            f"{int(differ.sum())} user(s) have a '{TIMESTAMP}' list of another length than their "
+            f"'{ITEM_IDX}' list (first: row {first}); one timestamp per event is needed"
+        )
+    return FlatSequences.from_series(column)
 
 
 def with_time_gaps(sequences: pl.DataFrame, n_buckets: int) -> pl.DataFrame:
     """Prepared sequences with a ``time_gaps`` list<Int32> column beside ``item_idx``.
 
     Raises:
-        ValueError: no ``timestamp`` column, or ``n_buckets`` < 3.
+        ValueError: see ``checked_timestamps``; ``n_buckets`` < 3.
     """
-    if TIMESTAMP not in sequences.columns:
-        raise ValueError(f"time gaps need the '{TIMESTAMP}' column of the prepared sequences")
-    return sequences.with_columns(gap_bucket_lists(sequences.get_column(TIMESTAMP), n_buckets).alias(TIME_GAPS))
+    flat = gap_buckets(checked_timestamps(sequences), n_buckets)
+    lists = pa.LargeListArray.from_arrays(pa.array(flat.offsets), pa.array(flat.values.astype(np.int32)))
+    return sequences.with_columns(pl.Series(TIME_GAPS, lists).cast(pl.List(pl.Int32)))
 
 
-def check_real_timestamps(prepared_dir: str | Path) -> None:
-    """Raise ValueError when the prepared data took its time from line order (no timestamps).
+def has_real_timestamps(data_dir: str | Path) -> bool:
+    """False when the prepared (or staged) data in ``data_dir`` took its time from line order.
 
     Such data (e.g. the SASRec ``user item`` format) has a gap of one "second" between all
-    events, so a time-gap table would learn nothing; ``stats.json`` records it.
+    events, so time gaps would be made up; ``stats.json`` records it. True without a stats file.
     """
-    path = Path(prepared_dir) / STATS_FILE
-    if path.exists() and json.loads(path.read_text()).get("time_from_line_order"):
+    path = Path(data_dir) / STATS_FILE
+    return not (path.exists() and json.loads(path.read_text()).get("time_from_line_order"))
+
+
+def check_real_timestamps(data_dir: str | Path) -> None:
+    """Raise ValueError unless ``has_real_timestamps(data_dir)``."""
+    if not has_real_timestamps(data_dir):
         raise ValueError(
-            f"{prepared_dir} has no timestamps (time came from line order, {STATS_FILE}): "
+            f"{data_dir} has no timestamps (time came from line order, {STATS_FILE}): "
             "model.time_gap_buckets needs a log with real timestamps; set it to 0"
         )
 

@@ -22,8 +22,8 @@ from recsys_alibi.data.loader import (
 from recsys_alibi.data.splits import HISTORY_TIME_GAPS, leave_one_out, temporal_split
 from recsys_alibi.data.time_gaps import (
     check_real_timestamps,
-    gap_bucket_lists,
     gap_buckets,
+    has_real_timestamps,
     sequences_for,
     with_time_gaps,
 )
@@ -71,7 +71,7 @@ def test_bucket_lists_and_splits_carry_them():
     seqs = with_time_gaps(_sequences(), 32)
     # 86400 s: 2 + floor(log2(86401)) = 2 + 16 = 18; 3 s -> 4; 87 s -> 2 + 6 = 8
     assert seqs.get_column(schema.TIME_GAPS).to_list() == [[1, 2, 3, 18], [1, 4, 8]]
-    assert gap_bucket_lists(_sequences().get_column(schema.TIMESTAMP), 32).dtype == pl.List(pl.Int32)
+    assert seqs.schema[schema.TIME_GAPS] == pl.List(pl.Int32)
     test = leave_one_out(seqs, "test")
     assert test.get_column("history").to_list() == [[5, 6, 7], [9, 3]]
     assert test.get_column(HISTORY_TIME_GAPS).to_list() == [[1, 2, 3], [1, 4]]
@@ -82,6 +82,19 @@ def test_bucket_lists_and_splits_carry_them():
     assert HISTORY_TIME_GAPS not in leave_one_out(_sequences(), "test").columns  # no gaps in, none out
     with pytest.raises(ValueError, match="timestamp"):
         with_time_gaps(_sequences().drop(schema.TIMESTAMP), 32)
+
+
+@pytest.mark.parametrize(
+    ("timestamps", "match"),
+    [
+        (pl.Series([[0, 1, 2, 3], [1, 2]], dtype=pl.List(pl.Int64)), "another length .*first: row 1"),
+        (pl.Series([[0, 1, None, 3], [1, 2, 3]], dtype=pl.List(pl.Int64)), "null"),
+        (pl.Series([5, 6], dtype=pl.Int64), "must be a list"),
+    ],
+)
+def test_timestamps_that_do_not_fit_the_items_raise(timestamps, match):
+    with pytest.raises(ValueError, match=match):
+        with_time_gaps(_sequences().with_columns(timestamps.alias(schema.TIMESTAMP)), 32)
 
 
 def test_sequences_for_follows_the_model():
@@ -99,8 +112,10 @@ def test_line_order_time_is_refused(tmp_path):
     (tmp_path / schema.STATS_FILE).write_text(json.dumps({"time_from_line_order": True}))
     with pytest.raises(ValueError, match="no timestamps"):
         check_real_timestamps(tmp_path)
+    assert not has_real_timestamps(tmp_path)
     (tmp_path / schema.STATS_FILE).write_text(json.dumps({"time_from_line_order": False}))
     check_real_timestamps(tmp_path)
+    assert has_real_timestamps(tmp_path) and has_real_timestamps(tmp_path / "no-stats-here")
 
 
 def _items_and_gaps() -> tuple[FlatSequences, FlatSequences]:

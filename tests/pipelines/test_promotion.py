@@ -48,9 +48,9 @@ def _config(margin: float = 0.0):
     return load_config(None, [f"tracking.registered_model={NAME}", f"tracking.promotion_margin={margin}", "evaluate.ks=[1,5,10]"])
 
 
-def _register(config, fake_ndcg: float, items: pl.DataFrame, tmp_path) -> tuple[AlibiRanker, str]:
+def _register(config, fake_ndcg: float, items: pl.DataFrame, tmp_path, **model_cfg) -> tuple[AlibiRanker, str]:
     """Log and register a tiny ranker whose faked validation NDCG@10 is ``fake_ndcg``."""
-    model = AlibiRanker(ModelConfig(d_model=8, n_heads=2, n_layers=1, max_len=8), n_items=items.height)
+    model = AlibiRanker(ModelConfig(d_model=8, n_heads=2, n_layers=1, max_len=8, **model_cfg), n_items=items.height)
     model.fake_ndcg = fake_ndcg  # pickled with the model, so the loaded champion carries it too
     setup_tracking(config.tracking)
     with mlflow.start_run() as run:
@@ -178,3 +178,16 @@ def test_pipeline_failure_is_exit_code_1_with_one_error_line(monkeypatch, capsys
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
         "error: pipeline failed: RuntimeError: tracking server unreachable"
     )
+
+
+def test_time_gap_champion_on_data_without_timestamps_is_not_compared(tmp_path, mlflow_store, fake_metrics):
+    config, items, sequences = _config(), _items(), _sequences()
+    old, v1 = _register(config, 0.90, items, tmp_path, time_gap_buckets=8)
+    promotion.run_gate(config, old, v1, items, sequences)
+    new, v2 = _register(config, 0.10, items, tmp_path)
+    gate = promotion.run_gate(config, new, v2, items, sequences, real_timestamps=False)
+    assert gate.decision.promote and "reads time gaps" in gate.decision.reason
+    assert gate.champion_value is None and _champion_version() == v2
+    # with real timestamps a time-gap challenger is compared with the champion as usual (and kept out)
+    newer, v3 = _register(config, 0.05, items, tmp_path, time_gap_buckets=8)
+    assert not promotion.run_gate(config, newer, v3, items, sequences).decision.promote

@@ -7,6 +7,7 @@ import pytest
 from polars.testing import assert_frame_equal
 from serving_fixtures import read_rankings, score_config, tiny_model, vocabulary
 
+from recsys_alibi.config import with_overrides
 from recsys_alibi.data import schema
 from recsys_alibi.data.ingest import DataError
 from serving.inputs import input_kind
@@ -117,7 +118,28 @@ def test_time_gap_model_reads_each_kept_events_true_gap(tmp_path):
     assert (other["score"] - want["score"]).abs().max() > 1e-3  # the gaps reach the scores
 
 
-def test_time_gap_model_needs_timestamps(tmp_path):
+def _score_gaps(path, out):
+    return score_with_model(score_config(), tiny_model(time_gap_buckets=8), vocabulary(), path, out, progress=False)
+
+
+def test_time_gap_model_needs_real_timestamps_one_per_event(tmp_path):
     path = _sequences(tmp_path / "seqs", {"u1": [3, 4]})
-    with pytest.raises(DataError, match="timestamp"):
-        score_with_model(score_config(), tiny_model(time_gap_buckets=8), vocabulary(), path, tmp_path / "o", progress=False)
+    with pytest.raises(DataError, match="no 'timestamp' list"):
+        _score_gaps(path, tmp_path / "o1")
+    scalar = tmp_path / "scalar" / schema.SEQUENCES_FILE
+    scalar.parent.mkdir()
+    pl.read_parquet(path).with_columns(pl.lit(5).alias(schema.TIMESTAMP)).write_parquet(scalar)
+    with pytest.raises(DataError, match="list of integer seconds"):
+        _score_gaps(scalar, tmp_path / "o2")
+    short = tmp_path / "short" / schema.SEQUENCES_FILE
+    short.parent.mkdir()
+    ts = pl.Series(schema.TIMESTAMP, [[10]], dtype=pl.List(pl.Int64))  # two items, one timestamp
+    pl.read_parquet(path).with_columns(ts).write_parquet(short)
+    with pytest.raises(DataError, match="another length"):
+        _score_gaps(short, tmp_path / "o3")
+    # raw events whose time is their line order (SASRec text): staged, then refused
+    log = tmp_path / "log.txt"
+    log.write_text("1 1003\n1 1004\n2 1005\n")
+    config = with_overrides(score_config(), data={"format": "sasrec"})
+    with pytest.raises(DataError, match="line order"):
+        score_with_model(config, tiny_model(time_gap_buckets=8), vocabulary(), log, tmp_path / "o4", progress=False)
