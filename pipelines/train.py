@@ -18,9 +18,9 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from recsys_alibi.config import ConfigError, JobConfig
+from recsys_alibi.config import ConfigError, JobConfig, ModelConfig
 from recsys_alibi.data.prepare import read_items
-from recsys_alibi.tracking import LoggedModel, log_config, log_ranker, setup_tracking, tracking_uri
+from recsys_alibi.tracking import LoggedModel, flatten, log_config, log_ranker, setup_tracking, tracking_uri
 from recsys_alibi.training.datamodule import SequenceDataModule
 from recsys_alibi.training.fit import check_sharding, fit_ranker
 from recsys_alibi.training.launch import launch_rank, mark_complete, resumable_checkpoint
@@ -134,12 +134,13 @@ def _train_and_track(
     resumed_run = resume.parent.name if resume else None
     if resumed_run is not None:
         try:
-            mlflow.get_run(resumed_run)
+            logged = mlflow.get_run(resumed_run).data.params
         except Exception as err:  # MlflowException: the run is not in this store
             raise ConfigError(
                 f"cannot resume {resume}: MLflow run {resumed_run} is not in {tracking_uri(config.tracking)} "
                 f"({str(err).splitlines()[0]}); use the same tracking store or remove that checkpoint directory"
             ) from None
+        _check_same_model(config, logged, resume)
         log.info("resuming MLflow run %s from %s", resumed_run, resume)
     with mlflow.start_run(run_id=resumed_run) as run:
         run_id = run.info.run_id
@@ -173,3 +174,23 @@ def _train_and_track(
         world_size=fit.world_size,
         resumed_from=str(resume) if resume else None,
     )
+
+
+def _check_same_model(config: JobConfig, logged: dict[str, str], resume: Path) -> None:
+    """ConfigError when ``config.model`` differs from the model of the run being resumed.
+
+    ``logged``: that run's params (``log_config``); a key it lacks (a setting added since) is
+    compared with its default. The checkpoint's weights only fit the model they came from.
+    """
+    defaults = flatten({"model": ModelConfig().model_dump()})
+    now = flatten({"model": config.model.model_dump()})
+    differ = [
+        f"{key}={logged.get(key, str(defaults[key])[:500])} (now {str(value)[:500]})"
+        for key, value in now.items()
+        if key != "model.attention_backend" and logged.get(key, str(defaults[key])[:500]) != str(value)[:500]
+    ]  # the backend computes the same function: switching it on resume is fine
+    if differ:
+        raise ConfigError(
+            f"cannot resume {resume}: its run trained another model ({', '.join(differ)}); resume with the "
+            "same model.* settings, or remove that checkpoint directory to start a new run"
+        )

@@ -181,6 +181,10 @@ def test_cli_train_killed_then_resume_finishes_the_same_run_with_the_same_metric
     monkeypatch.setattr(pipelines.train, "training_callbacks", lambda config: [])
     capsys.readouterr()
 
+    for other in ("model.d_model=32", "model.time_gap_buckets=8"):  # weights that cannot fit: refused first
+        assert main([*args, "--resume", "--set", other]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "cannot resume" in err[0] and f"{other.split('=')[0]}=" in err[0]
     assert main([*args, "--resume"]) == 0
     printed = capsys.readouterr().out
     assert f"mlflow_run_id: {killed.info.run_id}" in printed and "resumed from" in printed
