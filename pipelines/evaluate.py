@@ -112,11 +112,11 @@ def run_evaluate(
         raise ValueError("evaluate needs exactly one of --model-uri URI or --baseline popularity")
     prepared_dir = Path(prepared_dir)
     sequences = read_sequences(prepared_dir)
-    examples = test_examples(config, sequences)
     items = read_items(prepared_dir)
     n_items = items.height
     output_dir = Path(output_dir or Path(config.output) / "report")
     if baseline is not None:
+        examples = test_examples(config, sequences)
         return evaluate_scorer(config, baseline_scorer(baseline, examples, n_items), examples, n_items, output_dir)
 
     from recsys_alibi.model.scorer import RankerScorer
@@ -126,9 +126,9 @@ def run_evaluate(
     loaded = load_ranker(model_uri)
     check_same_vocabulary(loaded.items, items, model_uri, prepared_dir)
     scorer = RankerScorer(loaded.model, name=loaded.model.cfg.position)
-    if scorer.uses_time_gaps:  # the examples again, with the history's time-gap buckets
+    if scorer.uses_time_gaps:
         check_real_timestamps(prepared_dir)
-        examples = test_examples(config, sequences_for(loaded.model, sequences))
+    examples = test_examples(config, sequences_for(loaded.model, sequences))  # with the gaps the model reads
     job = evaluate_scorer(config, scorer, examples, n_items, output_dir)
     if loaded.run_id:
         log_report_to_run(loaded.run_id, job)

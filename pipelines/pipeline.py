@@ -129,18 +129,17 @@ def run_pipeline(config: JobConfig, *, progress: bool = True) -> PipelineResult:
     same_lineage = tag_lineage(trained.run_id, lineage)
     sequences = read_sequences(prepared_dir)
     items = read_items(prepared_dir)
-    examples = test_examples(config, sequences)
+    model = trained_model(trained)
+    examples = test_examples(config, sequences_for(model, sequences))  # with time gaps if the model reads them
     n_items = items.height
     popularity = evaluate_scorer(
         config, baseline_scorer("popularity", examples, n_items), examples, n_items, out / "report" / "popularity"
     )
     from recsys_alibi.model.scorer import RankerScorer
 
-    model = trained_model(trained)
     scorer = RankerScorer(model, name=config.model.position)
-    model_examples = test_examples(config, sequences_for(model, sequences))  # with time gaps if it reads them
     model_eval = evaluate_scorer(
-        config, scorer, model_examples, n_items, out / "report", baselines={"popularity": popularity.result}
+        config, scorer, examples, n_items, out / "report", baselines={"popularity": popularity.result}
     )
     log_report_to_run(trained.run_id, model_eval)
     gate = run_gate(config, model, str(trained.model.version), items, sequences, has_real_timestamps(prepared_dir))

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from recsys_alibi.config import ConfigError, JobConfig, ModelConfig
 from recsys_alibi.data.prepare import read_items
-from recsys_alibi.tracking import LoggedModel, flatten, log_config, log_ranker, setup_tracking, tracking_uri
+from recsys_alibi.tracking import LoggedModel, log_config, log_ranker, param_values, setup_tracking, tracking_uri
 from recsys_alibi.training.datamodule import SequenceDataModule
 from recsys_alibi.training.fit import check_sharding, fit_ranker
 from recsys_alibi.training.launch import launch_rank, mark_complete, resumable_checkpoint
@@ -182,12 +182,13 @@ def _check_same_model(config: JobConfig, logged: dict[str, str], resume: Path) -
     ``logged``: that run's params (``log_config``); a key it lacks (a setting added since) is
     compared with its default. The checkpoint's weights only fit the model they came from.
     """
-    defaults = flatten({"model": ModelConfig().model_dump()})
-    now = flatten({"model": config.model.model_dump()})
+    defaults = param_values({"model": ModelConfig().model_dump()})
+    before = {key: logged.get(key, default) for key, default in defaults.items()}
+    now = param_values({"model": config.model.model_dump()})
     differ = [
-        f"{key}={logged.get(key, str(defaults[key])[:500])} (now {str(value)[:500]})"
+        f"{key}={before[key]} (now {value})"
         for key, value in now.items()
-        if key != "model.attention_backend" and logged.get(key, str(defaults[key])[:500]) != str(value)[:500]
+        if key != "model.attention_backend" and before[key] != value
     ]  # the backend computes the same function: switching it on resume is fine
     if differ:
         raise ConfigError(

@@ -79,12 +79,17 @@ def metric_key(name: str) -> str:
     return re.sub(r"[^\w./\- :]", "_", name.replace("@", "_at_"))
 
 
+def param_values(tree: dict[str, Any]) -> dict[str, str]:
+    """A config tree as MLflow run params: flattened keys, values as strings of <= 500 characters."""
+    return {k: str(v)[:500] for k, v in flatten(tree).items()}
+
+
 def log_config(config: JobConfig) -> None:
     """Log the resolved job config as run params and as a JSON artifact."""
     import mlflow
 
     tree = config.model_dump()
-    mlflow.log_params({k: str(v)[:500] for k, v in flatten(tree).items()})
+    mlflow.log_params(param_values(tree))
     mlflow.log_dict(tree, CONFIG_ARTIFACT)
 
 

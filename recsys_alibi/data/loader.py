@@ -106,7 +106,7 @@ class NextItemWindows(Dataset):
     ) -> None:
         if windows not in ("last", "all"):
             raise ValueError(f"windows must be 'last' or 'all', got {windows!r}")
-        _check_aligned(histories, gaps)
+        check_aligned(histories, gaps)
         self.histories = histories
         self.gaps = gaps
         self.max_len = max_len
@@ -128,7 +128,8 @@ class NextItemWindows(Dataset):
         return items if self.gaps is None else np.stack([items, self.gaps.values[window]])
 
 
-def _check_aligned(histories: FlatSequences, gaps: FlatSequences | None) -> None:
+def check_aligned(histories: FlatSequences, gaps: FlatSequences | None) -> None:
+    """ValueError unless ``gaps`` is None or holds one value per event of ``histories`` (same offsets)."""
     if gaps is not None and not np.array_equal(gaps.offsets, histories.offsets):
         raise ValueError("time gaps must have exactly the offsets of the histories (one bucket per event)")
 
@@ -188,7 +189,7 @@ class HistoryTargets(Dataset):
     def __init__(
         self, histories: FlatSequences, targets: np.ndarray, max_len: int | None, gaps: FlatSequences | None = None
     ) -> None:
-        _check_aligned(histories, gaps)
+        check_aligned(histories, gaps)
         keep = histories.lengths() >= 1
         self.histories = histories
         self.gaps = gaps

@@ -34,7 +34,7 @@ import polars as pl
 import torch
 
 from recsys_alibi.config import EvaluateConfig
-from recsys_alibi.data.loader import FlatSequences
+from recsys_alibi.data.loader import FlatSequences, check_aligned
 from recsys_alibi.data.splits import HISTORY_TIME_GAPS
 from recsys_alibi.evaluation.metrics import coverage_at_k, metric_names, per_user_metrics
 from recsys_alibi.evaluation.ranking import mask_seen, target_ranks, topk
@@ -353,8 +353,7 @@ def evaluate(
                 "(split sequences that carry time_gaps, recsys_alibi.data.time_gaps.with_time_gaps)"
             )
         gaps = FlatSequences.from_series(examples[HISTORY_TIME_GAPS])
-        if not np.array_equal(gaps.offsets, history.offsets):
-            raise ValueError(f"'{HISTORY_TIME_GAPS}' must hold one bucket per history event")
+        check_aligned(history, gaps)
     hist_len = history.lengths()
     longest = int(hist_len.max())
     order = np.argsort(-hist_len, kind="stable")  # similar lengths share a batch
