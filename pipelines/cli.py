@@ -74,6 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--input", type=Path, help="prepared dir, sequences Parquet, or raw events (any prepare format)")
     p.add_argument("--output", type=Path, help="rankings directory")
     p.add_argument("--k", type=int)
+    p.add_argument("--engine", choices=["local", "ray"],
+                   help="local: this process (or torchrun shards); ray: a Ray Data actor pool (score.ray.*)")
 
     p = sub.add_parser("pipeline", help="generate -> prepare -> train -> evaluate -> register -> score")
     _common(p)
@@ -94,7 +96,7 @@ def _flag_overrides(args: argparse.Namespace) -> list[str]:
     """Turn flags that mirror config keys into ``--set`` overrides."""
     pairs = {
         "users": "generate.users", "items": "generate.items", "seed": "seed",
-        "format": "data.format", "k": "score.k", "heads": "model.n_heads", "max_len": "model.max_len",
+        "format": "data.format", "k": "score.k", "engine": "score.engine", "heads": "model.n_heads", "max_len": "model.max_len",
     }
     found = [f"{key}={getattr(args, flag)}" for flag, key in pairs.items() if getattr(args, flag, None) is not None]
     if args.command == "pipeline" and args.output is not None:
@@ -139,7 +141,10 @@ def _cmd_evaluate(config: JobConfig, args) -> str:
 
 
 def _cmd_score(config: JobConfig, args) -> str:
-    from serving.score import run_score
+    if config.score.engine == "ray":
+        from serving.ray_job import run_ray_score as run_score
+    else:
+        from serving.score import run_score
 
     result = run_score(config, args.model_uri, args.input or _default_prepared(config, None),
                        args.output or Path(config.output) / "rankings", progress=not args.quiet)

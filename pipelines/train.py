@@ -24,6 +24,7 @@ from recsys_alibi.tracking import LoggedModel, log_config, log_ranker, param_val
 from recsys_alibi.training.datamodule import SequenceDataModule
 from recsys_alibi.training.fit import check_sharding, fit_ranker
 from recsys_alibi.training.launch import launch_rank, mark_complete, resumable_checkpoint
+from serving.pyfunc import pyfunc_flavour
 
 log = logging.getLogger(__name__)
 
@@ -163,7 +164,9 @@ def _train_and_track(
              "train.world_size": float(fit.world_size)}
         )  # fmt: skip
         registered = config.tracking.registered_model if register else None
-        logged = log_ranker(fit.module.model, read_items(prepared_dir), registered, Path(config.output) / "model" / run_id)
+        items = read_items(prepared_dir)
+        logged = log_ranker(fit.module.model, items, registered, Path(config.output) / "model" / run_id,
+                            pyfunc=pyfunc_flavour(fit.module.model, items, k=config.score.k))  # fmt: skip
     return TrainJobResult(
         run_id=run_id,
         model=logged,

@@ -132,6 +132,15 @@ class EvaluateConfig(_Section):
     ties: Literal["optimistic", "pessimistic"] = "optimistic"  # target tied with items: ahead of / behind them
 
 
+class RayConfig(_Section):
+    """``score --engine ray``: the Ray Data actor pool (serving/ray_job.py, docs/scaling.md)."""
+
+    address: str | None = None  # None: start a local instance (loopback, no dashboard); "auto" or ray://...: join
+    actors: int = Field(2, ge=1)  # scoring actors, one model each
+    cpus_per_actor: float = Field(1.0, gt=0)  # also the torch threads of each actor (rounded, at least 1)
+    gpus_per_actor: float = Field(0.0, ge=0)  # > 0: actors on GPUs (score.device auto then picks cuda)
+
+
 class ScoreConfig(_Section):
     """Batch scoring."""
 
@@ -146,6 +155,8 @@ class ScoreConfig(_Section):
     attention_backend: Literal["auto", "model", "flex", "sdpa", "eager"] = "auto"  # auto: sdpa on CPU, flex on GPU
     device: str = "auto"  # "auto": cuda when available, else cpu
     overwrite: bool = False  # replace another job's rankings in --output instead of refusing (same job: resumed)
+    engine: Literal["local", "ray"] = "local"  # --engine: this process (or torchrun shards), or a Ray actor pool
+    ray: RayConfig = RayConfig()
 
 
 class TrackingConfig(_Section):

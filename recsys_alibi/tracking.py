@@ -93,23 +93,72 @@ def log_config(config: JobConfig) -> None:
     mlflow.log_dict(tree, CONFIG_ARTIFACT)
 
 
-def log_ranker(model, items: pl.DataFrame, registered_name: str | None, workdir: Path) -> "LoggedModel":
+@dataclass(frozen=True)
+class PyfuncFlavour:
+    """The ``python_function`` flavour logged beside ``pytorch`` (built by ``serving.pyfunc``).
+
+    Attributes:
+        loader_module: module whose ``_load_pyfunc(data_path)`` MLflow calls (``serving.pyfunc``).
+        signature: ``mlflow.models.ModelSignature`` (inputs, rankings output, params).
+        input_example: a pandas frame MLflow stores and predicts on once when logging.
+    """
+
+    loader_module: str
+    signature: Any
+    input_example: Any
+
+
+def _save_with_pyfunc(path, mlflow_model, pyfunc_loader: str | None = None, **kwargs) -> None:
+    """``mlflow.pytorch.save_model``, then its ``python_function`` flavour pointed at ``pyfunc_loader``."""
+    import mlflow
+    from mlflow.models.model import MLMODEL_FILE_NAME
+
+    mlflow.pytorch.save_model(path=path, mlflow_model=mlflow_model, **kwargs)
+    if pyfunc_loader is not None:
+        flavour = dict(mlflow_model.flavors[mlflow.pyfunc.FLAVOR_NAME])
+        flavour.update(loader_module=pyfunc_loader)
+        flavour.pop("model_config", None)
+        mlflow_model.flavors[mlflow.pyfunc.FLAVOR_NAME] = flavour
+        mlflow_model.save(os.path.join(path, MLMODEL_FILE_NAME))
+
+
+class _PytorchWithPyfunc:
+    """An MLflow flavour module for ``Model.log``: the PyTorch flavour plus the project's pyfunc."""
+
+    save_model = staticmethod(_save_with_pyfunc)
+
+
+def log_ranker(
+    model, items: pl.DataFrame, registered_name: str | None, workdir: Path, *, pyfunc: PyfuncFlavour | None = None
+) -> "LoggedModel":
     """Log the ranker (a torch ``nn.Module``) with its item vocabulary into the active run.
+
+    With ``pyfunc`` the same logged model (and so the same registry version) also loads with
+    ``mlflow.pyfunc.load_model``: its ``python_function`` flavour is ``pyfunc.loader_module``,
+    with the signature and input example given (MLflow predicts on the example once).
 
     Returns the logged model's URI and, when ``registered_name`` is given, the new registry version.
     """
     import mlflow
+    from mlflow.models import Model
 
     workdir.mkdir(parents=True, exist_ok=True)
     items_path = workdir / ITEMS_ARTIFACT
     items.write_parquet(items_path)
-    info = mlflow.pytorch.log_model(
-        model.cpu(),
+    extra = {} if pyfunc is None else {"pyfunc_loader": pyfunc.loader_module, "signature": pyfunc.signature,
+                                       "input_example": pyfunc.input_example}  # fmt: skip
+    info = Model.log(
+        artifact_path=None,
         name="model",
+        flavor=_PytorchWithPyfunc,
+        flavor_name="pytorch",
+        pytorch_model=model.cpu(),
+        pickle_module=mlflow.pytorch.pickle_module,
         pip_requirements=_PIP_REQUIREMENTS,
         extra_files=[str(items_path)],
         registered_model_name=registered_name,
         serialization_format="pickle",  # the whole module; code is importable where it loads
+        **extra,
     )
     version = getattr(info, "registered_model_version", None)
     uri = f"runs:/{info.run_id}/model"  # resolves to the logged model in MLflow 3 too
@@ -145,18 +194,33 @@ def load_ranker(model_uri: str) -> LoadedRanker:
 
     try:
         local = Path(mlflow.artifacts.download_artifacts(artifact_uri=model_uri))
-        model = mlflow.pytorch.load_model(str(local), map_location="cpu")
+        loaded = load_ranker_dir(local)
     except (MlflowException, OSError) as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ModelUriError(
             f"cannot load model '{model_uri}' ({first}); use runs:/RUN_ID/model or models:/NAME/VERSION "
             "from `recsys-alibi train` and check MLFLOW_TRACKING_URI / tracking.uri"
         ) from None
-    found = list(local.rglob(ITEMS_ARTIFACT))
+    except ModelUriError as err:
+        raise ModelUriError(f"model '{model_uri}': {err}") from None
+    return LoadedRanker(model=loaded.model, items=loaded.items, run_id=model_run_id(model_uri))
+
+
+def load_ranker_dir(local: Path) -> LoadedRanker:
+    """Load a ranker and its vocabulary from a local MLflow model directory (``run_id`` None).
+
+    Raises:
+        ModelUriError: no item vocabulary beside the model (not a recsys-alibi model).
+        MlflowException, OSError: MLflow cannot load the PyTorch flavour.
+    """
+    import mlflow
+
+    model = mlflow.pytorch.load_model(str(local), map_location="cpu")
+    found = list(Path(local).rglob(ITEMS_ARTIFACT))
     if not found:
-        raise ModelUriError(f"model '{model_uri}' has no item vocabulary ({ITEMS_ARTIFACT}): not a recsys-alibi model")
+        raise ModelUriError(f"no item vocabulary ({ITEMS_ARTIFACT}) beside the model: not a recsys-alibi model")
     model.eval()
-    return LoadedRanker(model=model, items=pl.read_parquet(found[0]), run_id=model_run_id(model_uri))
+    return LoadedRanker(model=model, items=pl.read_parquet(found[0]), run_id=None)
 
 
 def model_run_id(model_uri: str) -> str | None:

@@ -113,6 +113,7 @@ def run_score(
     *,
     k: int | None = None,
     progress: bool = True,
+    scorer: Callable[..., ScoreJobResult] | None = None,
 ) -> ScoreJobResult:
     """Score every user of ``input_path`` with ``model_uri`` and write top-``k`` part files.
 
@@ -123,6 +124,8 @@ def run_score(
         output_dir: rankings directory (created; resumed when it holds this job's shards).
         k: items per user (default ``score.k``).
         progress: show a progress bar (rank 0).
+        scorer: what scores the loaded model (default :func:`score_with_model`; the Ray engine
+            passes ``serving.ray_job.score_with_ray``).
 
     Raises:
         ModelUriError: the model URI does not resolve.
@@ -133,7 +136,7 @@ def run_score(
 
     setup_tracking(config.tracking)
     loaded = load_ranker(model_uri)
-    return score_with_model(
+    return (scorer or score_with_model)(
         config, loaded.model, loaded.items, input_path, output_dir, k=k, progress=progress,
         model_ref={"model_uri": model_uri, "run_id": loaded.run_id},
     )
@@ -150,6 +153,7 @@ def score_with_model(
     progress: bool = True,
     model_ref: dict | None = None,
     hook: Hook | None = None,
+    job: Callable[..., "_ScoreJob"] | None = None,
 ) -> ScoreJobResult:
     """:func:`run_score` with a model already in memory.
 
@@ -158,14 +162,15 @@ def score_with_model(
         model_ref: identifies the model in the manifest (default: ``{"model": "in-memory"}``);
             a resumed job must give the same.
         hook: test hook (see :data:`Hook`).
+        job: builds the job (default the in-process loop; the Ray engine passes its own).
         Others as :func:`run_score`.
     """
     k = k or config.score.k
     ranker = ShardRanker(model, items, config.score, k)
     with scoring_world() as world:
-        job = _ScoreJob(config, ranker, items, Path(input_path), Path(output_dir), model_ref or {"model": "in-memory"},
-                        world, progress, hook)  # fmt: skip
-        return job.run()
+        runner = (job or _ScoreJob)(config, ranker, items, Path(input_path), Path(output_dir),
+                                    model_ref or {"model": "in-memory"}, world, progress, hook)  # fmt: skip
+        return runner.run()
 
 
 class _ScoreJob:
@@ -236,28 +241,34 @@ class _ScoreJob:
         todo = [s for s in self.world.shards(self.manifest.n_shards) if s not in done]
         shard_users = self.config.score.shard_users
         my_users = sum(min(shard_users, source.n_users - s * shard_users) for s in todo)
-        users_scored = 0
         with _progress_bar(self.progress, my_users, self.world) as advance:
-            for shard in todo:
-                users_scored += self._score_shard(source, shard)
-                advance(min(shard_users, source.n_users - shard * shard_users))
+            users_scored = self._score_todo(source, todo, advance)
         self.world.barrier()
         self.manifest = self.world.run_on_main(self._finish)
         counts = self.world.all_gather((users_scored, len(todo)))
         return self._result(started, scored=(sum(c[0] for c in counts), sum(c[1] for c in counts)))
 
+    def _score_todo(self, source: ScoreInput, todo: list[int], advance: Callable[[int], None]) -> int:
+        """Score the shards ``todo`` of this rank one after another; returns the users scored.
+
+        The Ray engine (:mod:`serving.ray_job`) replaces this loop by an actor pool."""
+        users_scored = 0
+        for shard in todo:
+            users = self._score_shard(source, shard)
+            users_scored += users
+            advance(users)
+        return users_scored
+
     def _score_shard(self, source: ScoreInput, shard: int) -> int:
-        shard_users = self.config.score.shard_users
-        batch = source.read_shard(shard * shard_users, shard_users)
-        rankings, skipped = self.ranker.rank(batch.user_ids, batch.histories, batch.gaps)
-        name = part_name(shard)
-        write_atomic(self.output_dir / name, lambda tmp: rankings.write_parquet(tmp))
+        name, stats = write_shard(self.ranker, source, shard, self.config.score.shard_users, self.output_dir)
         self.hook("written", shard)
-        stats = {"users": batch.user_ids.len(), "rows": rankings.height, "skipped_users": skipped,
-                 "unknown_events": batch.unknown_events}  # fmt: skip
+        self._record(shard, name, stats)
+        return stats["users"]
+
+    def _record(self, shard: int, name: str, stats: dict[str, int]) -> None:
+        """Record a shard whose part file is in place (manifest rule 2), then the ``recorded`` hook."""
         record_shard(self.output_dir, self.world.rank, self.manifest, name, stats)
         self.hook("recorded", shard)
-        return batch.user_ids.len()
 
     def _result(self, started: float, scored: tuple[int, int]) -> ScoreJobResult:
         m = self.manifest
@@ -270,6 +281,27 @@ class _ScoreJob:
             unknown_events=totals["unknown_events"], rejected_rows=int(m.input_stats.get("rejected_rows", 0)),
             world_size=self.world.size,
         )  # fmt: skip
+
+
+def write_shard(ranker: ShardRanker, source: ScoreInput, shard: int, shard_users: int, output_dir: Path
+                ) -> tuple[str, dict[str, int]]:  # fmt: skip
+    """Read, rank and write one shard: its part file is in place (atomically) when this returns.
+
+    Args:
+        ranker: the model and settings; source: the job's input; shard: index (users
+            ``shard * shard_users ..``); output_dir: the rankings directory.
+
+    Returns:
+        ``(part file name, stats)`` with stats ``users``, ``rows``, ``skipped_users``,
+        ``unknown_events``, as the manifest records them. The caller records the shard.
+    """
+    batch = source.read_shard(shard * shard_users, shard_users)
+    rankings, skipped = ranker.rank(batch.user_ids, batch.histories, batch.gaps)
+    name = part_name(shard)
+    write_atomic(output_dir / name, lambda tmp: rankings.write_parquet(tmp))
+    stats = {"users": batch.user_ids.len(), "rows": rankings.height, "skipped_users": skipped,
+             "unknown_events": batch.unknown_events}  # fmt: skip
+    return name, stats
 
 
 class _progress_bar:

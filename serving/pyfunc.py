@@ -1,0 +1,272 @@
+"""The registered ranker as an MLflow pyfunc: a frame of histories in, rankings in the long format out.
+
+    model = mlflow.pyfunc.load_model("models:/recsys-alibi-ranker@champion")
+    rankings = model.predict(df, params={"k": 100, "exclude_seen": True})
+
+``df`` (pandas, Polars or an Arrow table; one row per user):
+
+============= ==============================================================================
+``user_id``   raw user id (integer or string), not null, one row per user
+``item_id``   list of raw item ids (integers or strings, the model's vocabulary type or text
+              of it), oldest first; an empty list is allowed (the user gets no rows)
+``timestamp`` list of int64 seconds, one per item; required only when the model reads time
+              gaps (``model.time_gap_buckets`` > 0), ignored otherwise
+============= ==============================================================================
+
+Returns a pandas frame of the contract's rankings: ``user_id``, ``rank`` int32 (1 = best),
+``item_id`` (raw), ``score`` float32, sorted by (``user_id``, ``rank``).
+
+Same code path as ``recsys-alibi score``: the frame is written as a prepared directory (the
+sequences Parquet and its vocabulary of the raw ids seen) and read back with
+:func:`serving.inputs.open_input` and ``ScoreInput.read_shard``, then ranked by
+:class:`serving.rank.ShardRanker`, so unknown items (dropped, as in ``score``), users left with no
+known item (not ranked), seen-item exclusion, top-K ties, long histories (context window with
+sinks) and the raw-id mapping follow the same rules and give the same rows.
+
+The logged model carries both flavours: ``pytorch`` (what ``score`` loads) and this
+``python_function`` flavour (``loader_module = serving.pyfunc``: the project must be importable
+where the model loads, as for the pickled PyTorch module). Its signature names the three input
+columns with type ``any``: MLflow's own schema check would reject a bad frame with a message
+that prints the whole frame and does not name the column, so the columns are checked here
+(:func:`histories_frame`), each problem one line naming the column. ``k`` (long) and
+``exclude_seen`` (boolean) are typed params.
+"""
+
+from __future__ import annotations
+
+import math
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from recsys_alibi.config import DataConfig, ScoreConfig
+from recsys_alibi.data import schema
+from recsys_alibi.data.ingest import DataError
+from serving.inputs import open_input
+from serving.rank import ShardRanker
+
+LOADER_MODULE = "serving.pyfunc"
+PARAMS = ("k", "exclude_seen")
+
+
+def _input_error(column: str, problem: str) -> DataError:
+    return DataError(f"pyfunc input column '{column}': {problem}")
+
+
+def _to_polars(model_input: Any) -> pl.DataFrame:
+    """A pandas frame, Polars frame, Arrow table or dict of columns as a Polars frame."""
+    if isinstance(model_input, pl.DataFrame):
+        return model_input
+    try:
+        import pandas as pd
+
+        if isinstance(model_input, pd.DataFrame):  # list cells may be Python lists or numpy arrays
+            return pl.DataFrame({str(c): pl.Series(str(c), _cells(model_input[c].tolist()), strict=False)
+                                 for c in model_input.columns})  # fmt: skip
+        frame = pl.from_arrow(model_input) if hasattr(model_input, "schema") else pl.DataFrame(model_input)
+    except (TypeError, ValueError, pl.exceptions.PolarsError) as err:
+        raise DataError(f"pyfunc input: cannot read a {type(model_input).__name__} as a frame ({err})") from None
+    if not isinstance(frame, pl.DataFrame):
+        raise DataError(f"pyfunc input: expected a frame with user_id and item_id, got {type(model_input).__name__}")
+    return frame
+
+
+def _cells(values: list) -> list:
+    """pandas cells as Polars takes them: numpy arrays (how Spark hands array columns) as lists,
+    missing values (None, NaN, pandas NA, as pandas 3 stores a missing string) as None."""
+    return [v.tolist() if isinstance(v, np.ndarray) else None if _missing(v) else v for v in values]
+
+
+def _missing(value: Any) -> bool:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return True
+    return type(value).__name__ in ("NAType", "NaTType")
+
+
+def histories_frame(model_input: Any, *, needs_time: bool) -> pl.DataFrame:
+    """Check the pyfunc input and return it as ``user_id``, ``item_id`` list (and ``timestamp`` list).
+
+    Args:
+        model_input: one row per user (see the module docstring).
+        needs_time: the model reads time gaps, so ``timestamp`` is required.
+
+    Raises:
+        DataError: one line naming the column: missing, null, repeated user ids, not a list,
+            null or float item ids, timestamps missing or not one integer per item.
+    """
+    frame = _to_polars(model_input)
+    columns = [schema.USER_ID, schema.ITEM_ID] + ([schema.TIMESTAMP] if needs_time else [])
+    for column in columns:
+        if column not in frame.columns:
+            why = "the model reads time gaps: give a list of int64 seconds per user" if column == schema.TIMESTAMP else (
+                "give one row per user with user_id and item_id (a list of raw item ids, oldest first)")
+            raise _input_error(column, f"missing ({why}; got columns {frame.columns})")
+    frame = frame.select(columns)
+    users = frame.get_column(schema.USER_ID)
+    if not (users.dtype.is_integer() or users.dtype == pl.String):
+        raise _input_error(schema.USER_ID, f"raw user ids must be integers or strings, got {users.dtype}")
+    if users.null_count():
+        raise _input_error(schema.USER_ID, f"{users.null_count()} null id(s); every row needs a user id")
+    repeated = users.filter(users.is_duplicated())
+    if repeated.len():
+        raise _input_error(schema.USER_ID, f"{repeated.n_unique()} id(s) on several rows (first: {repeated[0]!r}); "
+                                           "give one row per user with the whole history")  # fmt: skip
+    items = frame.get_column(schema.ITEM_ID)
+    if items.dtype == pl.Null:  # every cell None
+        raise _input_error(schema.ITEM_ID, f"{items.len()} null list(s); give [] for a user without events")
+    if not isinstance(items.dtype, pl.List):
+        raise _input_error(schema.ITEM_ID, f"must be a list of raw item ids per user, got {items.dtype}")
+    inner = items.dtype.inner
+    if not (inner.is_integer() or inner in (pl.String, pl.Null)):
+        raise _input_error(schema.ITEM_ID, f"raw item ids must be integers or strings, got {inner}")
+    if items.null_count():
+        raise _input_error(schema.ITEM_ID, f"{items.null_count()} null list(s); give [] for a user without events")
+    if items.list.eval(pl.element().is_null().any()).explode().any():
+        raise _input_error(schema.ITEM_ID, "null item ids inside lists; drop those events")
+    if needs_time:
+        times = frame.get_column(schema.TIMESTAMP)
+        if not isinstance(times.dtype, pl.List) or not (times.dtype.inner.is_integer() or times.dtype.inner == pl.Null):
+            raise _input_error(schema.TIMESTAMP, f"must be a list of int64 seconds per user, got {times.dtype}")
+        frame = frame.with_columns(pl.col(schema.TIMESTAMP).cast(pl.List(pl.Int64)))
+    if inner == pl.Null:  # only empty lists: no type to keep
+        frame = frame.with_columns(pl.col(schema.ITEM_ID).cast(pl.List(pl.Int64)))
+    return frame
+
+
+def write_prepared(frame: pl.DataFrame, directory: Path) -> Path:
+    """Write checked histories as a prepared directory (``sequences.parquet`` + ``items.parquet``).
+
+    The vocabulary holds the distinct raw ids of ``frame`` (indices 1..M in order of first
+    appearance), so :func:`serving.inputs.open_input` maps it onto the model's by raw id.
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    raw = frame.get_column(schema.ITEM_ID)
+    flat = raw.explode().drop_nulls()
+    vocab = flat.unique(maintain_order=True)
+    items = pl.DataFrame({schema.ITEM_IDX: pl.Series(np.arange(1, vocab.len() + 1), dtype=pl.Int32),
+                          schema.ITEM_ID: vocab, schema.COUNT: pl.Series(np.ones(vocab.len()), dtype=pl.Int64)})  # fmt: skip
+    to_index = pl.element().replace_strict(vocab, items.get_column(schema.ITEM_IDX), return_dtype=pl.Int32)
+    sequences = frame.select(
+        pl.col(schema.USER_ID),
+        pl.col(schema.ITEM_ID).list.eval(to_index).cast(pl.List(pl.Int32)).alias(schema.ITEM_IDX),
+        raw.list.len().cast(pl.Int32).alias(schema.LENGTH),
+    )
+    if schema.TIMESTAMP in frame.columns:
+        sequences = sequences.with_columns(frame.get_column(schema.TIMESTAMP))
+    sequences.write_parquet(directory / schema.SEQUENCES_FILE)
+    items.write_parquet(directory / schema.ITEMS_FILE)
+    return directory
+
+
+class RankerPyfunc:
+    """What ``mlflow.pyfunc.load_model`` wraps: one ranker, its vocabulary and ``score`` settings.
+
+    Args:
+        model: an ``AlibiRanker`` (kept on ``score.device``, ``auto``: cuda when available).
+        items: its vocabulary (``item_idx`` 1..N, ``item_id`` raw).
+        score: the ``score`` section (batching, context, device); ``k`` and ``exclude_seen``
+            are the defaults of the params.
+    """
+
+    def __init__(self, model, items: pl.DataFrame, score: ScoreConfig | None = None) -> None:
+        self.model = model
+        self.items = items
+        self.score = score or ScoreConfig()
+        self._rankers: dict[tuple[int, bool], ShardRanker] = {}
+
+    def _ranker(self, k: int, exclude_seen: bool) -> ShardRanker:
+        key = (k, exclude_seen)
+        if key not in self._rankers:
+            cfg = self.score.model_copy(update={"exclude_seen": exclude_seen})
+            self._rankers[key] = ShardRanker(self.model, self.items, cfg, k)
+        return self._rankers[key]
+
+    def predict(self, model_input: Any, params: dict[str, Any] | None = None):
+        """Top-``k`` rankings of every user with a known item (module docstring for the columns).
+
+        Args:
+            model_input: pandas/Polars frame or Arrow table, one row per user.
+            params: ``k`` (int >= 1, default ``score.k``), ``exclude_seen`` (bool, default True).
+
+        Returns:
+            pandas frame ``user_id``, ``rank`` int32, ``item_id``, ``score`` float32 (long format).
+
+        Raises:
+            DataError: malformed input or params (one line naming the column or param).
+        """
+        return self.predict_polars(model_input, params).to_pandas()
+
+    def predict_polars(self, model_input: Any, params: dict[str, Any] | None = None) -> pl.DataFrame:
+        """:meth:`predict` returning a Polars frame (as the part files hold it)."""
+        k, exclude_seen = self._params(params or {})
+        ranker = self._ranker(k, exclude_seen)
+        frame = histories_frame(model_input, needs_time=ranker.time_gap_buckets > 0)
+        if frame.height == 0:
+            return ranker.empty(frame.get_column(schema.USER_ID).dtype)
+        with tempfile.TemporaryDirectory(prefix="recsys-alibi-pyfunc-") as tmp:
+            source = open_input(write_prepared(frame, Path(tmp) / "input"), self.items, DataConfig(),
+                                Path(tmp) / "_input", time_gap_buckets=ranker.time_gap_buckets)  # fmt: skip
+            step = self.score.shard_users
+            parts = []
+            for start in range(0, source.n_users, step):
+                shard = source.read_shard(start, step)
+                parts.append(ranker.rank(shard.user_ids, shard.histories, shard.gaps)[0])
+        return pl.concat(parts).sort(schema.USER_ID, schema.RANK)
+
+    def _params(self, params: dict[str, Any]) -> tuple[int, bool]:
+        unknown = sorted(set(params) - set(PARAMS))
+        if unknown:
+            raise DataError(f"pyfunc params: unknown {unknown}; known: {list(PARAMS)}")
+        k, exclude_seen = params.get("k", self.score.k), params.get("exclude_seen", self.score.exclude_seen)
+        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+            raise DataError(f"pyfunc param 'k': must be an integer >= 1, got {k!r}")
+        if not isinstance(exclude_seen, (bool, np.bool_)):
+            raise DataError(f"pyfunc param 'exclude_seen': must be true or false, got {exclude_seen!r}")
+        return int(k), bool(exclude_seen)
+
+
+def example_input(items: pl.DataFrame, *, with_time: bool, n_events: int = 5):
+    """A one-user pandas frame for the logged input example: the ``n_events`` most frequent items."""
+    import pandas as pd
+
+    top = items.sort(schema.COUNT, descending=True) if schema.COUNT in items.columns else items
+    ids = top.get_column(schema.ITEM_ID).head(n_events).to_list()
+    frame = {schema.USER_ID: [1], schema.ITEM_ID: [ids]}
+    if with_time:
+        frame[schema.TIMESTAMP] = [[1_700_000_000 + 3_600 * i for i in range(len(ids))]]
+    return pd.DataFrame(frame)
+
+
+def pyfunc_signature(items: pl.DataFrame, model, *, k: int):
+    """The MLflow signature: input columns (type ``any``, checked by :func:`histories_frame`),
+    the rankings as output (inferred from a prediction on :func:`example_input`), params
+    ``k`` long (default ``k``) and ``exclude_seen`` boolean (default True)."""
+    from mlflow.models import ModelSignature, infer_signature
+    from mlflow.types.schema import AnyType, ColSpec, ParamSchema, ParamSpec, Schema
+
+    with_time = int(getattr(model.items, "time_gap_buckets", 0)) > 0
+    example = example_input(items, with_time=with_time)
+    output = RankerPyfunc(model, items, ScoreConfig(device="cpu")).predict(example, {"k": min(k, 10)})
+    inputs = [ColSpec(AnyType(), schema.USER_ID, required=False), ColSpec(AnyType(), schema.ITEM_ID, required=False)]
+    inputs.append(ColSpec(AnyType(), schema.TIMESTAMP, required=False))
+    params = ParamSchema([ParamSpec("k", "long", int(k)), ParamSpec("exclude_seen", "boolean", True)])
+    return ModelSignature(inputs=Schema(inputs), outputs=infer_signature(example, output).outputs, params=params), example
+
+
+def pyfunc_flavour(model, items: pl.DataFrame, *, k: int):
+    """The :class:`recsys_alibi.tracking.PyfuncFlavour` that ``log_ranker`` logs beside PyTorch."""
+    from recsys_alibi.tracking import PyfuncFlavour
+
+    signature, example = pyfunc_signature(items, model, k=k)
+    return PyfuncFlavour(loader_module=LOADER_MODULE, signature=signature, input_example=example)
+
+
+def _load_pyfunc(data_path: str, model_config: dict | None = None) -> RankerPyfunc:
+    """MLflow's entry point for the ``python_function`` flavour (``data_path`` = ``<model>/data``)."""
+    from recsys_alibi.tracking import load_ranker_dir
+
+    loaded = load_ranker_dir(Path(data_path).parent)
+    return RankerPyfunc(loaded.model, loaded.items)

@@ -1,0 +1,246 @@
+"""``recsys-alibi score --engine ray``: the scoring job with its shards scored by a Ray Data actor pool.
+
+    recsys-alibi score --engine ray --model-uri models:/recsys-alibi-ranker@champion \\
+        --input prepared/ --output rankings/ --set score.ray.actors=8 --set score.ray.gpus_per_actor=1
+
+Python: :func:`run_ray_score` (model URI) or :func:`score_with_ray` (a model in memory).
+
+The job is ``score``'s (:mod:`serving.score`): the driver opens the output directory and its
+manifest, stages and checks the input (:func:`serving.inputs.open_input`) and fixes the plan of
+shards of ``score.shard_users`` users; what changes is who scores the shards that are not done.
+They become a Ray Dataset of shard indices, and ``map_batches`` runs them over an actor pool of
+``score.ray.actors`` actors (``cpus_per_actor`` / ``gpus_per_actor`` each). Every actor holds one
+copy of the model (shipped once through the object store) and, per shard, calls
+:func:`serving.score.write_shard`: it reads the shard's users from the sequences Parquet
+(``ScoreInput.read_shard``, a Parquet slice), ranks them with :class:`serving.rank.ShardRanker`
+and writes ``part-NNNNN.parquet`` atomically. The driver records each shard in ``_manifest.json``
+as its result streams back. So the rankings are the same rows as ``score``'s, the same part
+files, and the resume rules of :mod:`serving.manifest` hold unchanged: a job killed at any
+moment and run again skips the recorded shards, rewrites a part that was in place but not
+recorded, and completes with exactly the output of an uninterrupted run. A shard whose actor
+dies is retried by Ray Data (its actor pools restart dead actors and retry their tasks); an error
+in the input stops the job with its one-line message.
+
+Why the actors read their own slices rather than the driver handing them rows from
+``ray.data.read_parquet``: a shard is a contiguous run of rows, and Ray Data has neither a row
+index nor blocks aligned with a fixed number of rows, so grouping rows into shards needs an
+all-to-all shuffle. That shuffle (``groupby("shard").map_groups``) never finished on a 2-CPU
+local instance: its read tasks waited for CPUs the actors held (docs/scaling.md).
+
+Ray runs loopback only when this job starts it (``score.ray.address`` unset: a local instance
+on 127.0.0.1 without dashboard, shut down at the end); with an address it joins that cluster,
+and every node must read the input and write the output directory (shared storage). Ray's own
+logs and progress bars are kept out of the command's output.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from functools import partial
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from recsys_alibi.config import ConfigError, JobConfig, RayConfig, ScoreConfig
+from serving.distributed import World
+from serving.inputs import ScoreInput
+from serving.manifest import part_name
+from serving.rank import ShardRanker
+from serving.score import ScoreJobResult, _ScoreJob, run_score, score_with_model, write_shard
+
+log = logging.getLogger(__name__)
+
+RAY_MISSING = (
+    "score.engine=ray needs Ray: install the optional extra (pip install --no-deps -r requirements/ray.lock.txt, "
+    "part of `make install`)"
+)
+QUIET_LOGGERS = ("ray", "ray.data", "ray.util", "ray._private", "filelock")
+
+
+def _import_ray():
+    try:
+        import ray
+        import ray.data  # noqa: F401
+    except ImportError:
+        raise ConfigError(RAY_MISSING) from None
+    return ray
+
+
+@contextmanager
+def ray_instance(cfg: RayConfig) -> Iterator[None]:
+    """Ray for one job: the running instance if there is one, else ``cfg.address``, else a local one.
+
+    A local instance (``address`` None) listens on 127.0.0.1 only, has no dashboard, holds
+    ``ceil(actors * cpus_per_actor)`` CPUs (and the GPUs the actors ask for) and is shut down on
+    exit. Ray's log lines below WARNING and its workers' output are not passed to this process.
+    """
+    ray = _import_ray()
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.ERROR)
+    if ray.is_initialized():
+        yield
+        return
+    quiet = {"include_dashboard": False, "log_to_driver": False, "logging_level": logging.ERROR}
+    if cfg.address:
+        ray.init(address=cfg.address, **quiet)
+    else:
+        gpus = math.ceil(cfg.actors * cfg.gpus_per_actor) if cfg.gpus_per_actor else 0
+        ray.init(num_cpus=max(1, math.ceil(cfg.actors * cfg.cpus_per_actor)), num_gpus=gpus,
+                 _node_ip_address="127.0.0.1", **quiet)  # fmt: skip
+    for name in QUIET_LOGGERS:  # ray.init configures its loggers again
+        logging.getLogger(name).setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+class ShardActor:
+    """One actor of the pool: a model and a ranker; ``__call__`` scores a batch of shard indices.
+
+    Args:
+        model: the ``AlibiRanker`` or a Ray object reference to it (fetched once here).
+        items: the model's vocabulary; score: the ``score`` section; k: items per user.
+        source: the job's staged input; output_dir: the rankings directory (both readable and
+            writable from the actor's node).
+        threads: torch threads of this actor.
+    """
+
+    def __init__(self, model, items: pl.DataFrame, score: ScoreConfig, k: int, source: ScoreInput,
+                 output_dir: Path, threads: int) -> None:  # fmt: skip
+        import ray
+        import torch
+
+        torch.set_num_threads(max(1, threads))
+        if isinstance(model, ray.ObjectRef):
+            model = ray.get(model)
+        self.ranker = ShardRanker(model, items, score, k)
+        self.source, self.output_dir, self.shard_users = source, Path(output_dir), score.shard_users
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """``{"shard": (S,)}`` -> the shards' stats (S,) each, part files written."""
+        stats = [write_shard(self.ranker, self.source, int(s), self.shard_users, self.output_dir)[1]
+                 for s in batch["shard"]]  # fmt: skip
+        out = {"shard": np.asarray(batch["shard"], dtype=np.int64)}
+        for key in ("users", "rows", "skipped_users", "unknown_events"):
+            out[key] = np.array([s[key] for s in stats], dtype=np.int64)
+        return out
+
+
+class _RayScoreJob(_ScoreJob):
+    """``score``'s job with :meth:`_score_todo` run by an actor pool (the driver records the shards)."""
+
+    def __init__(self, *args, model, ray_cfg: RayConfig, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.model, self.ray_cfg = model, ray_cfg
+
+    def _score_todo(self, source: ScoreInput, todo: list[int], advance: Callable[[int], None]) -> int:
+        if not todo:
+            return 0
+        ray = _import_ray()
+        context = ray.data.DataContext.get_current()
+        context.enable_progress_bars = False
+        context.enable_auto_log_stats = False
+        context.print_on_execution_start = False
+        cfg = self.ray_cfg
+        actors = min(cfg.actors, len(todo))
+        kwargs = {"model": self.model, "items": self.items, "score": self.config.score, "k": self.ranker.k,
+                  "source": source, "output_dir": self.output_dir, "threads": round(cfg.cpus_per_actor)}  # fmt: skip
+        shards = ray.data.from_items([{"shard": s} for s in todo], override_num_blocks=len(todo))
+        results = shards.map_batches(
+            ShardActor, batch_size=1, compute=ray.data.ActorPoolStrategy(size=actors), num_cpus=cfg.cpus_per_actor,
+            num_gpus=cfg.gpus_per_actor or None, fn_constructor_kwargs=kwargs,
+        )  # fmt: skip
+        users_scored = 0
+        try:
+            for row in _native_stderr_to_file(results.iter_rows()):
+                shard = int(row["shard"])
+                stats = {key: int(row[key]) for key in ("users", "rows", "skipped_users", "unknown_events")}
+                self.hook("written", shard)
+                self._record(shard, part_name(shard), stats)
+                users_scored += stats["users"]
+                advance(stats["users"])
+        except Exception as err:
+            cause = _user_cause(err)
+            if cause is not None:
+                raise cause from None
+            raise
+        return users_scored
+
+
+def _native_stderr_to_file(rows: Iterator[dict]) -> Iterator[dict]:
+    """Iterate ``rows`` with file descriptor 2 sent to a temporary log file, restored between rows.
+
+    Ray's C++ core worker in this process writes notices straight to descriptor 2, outside
+    Python logging (each actor pool logs that its constructor arguments are in the object
+    store); they go to ``<tmp>/recsys-alibi-ray-<pid>.log`` instead of the command's output.
+    Python code between rows (manifest, progress bar, hooks) writes to the real stderr.
+    """
+    import os
+    import sys
+    import tempfile
+
+    path = Path(tempfile.gettempdir()) / f"recsys-alibi-ray-{os.getpid()}.log"
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with open(path, "ab") as sink:
+        try:
+            iterator = iter(rows)
+            while True:
+                os.dup2(sink.fileno(), 2)
+                try:
+                    row = next(iterator)
+                except StopIteration:
+                    return
+                finally:
+                    os.dup2(saved, 2)
+                yield row
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+
+
+def _user_cause(err: BaseException) -> BaseException | None:
+    """The project's user error (DataError, ValueError) inside a Ray task error chain, if any."""
+    seen = set()
+    current: BaseException | None = err
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, ValueError):
+            return current
+        current = current.__cause__ or getattr(current, "cause", None)
+    return None
+
+
+def score_with_ray(config: JobConfig, model, items: pl.DataFrame, input_path: str | Path, output_dir: str | Path,
+                   **options) -> ScoreJobResult:  # fmt: skip
+    """:func:`serving.score.score_with_model` with the shards scored on Ray (``config.score.ray``).
+
+    Same arguments (``options``: ``k``, ``progress``, ``model_ref``, ``hook``), result, output
+    files and errors as ``score_with_model``; the manifest identity is the same too, so a
+    directory started by either engine is resumed by the other. Starts Ray when it is not
+    running (:func:`ray_instance`).
+
+    Raises:
+        ConfigError: Ray is not installed.
+        DataError, OutputDirError, ValueError: as ``score_with_model``.
+    """
+    with ray_instance(config.score.ray):
+        job = partial(_RayScoreJob, model=model, ray_cfg=config.score.ray)
+        return score_with_model(config, model, items, input_path, output_dir, job=job, **options)
+
+
+def run_ray_score(config: JobConfig, model_uri: str, input_path: str | Path, output_dir: str | Path,
+                  **options) -> ScoreJobResult:  # fmt: skip
+    """:func:`serving.score.run_score` on Ray (``options``: ``k``, ``progress``): the driver loads
+    ``model_uri`` once and :func:`score_with_ray` ships it to every actor.
+
+    Raises:
+        ModelUriError, DataError, OutputDirError: as ``run_score``; ConfigError: no Ray.
+    """
+    _import_ray()  # before loading the model: fail fast without the extra
+    return run_score(config, model_uri, input_path, output_dir, scorer=score_with_ray, **options)

@@ -1,0 +1,129 @@
+"""The registered ranker as an MLflow pyfunc gives score's rankings and refuses bad frames in one line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import mlflow
+import polars as pl
+import pytest
+from engine_fixtures import assert_same_rankings, raw_histories
+from serving_fixtures import read_rankings, score_config, tiny_model, vocabulary
+
+from pipelines.cli import main
+from recsys_alibi.config import DataConfig, GenerateConfig, TrackingConfig
+from recsys_alibi.data import schema
+from recsys_alibi.data.ingest import DataError
+from recsys_alibi.data.prepare import prepare
+from recsys_alibi.data.synthetic import generate_events
+from recsys_alibi.tracking import log_ranker, setup_tracking
+from serving.pyfunc import RankerPyfunc, pyfunc_flavour
+from serving.score import run_score, score_with_model
+
+NAME = "recsys-alibi-ranker"
+CHAMPION = f"models:/{NAME}@champion"
+
+
+def _register(model, items: pl.DataFrame, workdir: Path) -> None:
+    """Log and register ``model`` as train does (both flavours) and give it the champion alias."""
+    setup_tracking(TrackingConfig())
+    with mlflow.start_run():
+        logged = log_ranker(model, items, NAME, workdir, pyfunc=pyfunc_flavour(model, items, k=10))
+    mlflow.MlflowClient().set_registered_model_alias(NAME, "champion", logged.version)
+
+
+def _default_prepared(tmp_path: Path) -> Path:
+    """The embedded default data (synthetic generator), small: 60 users, 40 items, prepared."""
+    events = generate_events(GenerateConfig(users=60, items=40, min_events=5, max_events=60), seed=3)
+    events.write_parquet(tmp_path / "events.parquet")
+    prepare(DataConfig(min_events_per_user=2, min_events_per_item=1), tmp_path / "events.parquet", tmp_path / "prep")
+    return tmp_path / "prep"
+
+
+def test_pyfunc_of_the_registered_champion_equals_score_on_default_data(tmp_path, mlflow_store, one_torch_thread):
+    prepared = _default_prepared(tmp_path)
+    items = pl.read_parquet(prepared / schema.ITEMS_FILE)
+    _register(tiny_model(n_items=items.height, seed=4), items, tmp_path / "w")
+    pyfunc = mlflow.pyfunc.load_model(CHAMPION)
+    assert set(pyfunc.metadata.flavors) == {"pytorch", "python_function"}
+    assert pyfunc.metadata.get_input_schema().input_names() == ["user_id", "item_id", "timestamp"]
+    assert {p.name: p.default for p in pyfunc.metadata.get_params_schema().params} == {"k": 10, "exclude_seen": True}
+    assert pyfunc.metadata.saved_input_example_info is not None  # the input example is logged
+    for exclude_seen in (True, False):
+        config = score_config(k=7, exclude_seen=exclude_seen, shard_users=25)
+        out = tmp_path / f"score-{exclude_seen}"
+        run_score(config, CHAMPION, prepared, out, progress=False)
+        got = pyfunc.predict(raw_histories(prepared).to_pandas(), params={"k": 7, "exclude_seen": exclude_seen})
+        assert_same_rankings(pl.from_pandas(got), read_rankings(out))
+
+
+def test_pyfunc_unknown_items_and_empty_histories_follow_score(prepared, tmp_path):
+    """Raw events with items the model never saw: score drops their events, so does the pyfunc."""
+    frame = raw_histories(prepared)
+    unknown = frame.with_columns(  # two unknown ids in every history, one user with only unknown ids
+        pl.concat_list(pl.lit(pl.Series([[99_001]])), schema.ITEM_ID, pl.lit(pl.Series([[99_002]]))).alias(schema.ITEM_ID)
+    ).with_columns(
+        pl.when(pl.col(schema.USER_ID) == "u005").then(pl.lit(pl.Series([[99_003, 99_004]]))).otherwise(pl.col(schema.ITEM_ID))
+        .alias(schema.ITEM_ID)
+    )  # fmt: skip
+    events = unknown.with_columns(pl.int_ranges(0, pl.col(schema.ITEM_ID).list.len()).alias(schema.TIMESTAMP))
+    events.explode(schema.ITEM_ID, schema.TIMESTAMP).write_csv(tmp_path / "events.csv")
+    result = score_with_model(score_config(), tiny_model(), vocabulary(), tmp_path / "events.csv", tmp_path / "out",
+                              progress=False)  # fmt: skip
+    assert result.skipped_users == 1 and result.unknown_items == 4
+    empty = pl.DataFrame({schema.USER_ID: ["nobody"], schema.ITEM_ID: [[]]}, schema_overrides={schema.ITEM_ID: pl.List(pl.Int64)})
+    got = RankerPyfunc(tiny_model(), vocabulary(), score_config().score).predict_polars(pl.concat([unknown, empty]), {"k": 10})
+    assert_same_rankings(got, read_rankings(tmp_path / "out"))
+    assert "u005" not in got.get_column(schema.USER_ID).to_list() and "nobody" not in got.get_column(schema.USER_ID)
+
+
+def test_pyfunc_time_gap_model_reads_timestamps_like_score(prepared, tmp_path):
+    model = tiny_model(time_gap_buckets=6)
+    score_with_model(score_config(), model, vocabulary(), prepared, tmp_path / "out", progress=False)
+    got = RankerPyfunc(model, vocabulary(), score_config().score).predict_polars(raw_histories(prepared, with_time=True))
+    assert_same_rankings(got, read_rankings(tmp_path / "out"))
+    frame = raw_histories(prepared, with_time=True)
+    shifted = frame.with_columns(pl.col(schema.TIMESTAMP).list.eval(pl.element() * 1000))  # other gaps, other rankings
+    other = RankerPyfunc(model, vocabulary(), score_config().score).predict_polars(shifted)
+    assert not other.get_column(schema.SCORE).equals(got.get_column(schema.SCORE))
+
+
+MALFORMED = [
+    ({schema.USER_ID: ["a"]}, "item_id", "missing"),
+    ({schema.ITEM_ID: [[1001]]}, "user_id", "missing"),
+    ({schema.USER_ID: ["a"], schema.ITEM_ID: [1001]}, "item_id", "must be a list"),
+    ({schema.USER_ID: ["a", "a"], schema.ITEM_ID: [[1001], [1002]]}, "user_id", "several rows"),
+    ({schema.USER_ID: ["a", None], schema.ITEM_ID: [[1001], [1002]]}, "user_id", "null"),
+    ({schema.USER_ID: [1.5], schema.ITEM_ID: [[1001]]}, "user_id", "integers or strings"),
+    ({schema.USER_ID: ["a", "b"], schema.ITEM_ID: [[1001], None]}, "item_id", "null list"),
+    ({schema.USER_ID: ["a"], schema.ITEM_ID: [[1001, None]]}, "item_id", "null item ids"),
+    ({schema.USER_ID: ["a"], schema.ITEM_ID: [[1001.0]]}, "item_id", "integers or strings"),
+]
+
+
+def test_pyfunc_rejects_malformed_input_with_one_line_naming_the_column(tmp_path, mlflow_store):
+    import pandas as pd
+
+    _register(tiny_model(), vocabulary(), tmp_path / "w")
+    pyfunc = mlflow.pyfunc.load_model(CHAMPION)
+    for columns, column, problem in MALFORMED:
+        with pytest.raises(DataError) as err:
+            pyfunc.predict(pd.DataFrame(columns), params={"k": 5})
+        message = str(err.value)
+        assert "\n" not in message and f"'{column}'" in message and problem in message, message
+    with pytest.raises(DataError, match="'k'"):
+        pyfunc.predict(pd.DataFrame({schema.USER_ID: ["a"], schema.ITEM_ID: [[1001]]}), params={"k": 0})
+    timed = RankerPyfunc(tiny_model(time_gap_buckets=6), vocabulary())
+    for frame, problem in [({schema.USER_ID: ["a"], schema.ITEM_ID: [[1001]]}, "missing"),
+                           ({schema.USER_ID: ["a"], schema.ITEM_ID: [[1001, 1002]], schema.TIMESTAMP: [[5]]}, "length")]:  # fmt: skip
+        with pytest.raises(DataError) as err:
+            timed.predict(pd.DataFrame(frame))
+        assert "\n" not in str(err.value) and "'timestamp'" in str(err.value) and problem in str(err.value)
+
+
+def test_score_engine_ray_without_ray_is_a_one_line_error(prepared, tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(__import__("sys").modules, "ray", None)  # import ray -> ImportError
+    code = main(["score", "--engine", "ray", "--model-uri", "runs:/x/model", "--input", str(prepared),
+                 "--output", str(tmp_path / "out")])  # fmt: skip
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and err[-1].startswith("error: score.engine=ray needs Ray") and "ray.lock.txt" in err[-1]
