@@ -46,9 +46,10 @@ import numpy as np
 import polars as pl
 
 from recsys_alibi.config import ConfigError, JobConfig, RayConfig, ScoreConfig
+from recsys_alibi.data.ingest import DataError
 from serving.distributed import World
 from serving.inputs import ScoreInput
-from serving.manifest import part_name
+from serving.manifest import OutputDirError, part_name
 from serving.rank import ShardRanker
 from serving.score import ScoreJobResult, _ScoreJob, run_score, score_with_model, write_shard
 
@@ -59,6 +60,9 @@ RAY_MISSING = (
     "part of `make install`)"
 )
 QUIET_LOGGERS = ("ray", "ray.data", "ray.util", "ray._private", "filelock")
+STATS = ("users", "rows", "skipped_users", "unknown_events")  # per shard, as the manifest records them
+_USER_ERRORS = {"DataError": DataError, "OutputDirError": OutputDirError, "ConfigError": ConfigError}
+LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}  # every Ray process takes 127.0.0.1 as its node address
 
 
 def _import_ray():
@@ -71,10 +75,32 @@ def _import_ray():
 
 
 @contextmanager
+def loopback_env() -> Iterator[None]:
+    """:data:`LOOPBACK_ENV` in this process's environment while a local Ray instance starts.
+
+    The processes Ray starts (GCS, raylet, its agents, the workers) inherit it, so each one
+    names 127.0.0.1 as its node address and connects only there; without it the runtime-env
+    agent and the workers took the machine's interface address. The variable is restored after.
+    """
+    import os
+
+    before = {key: os.environ.get(key) for key in LOOPBACK_ENV}
+    os.environ.update(LOOPBACK_ENV)
+    try:
+        yield
+    finally:
+        for key, value in before.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+@contextmanager
 def ray_instance(cfg: RayConfig) -> Iterator[None]:
     """Ray for one job: the running instance if there is one, else ``cfg.address``, else a local one.
 
-    A local instance (``address`` None) listens on 127.0.0.1 only, has no dashboard, holds
+    A local instance (``address`` None) uses 127.0.0.1 only (:func:`loopback_env`), has no dashboard, holds
     ``ceil(actors * cpus_per_actor)`` CPUs (and the GPUs the actors ask for) and is shut down on
     exit. Ray's log lines below WARNING and its workers' output are not passed to this process.
     """
@@ -89,8 +115,9 @@ def ray_instance(cfg: RayConfig) -> Iterator[None]:
         ray.init(address=cfg.address, **quiet)
     else:
         gpus = math.ceil(cfg.actors * cfg.gpus_per_actor) if cfg.gpus_per_actor else 0
-        ray.init(num_cpus=max(1, math.ceil(cfg.actors * cfg.cpus_per_actor)), num_gpus=gpus,
-                 _node_ip_address="127.0.0.1", **quiet)  # fmt: skip
+        with loopback_env():
+            ray.init(num_cpus=max(1, math.ceil(cfg.actors * cfg.cpus_per_actor)), num_gpus=gpus,
+                     _node_ip_address="127.0.0.1", **quiet)  # fmt: skip
     for name in QUIET_LOGGERS:  # ray.init configures its loggers again
         logging.getLogger(name).setLevel(logging.ERROR)
     try:
@@ -122,13 +149,26 @@ class ShardActor:
         self.source, self.output_dir, self.shard_users = source, Path(output_dir), score.shard_users
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """``{"shard": (S,)}`` -> the shards' stats (S,) each, part files written."""
-        stats = [write_shard(self.ranker, self.source, int(s), self.shard_users, self.output_dir)[1]
-                 for s in batch["shard"]]  # fmt: skip
-        out = {"shard": np.asarray(batch["shard"], dtype=np.int64)}
-        for key in ("users", "rows", "skipped_users", "unknown_events"):
-            out[key] = np.array([s[key] for s in stats], dtype=np.int64)
-        return out
+        """``{"shard": (S,)}`` -> the shards' stats (S,) each, part files written.
+
+        A user error (``ValueError``: bad input) is returned as ``error`` / ``error_type`` rather
+        than raised, so the driver can raise it as the one-line error it is (Ray would wrap it
+        in a task error with the actor's traceback, and retrying it would not help).
+        """
+        out: dict[str, list] = {key: [] for key in ("shard", *STATS, "error", "error_type")}
+        for shard in batch["shard"]:
+            try:
+                stats = write_shard(self.ranker, self.source, int(shard), self.shard_users, self.output_dir)[1]
+                error = ("", "")
+            except ValueError as err:
+                stats, error = dict.fromkeys(STATS, 0), (str(err).strip().splitlines()[0], type(err).__name__)
+            out["shard"].append(int(shard))
+            for key in STATS:
+                out[key].append(stats[key])
+            out["error"].append(error[0])
+            out["error_type"].append(error[1])
+        return {key: np.asarray(values, dtype=object if key.startswith("error") else np.int64)
+                for key, values in out.items()}  # fmt: skip
 
 
 class _RayScoreJob(_ScoreJob):
@@ -156,19 +196,15 @@ class _RayScoreJob(_ScoreJob):
             num_gpus=cfg.gpus_per_actor or None, fn_constructor_kwargs=kwargs,
         )  # fmt: skip
         users_scored = 0
-        try:
-            for row in _native_stderr_to_file(results.iter_rows()):
-                shard = int(row["shard"])
-                stats = {key: int(row[key]) for key in ("users", "rows", "skipped_users", "unknown_events")}
-                self.hook("written", shard)
-                self._record(shard, part_name(shard), stats)
-                users_scored += stats["users"]
-                advance(stats["users"])
-        except Exception as err:
-            cause = _user_cause(err)
-            if cause is not None:
-                raise cause from None
-            raise
+        for row in _native_stderr_to_file(results.iter_rows()):
+            shard = int(row["shard"])
+            if row["error"]:
+                raise _USER_ERRORS.get(row["error_type"], ValueError)(row["error"])
+            stats = {key: int(row[key]) for key in STATS}
+            self.hook("written", shard)
+            self._record(shard, part_name(shard), stats)
+            users_scored += stats["users"]
+            advance(stats["users"])
         return users_scored
 
 
@@ -202,18 +238,6 @@ def _native_stderr_to_file(rows: Iterator[dict]) -> Iterator[dict]:
         finally:
             os.dup2(saved, 2)
             os.close(saved)
-
-
-def _user_cause(err: BaseException) -> BaseException | None:
-    """The project's user error (DataError, ValueError) inside a Ray task error chain, if any."""
-    seen = set()
-    current: BaseException | None = err
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        if isinstance(current, ValueError):
-            return current
-        current = current.__cause__ or getattr(current, "cause", None)
-    return None
 
 
 def score_with_ray(config: JobConfig, model, items: pl.DataFrame, input_path: str | Path, output_dir: str | Path,

@@ -1,0 +1,104 @@
+"""``score --engine ray``: the Ray Data job gives score's rankings and resumes a killed run exactly.
+
+One local Ray instance for the module, started here: 2 CPUs, loopback, no dashboard.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from engine_fixtures import assert_same_rankings
+from serving_fixtures import Killed, kill_at, read_rankings, score_config, snapshot, tiny_model, vocabulary
+
+from pipelines.cli import main
+from recsys_alibi.data.ingest import DataError
+from recsys_alibi.tracking import log_ranker, setup_tracking
+from serving.ray_job import loopback_env, score_with_ray
+from serving.score import score_with_model
+
+ray = pytest.importorskip("ray", reason="ray is not installed (optional extra: requirements/ray.lock.txt)")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def ray_instance():
+    """A local Ray instance for this module's tests (reused by the jobs, shut down at the end), loopback only."""
+    with loopback_env():
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR,
+                 _node_ip_address="127.0.0.1")  # fmt: skip
+    yield
+    ray.shutdown()
+
+
+def test_ray_job_equals_score_on_the_same_model_and_input(prepared, tmp_path):
+    for exclude_seen in (False,):  # True: the kill and CLI tests compare with score
+        config = score_config(exclude_seen=exclude_seen)
+        local = score_with_model(config, tiny_model(), vocabulary(), prepared, tmp_path / f"local-{exclude_seen}",
+                                 progress=False)  # fmt: skip
+        remote = score_with_ray(config, tiny_model(), vocabulary(), prepared, tmp_path / f"ray-{exclude_seen}",
+                                progress=False)  # fmt: skip
+        assert (remote.users, remote.shards, remote.rows, remote.users_scored) == (23, 5, local.rows, 23)
+        assert_same_rankings(read_rankings(tmp_path / f"ray-{exclude_seen}"), read_rankings(tmp_path / f"local-{exclude_seen}"))
+
+
+def test_ray_job_killed_part_way_and_rerun_equals_an_uninterrupted_one(prepared, tmp_path):
+    """Killed after a part file is in place but before it is recorded (the hardest moment)."""
+    config = score_config()
+    point, shard = "written", 2
+    score_with_ray(config, tiny_model(), vocabulary(), prepared, tmp_path / "clean", progress=False)
+    with pytest.raises(Killed):
+        score_with_ray(config, tiny_model(), vocabulary(), prepared, tmp_path / "killed", progress=False,
+                       hook=kill_at(point, shard))  # fmt: skip
+    (tmp_path / "killed" / ".part-00004.parquet.a1b2.tmp").write_bytes(b"half a file")  # an actor killed mid-write
+    resumed = score_with_ray(config, tiny_model(), vocabulary(), prepared, tmp_path / "killed", progress=False)
+    assert snapshot(tmp_path / "killed") == snapshot(tmp_path / "clean")  # parts and manifest, byte for byte
+    assert resumed.shards_skipped <= 4 and resumed.users == 23
+    again = score_with_ray(config, tiny_model(), vocabulary(), prepared, tmp_path / "killed", progress=False)
+    assert (again.shards_skipped, again.users_scored) == (5, 0)
+
+
+def test_ray_job_killed_then_finished_by_the_local_engine(prepared, tmp_path):
+    config = score_config()
+    with pytest.raises(Killed):
+        score_with_ray(config, tiny_model(), vocabulary(), prepared, tmp_path / "out", progress=False,
+                       hook=kill_at("recorded", 1))  # fmt: skip
+    finished = score_with_model(config, tiny_model(), vocabulary(), prepared, tmp_path / "out", progress=False)
+    assert finished.shards_skipped >= 2
+    local = score_with_model(config, tiny_model(), vocabulary(), prepared, tmp_path / "clean", progress=False)
+    assert local.rows == finished.rows
+    assert_same_rankings(read_rankings(tmp_path / "out"), read_rankings(tmp_path / "clean"))
+
+
+def test_ray_job_input_error_raised_in_an_actor_reaches_the_caller_as_one_line(prepared, tmp_path):
+    import polars as pl
+
+    seq = pl.read_parquet(prepared / "sequences.parquet")
+    bad = seq.with_columns(pl.when(pl.col("user_id") == "u012").then(pl.lit([1, 2], dtype=pl.List(pl.Int64)))
+                           .otherwise(pl.col("timestamp")).alias("timestamp"))  # fmt: skip
+    (tmp_path / "in").mkdir()
+    bad.write_parquet(tmp_path / "in" / "sequences.parquet")
+    vocabulary().write_parquet(tmp_path / "in" / "items.parquet")
+    with pytest.raises(DataError) as err:  # shard 2 (users 10..14) fails in its actor
+        score_with_ray(score_config(), tiny_model(time_gap_buckets=6), vocabulary(), tmp_path / "in", tmp_path / "out",
+                       progress=False)  # fmt: skip
+    assert "\n" not in str(err.value) and "users 10..14" in str(err.value) and "timestamp" in str(err.value)
+
+
+def test_score_cli_engine_ray_prints_only_the_summary(prepared, tmp_path, mlflow_store, capfd):
+    import mlflow
+
+    setup_tracking(score_config().tracking)
+    with mlflow.start_run():
+        logged = log_ranker(tiny_model(), vocabulary(), None, tmp_path / "w")
+    capfd.readouterr()
+    code = main(["score", "--engine", "ray", "--model-uri", logged.uri, "--input", str(prepared),
+                 "--output", str(tmp_path / "out"), "--k", "10", "--quiet", "--set", "score.shard_users=5",
+                 "--set", "score.attention_backend=sdpa", "--set", "score.device=cpu"])  # fmt: skip
+    out, err = capfd.readouterr()
+    assert code == 0, err
+    assert out.startswith("scored 23 of 23 users in 5 shards") and len(out.strip().splitlines()) == 2
+    assert err.strip() == "", err
+    local = tmp_path / "local"
+    assert main(["score", "--model-uri", logged.uri, "--input", str(prepared), "--output", str(local), "--k", "10",
+                 "--quiet", "--set", "score.shard_users=5", "--set", "score.attention_backend=sdpa"]) == 0  # fmt: skip
+    assert_same_rankings(read_rankings(tmp_path / "out"), read_rankings(local))
