@@ -2,9 +2,10 @@
 PY ?= $(shell command -v python3.11 || command -v python3)
 VENV ?= .venv
 
-$(VENV)/.installed: requirements/cpu.lock.txt requirements/test.lock.txt pyproject.toml
+# requirements/ray.lock.txt: the optional Ray extra (`score --engine ray`); its tests skip without it
+$(VENV)/.installed: requirements/cpu.lock.txt requirements/test.lock.txt requirements/ray.lock.txt pyproject.toml
 	$(PY) -m venv $(VENV)
-	$(VENV)/bin/pip install -q --no-deps -r requirements/cpu.lock.txt -r requirements/test.lock.txt
+	$(VENV)/bin/pip install -q --no-deps -r requirements/cpu.lock.txt -r requirements/test.lock.txt -r requirements/ray.lock.txt
 	$(VENV)/bin/pip install -q --no-deps --no-build-isolation -e .
 	touch $@
 

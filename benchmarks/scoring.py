@@ -13,6 +13,14 @@ Run (defaults: the table in docs/benchmarks.md)::
     python benchmarks/scoring.py                       # catalogs x history lengths, K=100
     python benchmarks/scoring.py --memory-sweep        # peak RSS vs number of users
     python benchmarks/scoring.py --catalogs 10000 --lengths 200 --users 500   # one row
+    python benchmarks/scoring.py --engines ../shared/data/ml-1m/ml-1m.txt.gz  # score vs pyfunc vs Ray
+
+``--engines LOG``: the same random model and the same prepared input (``prepare`` of LOG, e.g.
+ML-1M in the SASRec format) scored three ways in this process, users/s of each: ``score``
+(``score_with_model``, torch on all threads), the MLflow pyfunc on one process
+(``RankerPyfunc.predict`` on a frame of raw ids) and the Ray job (``score_with_ray``, 2 actors of
+1 CPU each on a local 2-CPU instance, whose start is timed apart), and Ray's wall time over
+``score``'s.
 
 Prints a Markdown table; ``--json PATH`` also writes the rows as JSON.
 """
@@ -126,6 +134,54 @@ def table(rows: list[dict]) -> str:
     )
 
 
+def compare_engines(log: Path, k: int, shard_users: int, workdir: Path) -> list[dict]:
+    """users/s of ``score``, the pyfunc and the Ray job on the prepared ``log`` (one random model)."""
+    import polars as pl
+    import torch
+
+    from recsys_alibi.config import DataConfig, JobConfig, ModelConfig, with_overrides
+    from recsys_alibi.data.prepare import prepare
+    from recsys_alibi.model.transformer import AlibiRanker
+    from serving.pyfunc import RankerPyfunc
+    from serving.ray_job import ray_instance, score_with_ray
+    from serving.score import score_with_model
+
+    prepared = workdir / "prepared"
+    prepare(DataConfig(min_events_per_user=1, min_events_per_item=1), log, prepared)
+    items = pl.read_parquet(prepared / "items.parquet")
+    seq = pl.read_parquet(prepared / "sequences.parquet")
+    ids = pl.concat([pl.Series([None], dtype=items["item_id"].dtype), items.sort("item_idx")["item_id"]])
+    frame = seq.select("user_id", pl.col("item_idx").list.eval(pl.element().cast(pl.Int64)).alias("item_id"))
+    frame = frame.with_columns(pl.col("item_id").list.eval(pl.element().replace_strict(
+        pl.Series(range(ids.len())), ids, return_dtype=ids.dtype)))  # fmt: skip
+    torch.manual_seed(0)
+    model = AlibiRanker(ModelConfig(d_model=D_MODEL, n_layers=N_LAYERS, n_heads=N_HEADS, max_len=MAX_LEN, dropout=0.0),
+                        items.height).eval()  # fmt: skip
+    config = with_overrides(JobConfig(), score={"k": k, "shard_users": shard_users, "ray": {"actors": 2}})
+    users = seq.height
+    rows = []
+
+    def row(engine: str, seconds: float, extra: str = "") -> None:
+        rows.append({"engine": engine, "users": users, "seconds": round(seconds, 1), "users_per_s": round(users / seconds, 1),
+                     "threads": torch.get_num_threads(), "load_avg": round(os.getloadavg()[0], 1), "note": extra})  # fmt: skip
+        print(rows[-1], flush=True)
+
+    started = time.perf_counter()
+    local = score_with_model(config, model, items, prepared, workdir / "score", progress=False)
+    row("score", time.perf_counter() - started, f"{local.rows} rows")
+    started = time.perf_counter()
+    got = RankerPyfunc(model, items, config.score).predict(frame.to_pandas(), {"k": k})
+    row("pyfunc, one process", time.perf_counter() - started, f"{len(got)} rows")
+    started = time.perf_counter()
+    with ray_instance(config.score.ray):
+        init = time.perf_counter() - started
+        started = time.perf_counter()
+        remote = score_with_ray(config, model, items, prepared, workdir / "ray", progress=False)
+        row("Ray job, 2 CPU actors", time.perf_counter() - started, f"{remote.rows} rows; ray.init {init:.1f} s apart")
+    rows.append({"engine": "Ray / score (wall)", "ratio": round(rows[2]["seconds"] / rows[0]["seconds"], 2)})
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--catalogs", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
@@ -137,7 +193,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--memory-sweep", action="store_true", help="peak RSS for 10^3, 10^4, 10^5 users (N=10^4, L=50)")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--one", nargs=6, help=argparse.SUPPRESS)
+    parser.add_argument("--engines", type=Path, metavar="LOG", help="score vs pyfunc vs Ray on this event log")
     args = parser.parse_args(argv)
+    if args.engines:
+        work = Path(tempfile.mkdtemp(prefix="score-engines-"))
+        try:
+            rows = compare_engines(args.engines, args.k, args.shard_users, work)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        if args.json:
+            args.json.write_text(json.dumps(rows, indent=2) + "\n")
+        return 0
     if args.one:
         n_items, length, users, k, data, shard = args.one
         print(json.dumps(run_one(int(n_items), int(length), int(users), int(k), Path(data), int(shard))))

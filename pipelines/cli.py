@@ -96,7 +96,8 @@ def _flag_overrides(args: argparse.Namespace) -> list[str]:
     """Turn flags that mirror config keys into ``--set`` overrides."""
     pairs = {
         "users": "generate.users", "items": "generate.items", "seed": "seed",
-        "format": "data.format", "k": "score.k", "engine": "score.engine", "heads": "model.n_heads", "max_len": "model.max_len",
+        "format": "data.format", "k": "score.k", "engine": "score.engine",
+        "heads": "model.n_heads", "max_len": "model.max_len",
     }
     found = [f"{key}={getattr(args, flag)}" for flag, key in pairs.items() if getattr(args, flag, None) is not None]
     if args.command == "pipeline" and args.output is not None:

@@ -33,3 +33,17 @@ def assert_same_rankings(got: pl.DataFrame, expected: pl.DataFrame, *, atol: flo
     assert got.get_column(schema.RANK).dtype == pl.Int32 and got.get_column(schema.SCORE).dtype == pl.Float32
     diff = np.abs(got.get_column(schema.SCORE).to_numpy() - expected.get_column(schema.SCORE).to_numpy())
     assert float(diff.max()) <= atol
+
+
+def ml1m_prepared(shared_data: Path, out: Path) -> Path:
+    """ML-1M (SASRec file: 6,040 users, 3,416 items) prepared into ``out``."""
+    from recsys_alibi.config import DataConfig
+    from recsys_alibi.data.prepare import prepare
+
+    result = prepare(DataConfig(min_events_per_user=5, min_events_per_item=5), shared_data / "ml-1m" / "ml-1m.txt.gz", out)
+    assert (result.counts["users"], result.counts["items"]) == (6_040, 3_416)
+    return out
+
+
+ML1M_SCORE = {"k": 10, "shard_users": 1_000, "max_context": 200, "batch_size": 256, "catalog_chunk": 1_024}
+"""``score`` settings of the ML-1M comparisons (histories beyond 200 events: the window with sinks)."""

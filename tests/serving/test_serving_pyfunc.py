@@ -7,7 +7,7 @@ from pathlib import Path
 import mlflow
 import polars as pl
 import pytest
-from engine_fixtures import assert_same_rankings, raw_histories
+from engine_fixtures import ML1M_SCORE, assert_same_rankings, ml1m_prepared, raw_histories
 from serving_fixtures import read_rankings, score_config, tiny_model, vocabulary
 
 from pipelines.cli import main
@@ -86,6 +86,17 @@ def test_pyfunc_time_gap_model_reads_timestamps_like_score(prepared, tmp_path):
     shifted = frame.with_columns(pl.col(schema.TIMESTAMP).list.eval(pl.element() * 1000))  # other gaps, other rankings
     other = RankerPyfunc(model, vocabulary(), score_config().score).predict_polars(shifted)
     assert not other.get_column(schema.SCORE).equals(got.get_column(schema.SCORE))
+
+
+def test_pyfunc_equals_score_on_ml1m(shared_data, tmp_path):
+    prepared = ml1m_prepared(shared_data, tmp_path / "prep")
+    model, items = tiny_model(n_items=3_416, seed=5), pl.read_parquet(prepared / schema.ITEMS_FILE)
+    config = score_config(**ML1M_SCORE)
+    score_with_model(config, model, items, prepared, tmp_path / "out", progress=False)
+    got = RankerPyfunc(model, items, config.score).predict(raw_histories(prepared).to_pandas(), params={"k": 10})
+    expected = read_rankings(tmp_path / "out")
+    assert expected.get_column(schema.USER_ID).n_unique() == 6_040 and expected.height == 60_400
+    assert_same_rankings(pl.from_pandas(got), expected)
 
 
 MALFORMED = [

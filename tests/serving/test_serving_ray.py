@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 
 import pytest
-from engine_fixtures import assert_same_rankings
+from engine_fixtures import ML1M_SCORE, assert_same_rankings, ml1m_prepared
 from serving_fixtures import Killed, kill_at, read_rankings, score_config, snapshot, tiny_model, vocabulary
 
 from pipelines.cli import main
@@ -39,6 +39,18 @@ def test_ray_job_equals_score_on_the_same_model_and_input(prepared, tmp_path):
                                 progress=False)  # fmt: skip
         assert (remote.users, remote.shards, remote.rows, remote.users_scored) == (23, 5, local.rows, 23)
         assert_same_rankings(read_rankings(tmp_path / f"ray-{exclude_seen}"), read_rankings(tmp_path / f"local-{exclude_seen}"))
+
+
+def test_ray_job_equals_score_on_ml1m(shared_data, tmp_path):
+    import polars as pl
+
+    prepared = ml1m_prepared(shared_data, tmp_path / "prep")
+    model, items = tiny_model(n_items=3_416, seed=5), pl.read_parquet(prepared / "items.parquet")
+    config = score_config(**ML1M_SCORE)
+    score_with_model(config, model, items, prepared, tmp_path / "local", progress=False)
+    result = score_with_ray(config, model, items, prepared, tmp_path / "ray", progress=False)
+    assert (result.users, result.shards, result.rows) == (6_040, 7, 60_400)
+    assert_same_rankings(read_rankings(tmp_path / "ray"), read_rankings(tmp_path / "local"))
 
 
 def test_ray_job_killed_part_way_and_rerun_equals_an_uninterrupted_one(prepared, tmp_path):
