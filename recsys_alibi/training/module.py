@@ -132,9 +132,12 @@ class RankerModule(L.LightningModule):
         hidden = self.model.encode(
             batch["inputs"], batch["lengths"], batch.get("seq_ids"), gaps=batch.get("gaps")
         )  # (B, L, D)
-        supervised = batch["targets"] > 0  # (B, L)
-        loss = self.loss(hidden[supervised], batch["targets"][supervised], self.model.items.weight)
-        self.log("train/loss", loss, prog_bar=True, batch_size=int(supervised.sum()))
+        targets = batch["targets"]  # (B, L) int64, 0 = no target: the loss ignores those positions
+        # every position goes to the loss: selecting the supervised ones (a boolean index) has a
+        # data-dependent size and would make the host wait for the GPU at every step
+        loss = self.loss(hidden.flatten(0, 1), targets.flatten(), self.model.items.weight)
+        # a per-step value (on_step only): batch_size, which weights epoch means, is not needed
+        self.log("train/loss", loss, prog_bar=True, batch_size=targets.shape[0])
         return loss
 
     def _sharded_training_step(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:

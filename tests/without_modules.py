@@ -1,0 +1,45 @@
+"""Run Python with some top-level packages hidden from the import system (a ``sys.meta_path`` blocker).
+
+Usage (what the tests run in a subprocess)::
+
+    python tests/without_modules.py torchrec,fbgemm_gpu -m pipelines.cli train ...
+    python tests/without_modules.py torchrec,fbgemm_gpu -c "import recsys_alibi.model.transformer"
+
+Importing a hidden package (or any module under it) raises ``ModuleNotFoundError``, as on a
+machine where it is not installed; everything else imports as usual.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import runpy
+import sys
+
+
+class HiddenPackages(importlib.abc.MetaPathFinder):
+    """Finder placed first on ``sys.meta_path`` that refuses the given top-level packages."""
+
+    def __init__(self, names: set[str]) -> None:
+        self.names = names
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname.split(".")[0] in self.names:
+            raise ModuleNotFoundError(f"No module named '{fullname}' (hidden by tests/without_modules.py)", name=fullname)
+        return None
+
+
+def main(argv: list[str]) -> None:
+    names, mode, target, *rest = argv
+    sys.meta_path.insert(0, HiddenPackages(set(names.split(","))))
+    if mode == "-m":
+        sys.argv = [target, *rest]
+        runpy.run_module(target, run_name="__main__", alter_sys=True)
+    elif mode == "-c":
+        sys.argv = ["-c", *rest]
+        exec(compile(target, "<without_modules -c>", "exec"), {"__name__": "__main__"})
+    else:
+        raise SystemExit(f"usage: {sys.argv[0]} PKG[,PKG...] -m MODULE ARGS... | -c CODE ARGS...")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
