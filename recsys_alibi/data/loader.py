@@ -7,11 +7,15 @@ list layout), so a dataset of a billion events is two arrays, not a billion Pyth
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import polars as pl
 import torch
 from torch.utils.data import Dataset
+
+if TYPE_CHECKING:  # the loader itself runs without polars (the GPU benchmark reads Parquet with pyarrow)
+    import polars as pl
+    import pyarrow as pa
 
 
 @dataclass(frozen=True)
@@ -27,7 +31,11 @@ class FlatSequences:
     @classmethod
     def from_series(cls, series: pl.Series) -> "FlatSequences":
         """From a Polars ``list<int>`` column without materialising Python lists."""
-        arrow = series.to_arrow()
+        return cls.from_arrow(series.to_arrow())
+
+    @classmethod
+    def from_arrow(cls, arrow: pa.Array | pa.ChunkedArray) -> "FlatSequences":
+        """From an Arrow ``list<int>`` array (e.g. a Parquet column read with pyarrow), zero-copy where it can."""
         if hasattr(arrow, "combine_chunks"):
             arrow = arrow.combine_chunks()
         offsets = arrow.offsets.to_numpy().astype(np.int64)
