@@ -143,14 +143,15 @@ def measure(step, batches: list[dict], warmup: int, device: torch.device) -> dic
     _sync(device)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     for batch in timed:
         loss = step(batch)
     _sync(device)
-    seconds = time.perf_counter() - started
+    seconds, cpu_seconds = time.perf_counter() - started, time.process_time() - cpu_started
     peak = torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None
     return {"steps": len(timed), "tokens": tokens, "seconds_per_step": seconds / len(timed),
-            "tokens_per_second": tokens / seconds, "peak_memory_mib": peak, "last_loss": float(loss)}  # fmt: skip
+            "cpu_seconds_per_step": cpu_seconds / len(timed), "tokens_per_second": tokens / seconds,
+            "peak_memory_mib": peak, "last_loss": float(loss)}  # fmt: skip
 
 
 def _on_device(batch: dict, device: torch.device) -> dict:

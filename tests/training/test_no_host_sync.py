@@ -76,13 +76,36 @@ def test_training_step_outside_attention_reads_nothing_on_the_host(monkeypatch, 
                       time_gap_buckets=6 if time_gaps else 0)  # fmt: skip
     module = RankerModule(cfg, TrainConfig(loss=loss, num_negatives=7), 30, torch.ones(31, dtype=torch.int64))
     module.log = lambda *args, **kwargs: None  # no trainer attached
-    for batch in _batches(time_gaps):
+    batches = _batches(time_gaps)
+    assert all("target_positions" in b for b in batches)
+    for batch in batches + [{k: v for k, v in b.items() if k != "target_positions"} for b in batches]:
         with HostReads() as reads:
             with torch.autocast("cpu", dtype=torch.bfloat16):
                 step_loss = module.training_step(batch, 0)
             step_loss.backward()
         assert reads.calls == [], f"host reads in the {loss} step: {reads.calls}"
         assert torch.isfinite(step_loss.detach()).all()
+
+
+def test_step_with_the_collated_target_positions_equals_the_step_over_every_position():
+    """The gather by ``target_positions`` (T rows) and the loss over all B * L rows with target 0
+    ignored are the same loss and gradients."""
+    torch.manual_seed(0)
+    cfg = ModelConfig(d_model=16, n_heads=2, n_layers=1, max_len=16, dropout=0.0, attention_backend="sdpa",
+                      embedding_backend="torch")  # fmt: skip
+    module = RankerModule(cfg, TrainConfig(), 30, torch.ones(31, dtype=torch.int64))
+    module.log = lambda *args, **kwargs: None
+    for batch in _batches(False):
+        results = []
+        for given in (batch, {k: v for k, v in batch.items() if k != "target_positions"}):
+            module.zero_grad()
+            loss = module.training_step(given, 0)
+            loss.backward()
+            results.append((float(loss), [p.grad.clone() for p in module.parameters() if p.grad is not None]))
+        assert batch["target_positions"].numel() == int((batch["targets"] > 0).sum())
+        assert abs(results[0][0] - results[1][0]) < 1e-6
+        for a, b in zip(results[0][1], results[1][1], strict=True):
+            torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
 
 
 @pytest.mark.gpu
