@@ -92,7 +92,8 @@ def recipe_module(max_len: int, backend: str, n_items: int, device: torch.device
     """The ``configs/movielens-1m.yaml`` ranker with the plain item table, on ``device``."""
     cfg = ModelConfig(d_model=128, n_layers=2, n_heads=2, max_len=max_len, dropout=0.2,
                       attention_backend=backend, embedding_backend="torch")  # fmt: skip
-    module = RankerModule(cfg, TrainConfig(loss="softmax", lr=2e-3), n_items, torch.ones(n_items + 1, dtype=torch.int64))
+    counts = torch.ones(n_items + 1, dtype=torch.int64)
+    module = RankerModule(cfg, TrainConfig(loss="softmax", lr=2e-3), n_items, counts)
     module.log = lambda *args, **kwargs: None  # no trainer attached
     return module.to(device)
 
@@ -188,7 +189,8 @@ def run_backends(args) -> dict:
                 case |= measure(step, batches, args.warmup, device)
                 case["host_syncs_per_step"] = host_syncs(step, batches[-1], device)
             except Exception as err:  # noqa: BLE001 - recorded as the case's result, the others go on
-                case["error"] = f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}"[:300]
+                first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+                case["error"] = f"{type(err).__name__}: {first}"[:300]
             if "tokens_per_second" in case:
                 case["ml1m_epoch_tokens"] = epoch_tokens(histories, max_len)
                 case["seconds_per_ml1m_epoch"] = case["ml1m_epoch_tokens"] / case["tokens_per_second"]
@@ -203,8 +205,9 @@ def run_backends(args) -> dict:
 def summarise(cases: list[dict]) -> dict:
     """flex / sdpa tokens/s per max_len (where both ran)."""
     rate = {(c["max_len"], c["backend"]): c.get("tokens_per_second") for c in cases}
+    lengths = sorted({c["max_len"] for c in cases})
     return {f"flex_over_sdpa@{n}": rate[(n, "flex")] / rate[(n, "sdpa")]
-            for n in sorted({c["max_len"] for c in cases}) if rate.get((n, "flex")) and rate.get((n, "sdpa"))}  # fmt: skip
+            for n in lengths if rate.get((n, "flex")) and rate.get((n, "sdpa"))}  # fmt: skip
 
 
 def machine(device: torch.device) -> dict:
@@ -231,8 +234,10 @@ def run_layouts(args) -> dict:
     max_len = args.lengths[0]
     windows = NextItemWindows(histories, max_len)
     order = np.random.default_rng(0).permutation(len(windows))
-    groups = [[windows[int(i)] for i in order[s * args.batch_size : (s + 1) * args.batch_size]] for s in range(args.steps)]
-    cfg = ModelConfig(d_model=64, n_layers=2, n_heads=2, max_len=max_len, attention_backend="sdpa", embedding_backend="torch")
+    size = args.batch_size
+    groups = [[windows[int(i)] for i in order[s * size : (s + 1) * size]] for s in range(args.steps)]
+    cfg = ModelConfig(d_model=64, n_layers=2, n_heads=2, max_len=max_len, attention_backend="sdpa",
+                      embedding_backend="torch")  # fmt: skip
     results = {}
     packed = lambda g: collate_packed_next_item(g, row_len=max_len)  # noqa: E731
     for name, collate, plain_loss, bf16 in (
@@ -251,8 +256,9 @@ def run_layouts(args) -> dict:
         results[name] = measure(make_step(module, device, bf16), batches, 2, device)
         results[name]["padding_waste"] = 1 - results[name]["tokens"] / computed
         print(name, {k: round(v, 4) if isinstance(v, float) else v for k, v in results[name].items()}, flush=True)
-    results["packed_speedup"] = results["packed"]["tokens_per_second"] / results["padded"]["tokens_per_second"]
-    results["fused_loss_speedup"] = results["packed"]["tokens_per_second"] / results["packed_plain_softmax"]["tokens_per_second"]
+    rate = {name: results[name]["tokens_per_second"] for name in ("padded", "packed", "packed_plain_softmax")}
+    results["packed_speedup"] = rate["packed"] / rate["padded"]
+    results["fused_loss_speedup"] = rate["packed"] / rate["packed_plain_softmax"]
     print(f"packed / padded tokens/s: {results['packed_speedup']:.2f}x")
     print(f"fused / plain softmax loss tokens/s (packed): {results['fused_loss_speedup']:.2f}x")
     return results

@@ -77,7 +77,8 @@ class ModelConfig(_Section):
     window: int | None = Field(None, ge=1)  # sliding attention window, items
     sinks: int = Field(0, ge=0)  # first events always visible (StreamingLLM)
     shard_embeddings: bool = False  # row-wise torchrec sharding of the item table (docs/scaling.md)
-    embedding_backend: Literal["auto", "torchrec", "torch"] = "auto"  # auto: torchrec where it imports, else nn.Embedding (docs/install.md)
+    # item table: torchrec EmbeddingCollection or plain nn.Embedding; auto = torchrec where it imports (docs/install.md)
+    embedding_backend: Literal["auto", "torchrec", "torch"] = "auto"
     time_gap_buckets: int = Field(0, ge=0)  # 0 = off; else a second table of log2 time-gap buckets (>= 3)
 
     @model_validator(mode="after")
@@ -87,7 +88,9 @@ class ModelConfig(_Section):
         if 0 < self.time_gap_buckets < 3:
             raise ValueError("model.time_gap_buckets needs at least 3 (padding, first event, one gap bucket); 0 = off")
         if self.shard_embeddings and self.embedding_backend == "torch":
-            raise ValueError("model.shard_embeddings=true needs model.embedding_backend=torchrec or auto (torchrec shards the table)")
+            raise ValueError(
+                "model.shard_embeddings=true needs model.embedding_backend=torchrec or auto (torchrec shards the table)"
+            )
         if self.time_gap_buckets and self.shard_embeddings:
             raise ValueError("model.time_gap_buckets does not work with model.shard_embeddings yet; use one of them")
         return self

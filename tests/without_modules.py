@@ -24,7 +24,8 @@ class HiddenPackages(importlib.abc.MetaPathFinder):
 
     def find_spec(self, fullname, path=None, target=None):
         if fullname.split(".")[0] in self.names:
-            raise ModuleNotFoundError(f"No module named '{fullname}' (hidden by tests/without_modules.py)", name=fullname)
+            message = f"No module named '{fullname}' (hidden by tests/without_modules.py)"
+            raise ModuleNotFoundError(message, name=fullname)
         return None
 
 

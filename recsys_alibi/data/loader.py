@@ -168,7 +168,9 @@ def collate_next_item(samples: list[np.ndarray]) -> dict[str, torch.Tensor]:
     valid = torch.arange(tokens.shape[1] - 1)[None, :] < (lengths - 1)[:, None]  # (B, L)
     inputs = tokens[:, :-1] * valid  # each row's last event is only a target
     targets = tokens[:, 1:]
-    batch = {"inputs": inputs, "targets": targets, "lengths": lengths - 1, "target_positions": target_positions(targets)}
+    batch = {
+        "inputs": inputs, "targets": targets, "lengths": lengths - 1, "target_positions": target_positions(targets)
+    }  # fmt: skip
     if gap_rows is not None:
         batch["gaps"] = pad_right(gap_rows)[0][:, :-1] * valid
     return batch

@@ -115,7 +115,9 @@ def _torchrec_collection(tables: list[tuple[str, int, int]], features: dict[str,
 
     init = partial(nn.init.normal_, std=init_std)  # picklable, unlike a lambda
     configs = [
-        EmbeddingConfig(name=name, embedding_dim=width, num_embeddings=rows, feature_names=[features[name]], init_fn=init)
+        EmbeddingConfig(
+            name=name, embedding_dim=width, num_embeddings=rows, feature_names=[features[name]], init_fn=init
+        )
         for name, rows, width in tables
     ]
     return EmbeddingCollection(tables=configs, device=torch.device("cpu"))

@@ -37,9 +37,9 @@ class HostReads(TorchFunctionMode):
         self.calls: list[str] = []
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        boolean_index = func in (torch.Tensor.__getitem__, torch.Tensor.__setitem__) and any(
-            isinstance(a, torch.Tensor) and a.dtype == torch.bool for a in (args[1] if isinstance(args[1], tuple) else (args[1],))
-        )
+        index = args[1] if func in (torch.Tensor.__getitem__, torch.Tensor.__setitem__) else ()
+        index = index if isinstance(index, tuple) else (index,)
+        boolean_index = any(isinstance(a, torch.Tensor) and a.dtype == torch.bool for a in index)
         if func in HOST_READS or boolean_index:
             self.calls.append(getattr(func, "__name__", str(func)))
         return func(*args, **(kwargs or {}))
