@@ -1,6 +1,6 @@
 """Run Python with some top-level packages hidden from the import system (a ``sys.meta_path`` blocker).
 
-Usage (what the tests run in a subprocess)::
+Usage (what the tests run in a subprocess, through :func:`run_without`)::
 
     python tests/without_modules.py torchrec,fbgemm_gpu -m pipelines.cli train ...
     python tests/without_modules.py torchrec,fbgemm_gpu -c "import recsys_alibi.model.transformer"
@@ -12,8 +12,13 @@ machine where it is not installed; everything else imports as usual.
 from __future__ import annotations
 
 import importlib.abc
+import os
 import runpy
+import subprocess
 import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 class HiddenPackages(importlib.abc.MetaPathFinder):
@@ -27,6 +32,20 @@ class HiddenPackages(importlib.abc.MetaPathFinder):
             message = f"No module named '{fullname}' (hidden by tests/without_modules.py)"
             raise ModuleNotFoundError(message, name=fullname)
         return None
+
+
+def run_without(hidden: str, *argv: str, cwd: Path = REPO, timeout: int = 600) -> subprocess.CompletedProcess:
+    """Run ``python tests/without_modules.py hidden argv...`` (``-m MODULE ...`` or ``-c CODE ...``).
+
+    The repository is on ``PYTHONPATH``, one OpenMP thread; asserts exit code 0 (stderr in the
+    message) and returns the finished process (``stdout``/``stderr`` as text).
+    """
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        [sys.executable, __file__, hidden, *argv], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
 
 
 def main(argv: list[str]) -> None:

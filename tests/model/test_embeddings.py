@@ -4,32 +4,15 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import pickle
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
+from without_modules import run_without
 
 from recsys_alibi.config import ConfigError, ModelConfig, load_config
 from recsys_alibi.model.embeddings import PlainEmbeddingCollection, ItemEmbeddings, resolve_embedding_backend
 from recsys_alibi.model.transformer import AlibiRanker
-
-REPO = Path(__file__).resolve().parents[2]
-WITHOUT = str(REPO / "tests" / "without_modules.py")
-
-
-def run_hidden(hidden: str, code: str, *args: str) -> subprocess.CompletedProcess:
-    """``python -c code args`` with the packages ``hidden`` (comma-separated) not importable."""
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(
-        [sys.executable, WITHOUT, hidden, "-c", code, *args], env=env, capture_output=True, text=True, timeout=300
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    return done
-
 
 def _both(seed: int = 0, **kwargs) -> tuple[ItemEmbeddings, ItemEmbeddings]:
     torch.manual_seed(seed)
@@ -118,7 +101,7 @@ def test_model_saved_with_torchrec_loads_and_scores_where_torchrec_cannot_be_imp
         "                  'scores': model.score(h, l, g).tolist()}))\n"
     )
     args = [json.dumps(t.tolist()) for t in (HISTORY, LENGTHS, GAPS)]
-    got = json.loads(run_hidden("torchrec,fbgemm_gpu", code, str(path), *args).stdout.strip().splitlines()[-1])
+    got = json.loads(run_without("torchrec,fbgemm_gpu", "-c", code, str(path), *args).stdout.strip().splitlines()[-1])
     assert got["type"] == "PlainEmbeddingCollection" and got["backend"] == "torch"
     torch.testing.assert_close(torch.tensor(got["scores"]), expected)
 
@@ -140,7 +123,7 @@ def test_without_torchrec_auto_is_the_plain_table_torchrec_is_refused_and_import
         "heavy = {'torchrec', 'fbgemm_gpu', 'mlflow', 'polars'}\n"
         "print('loaded', sorted({m.split('.')[0] for m in sys.modules} & heavy))\n"
     )
-    lines = run_hidden("torchrec,fbgemm_gpu,mlflow,polars", code).stdout.strip().splitlines()
+    lines = run_without("torchrec,fbgemm_gpu,mlflow,polars", "-c", code).stdout.strip().splitlines()
     assert lines[0] == "backend torch"
     assert lines[1].startswith("refused model.embedding_backend=torchrec needs torchrec")
     assert "model.embedding_backend=torch" in lines[1]  # the message names the fix

@@ -9,32 +9,22 @@ checkpoints must load into either backend.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import torch
-
-from training_fixtures import tiny_config, write_walks
-
 from fit_tiny import fit
+from training_fixtures import tiny_config, write_walks
+from without_modules import run_without
+
 from recsys_alibi.training.module import RankerModule
 
 HERE = Path(__file__).resolve().parent
-REPO = HERE.parents[1]
 
 
 def run_without_torchrec(script: Path, *args: str) -> dict:
     """``python script args`` with torchrec and fbgemm_gpu hidden; its ``RESULT {json}`` line."""
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(
-        [sys.executable, str(REPO / "tests" / "without_modules.py"), "torchrec,fbgemm_gpu", "-c",
-         f"import runpy, sys; sys.argv = sys.argv[1:]; runpy.run_path({str(script)!r}, run_name='__main__')",
-         str(script), *args],
-        env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
+    code = "import runpy, sys; sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')"
+    done = run_without("torchrec,fbgemm_gpu", "-c", code, str(script), *args)
     line = next(line for line in done.stdout.splitlines() if line.startswith("RESULT "))
     return json.loads(line[len("RESULT ") :])
 

@@ -8,17 +8,14 @@ table), to the same rankings.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import polars as pl
 from training_fixtures import write_walks
+from without_modules import run_without
 
 from pipelines.cli import main
 
-REPO = Path(__file__).resolve().parents[2]
 TINY = [
     "model.d_model=16", "model.n_heads=2", "model.n_layers=1", "model.max_len=16", "model.attention_backend=sdpa",
     "train.max_epochs=2", "train.batch_size=32", "train.warmup_steps=1", "train.attention_health=false",
@@ -27,10 +24,7 @@ TINY = [
 
 
 def _cli_without_torchrec(*args: str, cwd: Path) -> str:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, str(REPO / "tests" / "without_modules.py"), "torchrec,fbgemm_gpu", "-m", "pipelines.cli"]
-    done = subprocess.run([*command, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
+    done = run_without("torchrec,fbgemm_gpu", "-m", "pipelines.cli", *args, cwd=cwd)
     assert "Traceback" not in done.stderr and "Warning" not in done.stderr
     told = [line for line in done.stderr.splitlines() if "torchrec" in line]
     assert len(told) <= 1 and all(line.endswith("the item table is a plain nn.Embedding") for line in told), told

@@ -8,14 +8,12 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+from without_modules import run_without
 
 REPO = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("training_benchmark", REPO / "benchmarks" / "training.py")
@@ -44,15 +42,9 @@ def test_epoch_tokens_count_each_training_window_once(tmp_path):
 def test_benchmark_runs_without_torchrec_mlflow_or_polars(tmp_path):
     prepared = _prepared(tmp_path / "p", [30] * 40)
     out = tmp_path / "bench.json"
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     args = ["--device", "cpu", "--prepared", str(prepared), "--lengths", "16", "1024", "--backends", "flex", "sdpa",
             "--steps", "2", "--warmup", "1", "--batch-size", "8", "--tokens-per-step", "2048", "--json", str(out)]  # fmt: skip
-    done = subprocess.run(
-        [sys.executable, str(REPO / "tests" / "without_modules.py"), "torchrec,fbgemm_gpu,mlflow,polars",
-         "-m", "benchmarks.training", *args],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
+    run_without("torchrec,fbgemm_gpu,mlflow,polars", "-m", "benchmarks.training", *args)
     cases = {(c["max_len"], c["backend"]): c for c in json.loads(out.read_text())["cases"]}
     assert set(cases) == {(16, "flex"), (16, "sdpa"), (1024, "flex"), (1024, "sdpa")}
     assert "no backward on the CPU" in cases[(16, "flex")]["skipped"]
