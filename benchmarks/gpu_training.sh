@@ -57,7 +57,8 @@ if [ "$STAGE" = fit ] || [ "$STAGE" = all ]; then
   if $PY -c 'import polars' 2>/dev/null; then
     timeout $(( FIT_MINUTES * 60 + 150 )) $PY -m benchmarks.gpu_fit --config configs/movielens-1m.yaml \
       --prepared "$PREPARED" --output "$VENDOR/fit" --json "$OUT/gpu-fit.json" \
-      --set train.max_minutes="$FIT_MINUTES" --set train.accelerator=auto ${FIT_ARGS:-} 2>&1 | tail -40 | tee "$OUT/fit.txt"
+      --set train.max_minutes="$FIT_MINUTES" --set train.accelerator=auto --set train.num_workers=4 \
+      ${FIT_ARGS:-} 2>&1 | tail -40 | tee "$OUT/fit.txt"
   else
     echo "polars cannot be imported: carry $WHEELS/polars for the 30-epoch fit" | tee "$OUT/fit.txt"
   fi

@@ -121,6 +121,7 @@ class TrainConfig(_Section):
     val_users: int | None = None  # validate on a fixed random subset of users (None: all)
     packing: bool = False  # pack several users' windows into rows of model.max_len (no padding compute)
     windows: Literal["last", "all"] = "last"  # train on each history's last max_len + 1 events, or on all of it
+    num_workers: int = Field(0, ge=0)  # training-batch worker processes (a GPU outruns one collating process)
     attention_health: bool = True  # log per-head entropy / zero-weight share at each validation (ALiBi)
     zero_share_threshold: float = Field(0.05, ge=0, le=1)  # warn when a head has more exactly-zero weights
 
