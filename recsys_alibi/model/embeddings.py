@@ -99,14 +99,22 @@ class PlainEmbeddingCollection(nn.Module):
         tables: ``(name, rows, width D)`` per table.
         init_std: standard deviation of the normal initialisation (after ``nn.Embedding``'s own,
             as torchrec does, so the same seed gives the same weights).
+        weights: optional ``name -> (rows, D)`` Parameters to hold instead (shared, not copied;
+            nothing is drawn).
     """
 
-    def __init__(self, tables: list[tuple[str, int, int]], init_std: float = 0.02) -> None:
+    def __init__(
+        self, tables: list[tuple[str, int, int]], init_std: float = 0.02, weights: dict[str, nn.Parameter] | None = None
+    ) -> None:
         super().__init__()
         self.embeddings = nn.ModuleDict()
         for name, rows, width in tables:
-            self.embeddings[name] = nn.Embedding(rows, width)
-            nn.init.normal_(self.embeddings[name].weight, std=init_std)
+            if weights is None:
+                self.embeddings[name] = nn.Embedding(rows, width)
+                nn.init.normal_(self.embeddings[name].weight, std=init_std)
+            else:
+                self.embeddings[name] = nn.Embedding(rows, width, _weight=weights[name])
+                self.embeddings[name].weight = weights[name]  # the same Parameter, not a new wrapper
 
 
 def _torchrec_collection(tables: list[tuple[str, int, int]], features: dict[str, str], init_std: float) -> nn.Module:
@@ -194,14 +202,9 @@ class ItemEmbeddings(nn.Module):
         state = self.__dict__.copy()
         collection = state["_modules"]["collection"]
         if not isinstance(collection, PlainEmbeddingCollection):
-            plain = PlainEmbeddingCollection.__new__(PlainEmbeddingCollection)
-            nn.Module.__init__(plain)
-            plain.embeddings = nn.ModuleDict()
-            for name, table in collection.embeddings.items():
-                rows, width = table.weight.shape
-                plain.embeddings[name] = nn.Embedding(rows, width, _weight=table.weight, _freeze=False)
-                plain.embeddings[name].weight = table.weight  # the same Parameter (shared by the tied head)
-            state["_modules"] = {**state["_modules"], "collection": plain}
+            weights = {name: table.weight for name, table in collection.embeddings.items()}
+            tables = [(name, *weight.shape) for name, weight in weights.items()]
+            state["_modules"] = {**state["_modules"], "collection": PlainEmbeddingCollection(tables, weights=weights)}
         return state
 
     def __setstate__(self, state: dict) -> None:
@@ -216,7 +219,7 @@ class ItemEmbeddings(nn.Module):
             with torch.random.fork_rng(devices=[]):  # the rebuild's init draws must not move the caller's RNG
                 rebuilt = self._build("torchrec", self._tables())
             for name, table in collection.embeddings.items():
-                rebuilt.embeddings[name].weight = table.weight
+                rebuilt.embeddings[name].weight = table.weight  # the unpickled Parameter itself
             self._modules["collection"] = rebuilt
         self.backend = backend
 
