@@ -11,7 +11,7 @@
 #     rm runs/ml1m/prepared/events.parquet            # only sequences.parquet and items.parquet travel
 #     pip download --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 \
 #         -d runs/gpu-wheels/base pydantic==2.14.4 pydantic_core==2.50.5 annotated-types==0.8.0 \
-#         typing-inspection==0.4.5
+#         typing-inspection==0.4.5 typing_extensions==4.16.0
 #     pip download --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 \
 #         -d runs/gpu-wheels/polars polars==2.1.0 polars-runtime-32==2.1.0   # 55 MB: a separate call
 #
