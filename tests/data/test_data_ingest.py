@@ -10,8 +10,9 @@ import polars as pl
 import pytest
 
 from recsys_alibi.config import ColumnMap, DataConfig
-from recsys_alibi.data.ingest import DataError, infer_format, resolve_paths, scan_source, tag_rows, valid_events
+from recsys_alibi.data.ingest import DataError, canonical_events, infer_format, resolve_paths, scan_source
 from recsys_alibi.data.prepare import prepare
+from recsys_alibi.data.schema import SUBSECOND
 
 LOOSE = DataConfig(min_events_per_user=1, min_events_per_item=1)
 
@@ -27,7 +28,7 @@ def _write(path: Path, text: str, gz: bool = False) -> Path:
 
 def _events(cfg: DataConfig, path: Path | str, fmt: str | None = None) -> pl.DataFrame:
     """Canonical valid events of an input, in source order."""
-    return valid_events(tag_rows(scan_source(cfg, path, fmt), cfg)).collect().sort("source_row")
+    return canonical_events(scan_source(cfg, path, fmt), cfg).collect().sort("source_row").drop(SUBSECOND, strict=False)
 
 
 # ----------------------------------------------------------------------------- formats

@@ -206,7 +206,7 @@ def test_clean_partition_matches_the_reference_in_any_row_order(tmp_path, string
     reference = sort_events(drop_exact_duplicates(df.lazy())).collect()
     for name, rows in (("ordered", df), ("shuffled", df.sample(fraction=1.0, shuffle=True, seed=1))):
         rows.write_ipc(tmp_path / f"{name}.ipc")
-        users, items, frame, n_after_min = _clean_partition(DataConfig(), [tmp_path / f"{name}.ipc"])
+        users, items, frame, n_after_min = _clean_partition(DataConfig(), [], [tmp_path / f"{name}.ipc"])
         assert n_after_min == n and users.to_list() == sorted(set(df["user_id"]))
         got = frame.with_columns(
             users.gather(frame["user_id"]).alias("user_id"),
