@@ -125,9 +125,14 @@ def read_error(paths: list[Path] | tuple[Path, ...], fmt: str, err: BaseExceptio
         found_utf8 = invalid_utf8(path)
         if found_utf8 is not None:
             line, offset, byte = found_utf8
+            convert = (
+                f"zcat '{path}' | iconv -f latin1 -t utf-8 | gzip > converted.{fmt}.gz"
+                if path.name.lower().endswith(".gz")
+                else f"iconv -f latin1 -t utf-8 '{path}' > converted.{fmt}"
+            )
             return DataError(
                 f"'{path}' is not UTF-8 text: byte 0x{byte:02x} at line {line} (offset {offset}); "
-                f"convert it to UTF-8, e.g. iconv -f latin1 -t utf-8 '{path}' > converted.{fmt}"
+                f"convert it to UTF-8 (from its real encoding), e.g. {convert}"
             )
     if fmt == "ndjson":
         for path in paths:
