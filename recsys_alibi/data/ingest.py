@@ -40,6 +40,7 @@ import polars as pl
 
 from recsys_alibi.config import DataConfig
 from recsys_alibi.data.errors import DataError, first_line, read_error
+from recsys_alibi.data.ids import cast_integer_ids, id_expr, integer_id_columns
 from recsys_alibi.data.schema import (
     EVENT_TYPE,
     ITEM_ID,
@@ -52,7 +53,10 @@ from recsys_alibi.data.schema import (
 )
 from recsys_alibi.data.timestamps import has_subseconds, timestamp_parts
 
-__all__ = ["DataError", "Source", "integer_id_columns", "resolve_paths", "scan_source", "tag_rows", "valid_events"]
+__all__ = [
+    "DataError", "Source", "canonical_events", "cast_integer_ids", "integer_id_columns", "resolve_paths", "scan_source",
+    "tag_rows", "valid_events",
+]  # fmt: skip
 
 FORMATS = ("parquet", "csv", "ndjson", "movielens", "sasrec", "s3rec")
 CANONICAL = (USER_ID, ITEM_ID, TIMESTAMP, EVENT_TYPE, VALUE)
@@ -409,60 +413,6 @@ _READERS = {
 # ----------------------------------------------------------------------------- canonical columns
 
 
-def _id_expr(source: Source, raw: str, dtype: pl.DataType, id_type: str) -> tuple[pl.Expr, pl.Expr]:
-    """(canonical id, is-missing) for one id column; an unparseable id gives a null id.
-
-    Ids in ``source.text_ids`` stay text here; :func:`integer_id_columns` decides their type.
-    """
-    col = pl.col(raw)
-    if isinstance(dtype, (pl.Categorical, pl.Enum)):
-        col, dtype = col.cast(pl.String), pl.String
-    if dtype == pl.String:
-        stripped = col.str.strip_chars()
-        missing = stripped.is_null() | (stripped == "")
-        if source.text and id_type == "int":
-            return stripped.cast(pl.Int64, strict=False), missing
-        return stripped if source.text else col, missing
-    if dtype.is_integer():
-        return col.cast(pl.Int64, strict=False), col.is_null()
-    if dtype.is_float():
-        ok = col.is_finite() & (col == col.floor())
-        return pl.when(ok).then(col.cast(pl.Int64, strict=False)), col.is_null() | col.is_nan()
-    if dtype == pl.Null:
-        return col.cast(pl.Int64), col.is_null()
-    raise DataError(f"id column '{raw}' has type {dtype}; ids must be integers or strings, map another column with data.columns")
-
-
-def round_trips(ids: pl.Expr) -> pl.Expr:
-    """True where a text id is an integer written exactly as Int64 prints it (``str(int(x)) == x``).
-
-    ``7``, ``-5`` and ``0`` do; ``007``, ``+7``, ``-0``, ``7.0``, `` 7`` and integers beyond Int64 do not.
-    """
-    return (ids.cast(pl.Int64, strict=False).cast(pl.String) == ids).fill_null(False)
-
-
-def integer_id_columns(events: pl.LazyFrame, candidates: tuple[str, ...]) -> list[str]:
-    """The text id columns of ``events`` that can be Int64 without merging two spellings.
-
-    A column qualifies when EVERY value round-trips (:func:`round_trips`), over all rows; one
-    ``007``, ``+7`` or ``abc`` anywhere keeps the whole column String. A full pass over the
-    candidate columns (streaming).
-
-    Args:
-        events: canonical events whose ``candidates`` columns are String.
-        candidates: column names (``Source.text_ids``).
-    """
-    if not candidates:
-        return []
-    row = events.select(*[round_trips(pl.col(c)).all().alias(c) for c in candidates]).collect(engine="streaming")
-    return [c for c in candidates if row[c][0] is not False]
-
-
-def cast_integer_ids(events: pl.LazyFrame | pl.DataFrame, columns: list[str]):
-    """``events`` with the id ``columns`` (from :func:`integer_id_columns`) cast to Int64."""
-    return events.with_columns(pl.col(c).cast(pl.Int64) for c in columns) if columns else events
-
-
 def _value_expr(raw: str, dtype: pl.DataType) -> pl.Expr:
     col = pl.col(raw)
     number = col.str.strip_chars().cast(pl.Float64, strict=False) if dtype == pl.String else col.cast(pl.Float64, strict=False)
@@ -484,8 +434,8 @@ def tag_rows(source: Source, cfg: DataConfig) -> pl.LazyFrame:
     """
     schema = source.frame.collect_schema()
     cols = source.columns
-    user, user_missing = _id_expr(source, cols[USER_ID], schema[cols[USER_ID]], cfg.id_type)
-    item, item_missing = _id_expr(source, cols[ITEM_ID], schema[cols[ITEM_ID]], cfg.id_type)
+    user, user_missing = id_expr(cols[USER_ID], schema[cols[USER_ID]], source.text, cfg.id_type)
+    item, item_missing = id_expr(cols[ITEM_ID], schema[cols[ITEM_ID]], source.text, cfg.id_type)
     exprs = [user.alias(PREFIX + USER_ID), item.alias(PREFIX + ITEM_ID)]
     if TIMESTAMP in cols:
         raw, dtype = cols[TIMESTAMP], schema[cols[TIMESTAMP]]
