@@ -125,10 +125,13 @@ def read_error(paths: list[Path] | tuple[Path, ...], fmt: str, err: BaseExceptio
         found_utf8 = invalid_utf8(path)
         if found_utf8 is not None:
             line, offset, byte = found_utf8
+            gz = path.name.lower().endswith(".gz")
+            plain = Path(path.name[:-3] if gz else path.name)
+            target = path.with_name(f"{plain.stem}.utf8{plain.suffix}" + (".gz" if gz else ""))
             convert = (
-                f"zcat '{path}' | iconv -f latin1 -t utf-8 | gzip > converted.{fmt}.gz"
-                if path.name.lower().endswith(".gz")
-                else f"iconv -f latin1 -t utf-8 '{path}' > converted.{fmt}"
+                f"zcat '{path}' | iconv -f latin1 -t utf-8 | gzip > '{target}'"
+                if gz
+                else f"iconv -f latin1 -t utf-8 '{path}' > '{target}'"
             )
             return DataError(
                 f"'{path}' is not UTF-8 text: byte 0x{byte:02x} at line {line} (offset {offset}); "

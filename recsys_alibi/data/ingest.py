@@ -245,6 +245,8 @@ def scan_source(cfg: DataConfig, input_path: str | Path, fmt: str | None = None,
             raise DataError(f"empty input: '{paths[0]}' has no rows; point --input at the event log") from None
         raise read_error(paths, fmt, err, f"check the file or {_FORMAT_HELP}") from None
     raw = tuple(name for name in schema.names() if name not in (SOURCE_ROW, FIELDS_OK))
+    if text and any("\ufffd" in name for name in raw):  # polars replaced bytes of a non-UTF-8 header
+        raise read_error(paths, fmt, ValueError("the header is not UTF-8"), "convert the file to UTF-8")
     _check_columns(cfg, fmt, columns, raw)
     if text and cfg.id_type != "auto":
         text_ids = ()

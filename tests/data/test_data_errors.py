@@ -29,6 +29,13 @@ def test_non_utf8_text_names_the_file_line_and_byte(tmp_path, gz):
     path.write_bytes(gzip.compress(LATIN1) if gz else LATIN1)
     msg = _error(path)
     assert f"'{path}' is not UTF-8 text: byte 0xe9 at line 2 (offset 32)" in msg and "iconv" in msg
+    assert str(tmp_path / ("latin.utf8.csv.gz" if gz else "latin.utf8.csv")) in msg
+
+
+def test_non_utf8_header_is_named_not_blamed_on_the_column_map(tmp_path):
+    path = tmp_path / "h.csv"
+    path.write_bytes("user_id,item_id,début\nu1,a,1\n".encode("latin-1"))
+    assert "is not UTF-8 text: byte 0xe9 at line 1" in _error(path)
 
 
 def test_non_utf8_file_among_several_is_the_one_named(tmp_path):
