@@ -350,18 +350,21 @@ def _read_csv(cfg: DataConfig, paths: list[Path], count_fields: bool = True) -> 
 
 
 def _read_ndjson(cfg: DataConfig, paths: list[Path]) -> Read:
-    """One JSON object per line; mapped columns read as text, so a late type change is no error.
+    """One JSON object per line; only the mapped fields are read, as text, so a late type change is no error.
 
-    The column types are inferred from the first ``INFER_ROWS`` lines; every mapped column is
-    then read as String (a JSON number as its text), so a string timestamp or id after those
-    lines is parsed like any other. Id columns that were numbers there are typed later by
-    :func:`integer_id_columns` (Int64 when every value round-trips); string ids stay strings.
+    The fields and their types are inferred from the first ``INFER_ROWS`` lines (a mapped field
+    absent there is reported missing); then only the mapped fields are read, each as String (a
+    JSON number as its text), so a string timestamp or id after those lines, or an unmapped
+    field that changes type, is parsed like any other line. Id fields that were numbers there
+    are typed later by :func:`integer_id_columns` (Int64 when every value round-trips); string
+    ids stay strings. A rejects file holds the mapped fields only.
     """
     inferred = pl.scan_ndjson(paths, infer_schema_length=INFER_ROWS).collect_schema()
     mapped = _mapped(cfg)
-    as_text = {raw: pl.String for raw in mapped.values() if raw in inferred and not inferred[raw].is_nested()}
-    lf = pl.scan_ndjson(paths, infer_schema_length=INFER_ROWS, schema_overrides=as_text)
-    text_ids = tuple(c for c in (USER_ID, ITEM_ID) if mapped[c] in as_text and inferred[mapped[c]] != pl.String)
+    schema = {raw: inferred[raw] if inferred[raw].is_nested() else pl.String for raw in mapped.values() if raw in inferred}
+    lf = pl.scan_ndjson(paths, schema=schema) if schema else pl.scan_ndjson(paths, infer_schema_length=INFER_ROWS)
+    numbers = {raw for raw in schema if not inferred[raw].is_nested() and inferred[raw] != pl.String}
+    text_ids = tuple(c for c in (USER_ID, ITEM_ID) if mapped[c] in numbers)
     return _with_row(lf), mapped, False, text_ids
 
 

@@ -325,8 +325,8 @@ def test_semicolon_and_pipe_separators_are_detected_and_suggested(tmp_path):
 
 
 def test_ndjson_types_are_read_from_every_line(tmp_path):
-    lines = [f'{{"user_id":{u % 5},"item_id":{u},"timestamp":{1700000000 + u},"rating":4}}' for u in range(1500)]
-    lines += ['{"user_id":1,"item_id":"007","timestamp":"2024-01-02T03:04:05Z","rating":"5"}']
+    lines = [f'{{"user_id":{u % 5},"item_id":{u},"timestamp":{1700000000 + u},"rating":4,"extra":1}}' for u in range(1500)]
+    lines += ['{"user_id":1,"item_id":"007","timestamp":"2024-01-02T03:04:05Z","rating":"5","extra":"x","new":[1]}']
     result = prepare(DataConfig(columns=ColumnMap(value="rating"), min_events_per_user=1, min_events_per_item=1),
                      _write(tmp_path / "late.ndjson", "\n".join(lines) + "\n"), tmp_path / "out")
     assert result.counts["kept"] == 1501 and result.counts["rejected"] == 0
