@@ -20,10 +20,13 @@ A. streaming passes over the input (Polars streaming engine): rows are tagged (c
    directory inside ``output_dir``, then rejects to one Parquet file (a second pass: sharing
    one scan between the two sinks would cache the whole input in memory; skipped when the
    input is Parquet and its row count, read from the footers, equals the good events);
-B. per partition (in memory, ``WORKERS`` at a time in threads): ``min_value`` filter, user
-   and item ids replaced by their ranks in the partition, sort by (user, time, source row) as
-   a radix sort on the user codes, exact-duplicate removal (a user's events all live in one
-   partition, so this is exact); then, in partition order, the codes are made global; the
+A'. text ids: one pass over the partitions' id columns decides their type (Int64 only when
+   every value round-trips, ``ingest.integer_id_columns``);
+B. per partition (in memory, ``WORKERS`` at a time in threads): ids typed, ``min_value``
+   filter, user and item ids replaced by their ranks in the partition, sort by (user, time at
+   full precision, source row) as a radix sort on the user codes, exact-duplicate removal (a
+   user's events all live in one partition, so this is exact; the sub-second part is then
+   dropped: timestamps are written as seconds); then, in partition order, the codes are made global; the
    partition is kept slim (Int32 user and item codes, timestamp, event type as an Enum, value:
    ~17-21 bytes per event) and its file deleted;
 C. the iterative k-core on the codes of all events at once (two Int32 arrays), then each
