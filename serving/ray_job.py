@@ -182,30 +182,41 @@ class _RayScoreJob(_ScoreJob):
         if not todo:
             return 0
         ray = _import_ray()
-        context = ray.data.DataContext.get_current()
-        context.enable_progress_bars = False
-        context.enable_auto_log_stats = False
-        context.print_on_execution_start = False
         cfg = self.ray_cfg
         actors = min(cfg.actors, len(todo))
         kwargs = {"model": self.model, "items": self.items, "score": self.config.score, "k": self.ranker.k,
                   "source": source, "output_dir": self.output_dir, "threads": round(cfg.cpus_per_actor)}  # fmt: skip
-        shards = ray.data.from_items([{"shard": s} for s in todo], override_num_blocks=len(todo))
-        results = shards.map_batches(
-            ShardActor, batch_size=1, compute=ray.data.ActorPoolStrategy(size=actors), num_cpus=cfg.cpus_per_actor,
-            num_gpus=cfg.gpus_per_actor or None, fn_constructor_kwargs=kwargs,
-        )  # fmt: skip
         users_scored = 0
-        for row in _native_stderr_to_file(results.iter_rows()):
-            shard = int(row["shard"])
-            if row["error"]:
-                raise _USER_ERRORS.get(row["error_type"], ValueError)(row["error"])
-            stats = {key: int(row[key]) for key in STATS}
-            self.hook("written", shard)
-            self._record(shard, part_name(shard), stats)
-            users_scored += stats["users"]
-            advance(stats["users"])
+        with _quiet_data_context(ray.data.DataContext.get_current()):  # datasets copy the context when made
+            shards = ray.data.from_items([{"shard": s} for s in todo], override_num_blocks=len(todo))
+            results = shards.map_batches(
+                ShardActor, batch_size=1, compute=ray.data.ActorPoolStrategy(size=actors), num_cpus=cfg.cpus_per_actor,
+                num_gpus=cfg.gpus_per_actor or None, fn_constructor_kwargs=kwargs,
+            )  # fmt: skip
+            for row in _native_stderr_to_file(results.iter_rows()):
+                shard = int(row["shard"])
+                if row["error"]:
+                    raise _USER_ERRORS.get(row["error_type"], ValueError)(row["error"])
+                stats = {key: int(row[key]) for key in STATS}
+                self.hook("written", shard)
+                self._record(shard, part_name(shard), stats)
+                users_scored += stats["users"]
+                advance(stats["users"])
         return users_scored
+
+
+@contextmanager
+def _quiet_data_context(context) -> Iterator[None]:
+    """Ray Data's progress bars and execution logs off while the job runs, the caller's settings restored."""
+    quiet = {"enable_progress_bars": False, "enable_auto_log_stats": False, "print_on_execution_start": False}
+    before = {key: getattr(context, key) for key in quiet}
+    for key, value in quiet.items():
+        setattr(context, key, value)
+    try:
+        yield
+    finally:
+        for key, value in before.items():
+            setattr(context, key, value)
 
 
 def _native_stderr_to_file(rows: Iterator[dict]) -> Iterator[dict]:
