@@ -241,19 +241,28 @@ def example_input(items: pl.DataFrame, *, with_time: bool, n_events: int = 5):
 
 
 def pyfunc_signature(items: pl.DataFrame, model, *, k: int):
-    """The MLflow signature: input columns (type ``any``, checked by :func:`histories_frame`),
-    the rankings as output (inferred from a prediction on :func:`example_input`), params
-    ``k`` long (default ``k``) and ``exclude_seen`` boolean (default True)."""
-    from mlflow.models import ModelSignature, infer_signature
+    """The MLflow signature and input example of the pyfunc flavour.
+
+    Inputs: ``user_id``, ``item_id``, ``timestamp`` of type ``any`` (checked by
+    :func:`histories_frame`); outputs: ``user_id`` any, ``rank`` integer, ``item_id`` long or
+    string (the vocabulary's type), ``score`` float; params ``k`` long (default ``k``) and
+    ``exclude_seen`` boolean (default True). Written out, not inferred: MLflow's inference
+    warns about integer columns, noise in ``train``'s output.
+
+    Returns:
+        ``(signature, example)``: the example is :func:`example_input` (with ``timestamp`` when
+        the model reads time gaps).
+    """
+    from mlflow.models import ModelSignature
     from mlflow.types.schema import AnyType, ColSpec, ParamSchema, ParamSpec, Schema
 
     with_time = int(getattr(model.items, "time_gap_buckets", 0)) > 0
-    example = example_input(items, with_time=with_time)
-    output = RankerPyfunc(model, items, ScoreConfig(device="cpu")).predict(example, {"k": min(k, 10)})
-    inputs = [ColSpec(AnyType(), schema.USER_ID, required=False), ColSpec(AnyType(), schema.ITEM_ID, required=False)]
-    inputs.append(ColSpec(AnyType(), schema.TIMESTAMP, required=False))
+    inputs = Schema([ColSpec(AnyType(), name, required=False) for name in (schema.USER_ID, schema.ITEM_ID, schema.TIMESTAMP)])
+    item_type = "string" if items.schema[schema.ITEM_ID] == pl.String else "long"
+    outputs = Schema([ColSpec(AnyType(), schema.USER_ID), ColSpec("integer", schema.RANK), ColSpec(item_type, schema.ITEM_ID),
+                      ColSpec("float", schema.SCORE)])  # fmt: skip
     params = ParamSchema([ParamSpec("k", "long", int(k)), ParamSpec("exclude_seen", "boolean", True)])
-    return ModelSignature(inputs=Schema(inputs), outputs=infer_signature(example, output).outputs, params=params), example
+    return ModelSignature(inputs=inputs, outputs=outputs, params=params), example_input(items, with_time=with_time)
 
 
 def pyfunc_flavour(model, items: pl.DataFrame, *, k: int):
