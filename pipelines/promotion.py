@@ -27,6 +27,7 @@ import polars as pl
 
 from recsys_alibi.config import JobConfig
 from recsys_alibi.data import schema
+from recsys_alibi.data.sequences import vocabulary_difference
 from recsys_alibi.data.time_gaps import sequences_for
 from recsys_alibi.tracking import metric_key
 
@@ -248,11 +249,12 @@ def run_gate(
         decision = Decision(True, "no champion yet")
     else:
         champion = load_ranker(f"models:/{name}/{held_version}")
-        if not champion.items.get_column(schema.ITEM_ID).equals(items.get_column(schema.ITEM_ID)):
+        champion_ids, data_ids = champion.items.get_column(schema.ITEM_ID), items.get_column(schema.ITEM_ID)
+        if not champion_ids.equals(data_ids):
             decision = Decision(
                 True,
-                f"champion v{held_version} has another item vocabulary ({champion.items.height} items, "
-                f"data has {n_items}): not comparable, new version promoted",
+                f"champion v{held_version} has another item vocabulary ({vocabulary_difference(champion_ids, data_ids)}): "
+                "not comparable, new version promoted",
             )
             log.warning("promotion: %s", decision.reason)
         elif champion.model.uses_time_gaps and not real_timestamps:
