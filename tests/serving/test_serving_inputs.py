@@ -143,3 +143,18 @@ def test_time_gap_model_needs_real_timestamps_one_per_event(tmp_path):
     config = with_overrides(score_config(), data={"format": "sasrec"})
     with pytest.raises(DataError, match="line order"):
         score_with_model(config, tiny_model(time_gap_buckets=8), vocabulary(), log, tmp_path / "o4", progress=False)
+
+
+def test_negative_indices_never_wrap_around_the_remap_and_are_counted_unknown():
+    import numpy as np
+
+    from recsys_alibi.data.loader import FlatSequences
+    from serving.inputs import map_histories
+
+    remap = np.array([0, 7, 8, 9])  # input indices 1..3 -> model 7..9
+    histories = FlatSequences(values=np.array([-1, 2, 0, -3, 5, 3]), offsets=np.array([0, 3, 6]))
+    mapped, unknown = map_histories(histories, remap)
+    assert mapped.values.tolist() == [8, 9] and mapped.offsets.tolist() == [0, 1, 2]
+    assert unknown == 3  # -1, -3 and 5 (beyond the input vocabulary); the padding 0 is not counted
+    identity, unknown = map_histories(histories, None)
+    assert identity.values.tolist() == [2, 5, 3] and unknown == 2
