@@ -18,7 +18,7 @@ from recsys_alibi.data.splits import default_cutoff, leave_one_out, temporal_spl
 from recsys_alibi.data.time_gaps import check_real_timestamps, sequences_for
 from recsys_alibi.evaluation.baselines import BASELINES
 from recsys_alibi.evaluation.evaluator import EvaluationResult, evaluate
-from recsys_alibi.evaluation.report import write_report
+from recsys_alibi.evaluation.report import headline_k, write_report
 from recsys_alibi.tracking import metric_key
 
 @dataclass(frozen=True)
@@ -30,21 +30,21 @@ class EvaluateJobResult:
     report_dir: Path
 
     def summary(self) -> str:
-        """One line: HR, NDCG at K = 10 (or the evaluated K closest to it) and MRR, as evaluated."""
+        """One line: HR and NDCG at the headline K (10 when evaluated) and MRR, as evaluated."""
         return (
             f"{self.name}: {self.result.protocol} on {self.result.n_users} users, "
             f"{headline_metrics(self.result.metrics)}; report {self.report_dir}"
         )
 
 
-def headline_metrics(metrics: dict[str, float], prefer_k: int = 10) -> str:
+def headline_metrics(metrics: dict[str, float]) -> str:
     """``"HR@10 0.1234 NDCG@10 0.0567 MRR 0.0456"`` from the metrics that exist.
 
-    K is ``prefer_k`` when it was evaluated, else the evaluated K closest to it (the larger on a
-    tie); a metric that was not evaluated is left out, never shown as nan.
+    K is the report's headline K (:func:`recsys_alibi.evaluation.report.headline_k`: 10 when
+    evaluated, else the middle one); a metric that was not evaluated is left out, never shown as nan.
     """
     ks = sorted({int(name.split("@")[1]) for name in metrics if name.startswith("HR@")})
-    k = min(ks, key=lambda v: (abs(v - prefer_k), -v)) if ks else None
+    k = headline_k(ks) if ks else None
     names = ([f"HR@{k}", f"NDCG@{k}"] if k is not None else []) + ["MRR"]
     return " ".join(f"{name} {metrics[name]:.4f}" for name in names if name in metrics)
 

@@ -9,9 +9,9 @@ from pipelines.cli import main
 from pipelines.evaluate import check_same_vocabulary, headline_metrics
 
 
-def test_headline_shows_only_evaluated_metrics_at_the_k_closest_to_10():
-    metrics = {"HR@5": 0.25, "NDCG@5": 0.125, "HR@50": 0.5, "NDCG@50": 0.3, "MRR": 0.1}
-    assert headline_metrics(metrics) == "HR@5 0.2500 NDCG@5 0.1250 MRR 0.1000"
+def test_headline_shows_only_evaluated_metrics_at_the_reports_k():
+    metrics = {"HR@5": 0.25, "NDCG@5": 0.125, "HR@20": 0.4, "NDCG@20": 0.2, "HR@50": 0.5, "NDCG@50": 0.3, "MRR": 0.1}
+    assert headline_metrics(metrics) == "HR@20 0.4000 NDCG@20 0.2000 MRR 0.1000"  # the middle K, as report.md
     assert headline_metrics({"HR@10": 0.5, "NDCG@10": 0.25, "HR@1": 0.1, "MRR": 0.2}) == "HR@10 0.5000 NDCG@10 0.2500 MRR 0.2000"
     assert headline_metrics({"MRR": 0.2}) == "MRR 0.2000"
 
@@ -26,7 +26,7 @@ def test_evaluate_summary_without_k_10_prints_no_nan(tmp_path, monkeypatch, caps
     assert main(["evaluate", "--baseline", "popularity", "--prepared", "prepared", "--output", "report",
                  "--set", "evaluate.ks=[5,20]"]) == 0  # fmt: skip
     last = capsys.readouterr().out.strip().splitlines()[-1]
-    assert "nan" not in last and "HR@5 " in last and "NDCG@5 " in last and "MRR " in last and "@10" not in last
+    assert "nan" not in last and "HR@20 " in last and "NDCG@20 " in last and "MRR " in last and "@10" not in last
 
 
 def test_vocabulary_mismatch_says_how_many_ids_differ(tmp_path):
