@@ -115,3 +115,16 @@ def test_values_lightning_accepts_still_load(override):
 def test_generate_range_is_checked():
     with pytest.raises(ConfigError, match="generate.min_events=50 is above generate.max_events=10"):
         load_config(None, ["generate.min_events=50", "generate.max_events=10"])
+
+
+def test_exponent_floats_without_a_dot_are_numbers(tmp_path):
+    (tmp_path / "job.yaml").write_text("train:\n  lr: 1e-3\n  weight_decay: 5E-2\n")
+    config = load_config(tmp_path / "job.yaml", ["model.max_bias=+8e0"])
+    assert (config.train.lr, config.train.weight_decay, config.model.max_bias) == (0.001, 0.05, 8.0)
+
+
+def test_every_shipped_config_loads():
+    from pathlib import Path
+
+    for path in sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.yaml")):
+        load_config(path)
