@@ -358,11 +358,21 @@ def _key_path(loc: tuple) -> str:
     """The config key of a pydantic error location (drops union-branch names such as ``int``)."""
     keys, model = [], JobConfig
     for part in loc:
-        if model is None or not isinstance(part, str) or part not in model.model_fields:
+        if model is None or not isinstance(part, str):  # past a value: union branches, list indices
             break
         keys.append(part)
+        if part not in model.model_fields:  # an unknown key (extra_forbidden)
+            break
         model = _section_type(model, part)
     return ".".join(keys) or "config"
+
+
+def _known_keys(dotted: str) -> list[str]:
+    """The keys of the section that holds ``dotted`` (the top level for a top-level key)."""
+    model: type[BaseModel] | None = JobConfig
+    for part in dotted.split(".")[:-1]:
+        model = _section_type(model, part) if model is not None else None
+    return sorted(model.model_fields) if model is not None else []
 
 
 def _validate(tree: dict[str, Any]) -> JobConfig:
@@ -375,6 +385,8 @@ def _validate(tree: dict[str, Any]) -> JobConfig:
         same = [e for e in errors if _key_path(e["loc"]) == where]  # one per branch of a union
         messages = list(dict.fromkeys(e["msg"].removeprefix("Value error, ") for e in same))
         message = " or ".join([messages[0], *(m.removeprefix("Input should be ") for m in messages[1:])])
+        if errors[0]["type"] == "extra_forbidden":
+            message = f"unknown key; the keys there are {', '.join(_known_keys(where))}"
         value = errors[0]["input"]
         shown = errors[0]["type"] in {"missing", "extra_forbidden"} or isinstance(value, dict)  # a section: named above
         given = "" if shown else f" (got {value!r:.80})"

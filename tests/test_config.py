@@ -128,3 +128,9 @@ def test_every_shipped_config_loads():
 
     for path in sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.yaml")):
         load_config(path)
+
+
+def test_an_unknown_key_is_named_with_the_keys_of_its_section(tmp_path):
+    message = _error(tmp_path, None, ("train.max_epoch=3",))
+    assert message.startswith("invalid config at 'train.max_epoch': unknown key; the keys there are ")
+    assert "max_epochs" in message
