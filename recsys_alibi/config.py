@@ -416,7 +416,13 @@ def load_config(
         _set_dotted(tree, *parse_override(text), origin=f"--set {text}")
     for key, (flag, value) in (flags or {}).items():
         _set_dotted(tree, key, value, origin=f"{flag} (sets {key})")
-    return _validate(tree)
+    try:
+        return _validate(tree)
+    except ConfigError as err:
+        named = [flag for key, (flag, _) in (flags or {}).items() if str(err).startswith(f"invalid config at '{key}'")]
+        if named:
+            raise ConfigError(f"{err}; it was given by {named[0]}") from None
+        raise
 
 
 def with_overrides(config: JobConfig, **sections: dict[str, Any]) -> JobConfig:

@@ -134,3 +134,8 @@ def test_an_unknown_key_is_named_with_the_keys_of_its_section(tmp_path):
     message = _error(tmp_path, None, ("train.max_epoch=3",))
     assert message.startswith("invalid config at 'train.max_epoch': unknown key; the keys there are ")
     assert "max_epochs" in message
+
+
+def test_an_invalid_flag_value_names_the_flag(tmp_path):
+    message = _error(tmp_path, None, (), {"score.k": ("--k", 0)})
+    assert message == "invalid config at 'score.k': Input should be greater than or equal to 1 (got 0); it was given by --k"
