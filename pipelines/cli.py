@@ -20,6 +20,7 @@ from pipelines.outputs import (
     EXIT_FAILURE,
     EXIT_USER_ERROR,
     OutputPathError,
+    as_os_error,
     check_output_dir,
     check_output_file,
     describe_os_error,
@@ -236,8 +237,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except _user_errors() as err:
         print(f"error: {_one_line(err)}", file=sys.stderr)
         return EXIT_USER_ERROR
-    except OSError as err:
-        described = describe_os_error(err)
+    except Exception as err:  # noqa: BLE001 - a path problem is one line; a pipeline reports any failure by its code
+        found = as_os_error(err)
+        described = None if found is None else describe_os_error(found, getattr(args, "output", None))
         if described is None:
             return _failure(args.command, err)
         code, line = described
@@ -246,8 +248,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             line = f"pipeline failed: {line}"
         print(f"error: {line}", file=sys.stderr)
         return code
-    except Exception as err:  # a scheduled pipeline reports any failure by its exit code
-        return _failure(args.command, err)
     if summary:  # training processes other than rank 0 have nothing to say
         print(summary)
     return 0

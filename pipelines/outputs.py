@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 from pathlib import Path
 
 EXIT_USER_ERROR = 2
@@ -101,14 +102,29 @@ def _shown_path(filename: str | os.PathLike | None) -> str:
     return str(path.parent) if path.name.startswith(".") and path.name.endswith(".tmp") else str(path)
 
 
-def describe_os_error(err: OSError) -> tuple[int, str] | None:
+def as_os_error(err: BaseException) -> OSError | None:
+    """``err`` itself when an ``OSError``; for a library error that wraps one in its message
+    (Polars writers: ``... No space left on device (os error 28)``), an ``OSError`` of that errno
+    when it is a full disk or quota; else None."""
+    if isinstance(err, OSError):
+        return err
+    found = re.search(r"\(os error (\d+)\)", str(err))
+    if found is None:
+        return None
+    number = int(found.group(1))  # only a full disk: a wrapped error names no path, and reads fail that way too
+    return OSError(number, os.strerror(number)) if number in OUT_OF_SPACE else None
+
+
+def describe_os_error(err: OSError, where: str | os.PathLike | None = None) -> tuple[int, str] | None:
     """``(exit code, one line)`` for an ``OSError`` about a path, or None for any other.
+
+    ``where`` names the path when the error does not (``err.filename`` is None).
 
     A full disk or quota is exit code 1 (the environment failed; the same command succeeds once
     there is space, a stopped ``score`` resuming its finished shards); a path the user can fix
     (permission, read-only file system, a file where a directory is needed or the reverse) is 2.
     """
-    where = _shown_path(err.filename)
+    where = _shown_path(err.filename if err.filename is not None else where)
     reason = err.strerror or str(err) or type(err).__name__
     if err.errno in OUT_OF_SPACE:
         return EXIT_FAILURE, (
