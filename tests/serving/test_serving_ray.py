@@ -108,7 +108,7 @@ def test_score_cli_engine_ray_prints_only_the_summary(prepared, tmp_path, mlflow
                  "--set", "score.attention_backend=sdpa", "--set", "score.device=cpu"])  # fmt: skip
     out, err = capfd.readouterr()
     assert code == 0, err
-    assert out.startswith("scored 23 of 23 users in 5 shards") and len(out.strip().splitlines()) == 2
+    assert out.startswith("ranked 23 of 23 users: 209 rows in 5 shards") and len(out.strip().splitlines()) == 2
     assert err.strip() == "", err
     local = tmp_path / "local"
     assert main(["score", "--model-uri", logged.uri, "--input", str(prepared), "--output", str(local), "--k", "10",
