@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from recsys_alibi.model import attention as attention_module
+from recsys_alibi.model import sdpa as sdpa_module
 from recsys_alibi.model.alibi import AlibiSlopes, alibi_slopes
 from recsys_alibi.model.attention import alibi_attention, eager_attention, resolve_backend, sdpa_attention
 from recsys_alibi.model.flex import flex_runner
@@ -236,7 +236,7 @@ def test_sdpa_training_path_shares_one_mask(monkeypatch):
         seen.append(tuple(attn_mask.shape))
         return real(q, k, v, attn_mask=attn_mask, **kw)
 
-    monkeypatch.setattr(attention_module.F, "scaled_dot_product_attention", spy)
+    monkeypatch.setattr(sdpa_module.F, "scaled_dot_product_attention", spy)
     q, k, v = (t.requires_grad_() for t in _inputs())
     sdpa_attention(q, k, v, alibi_slopes(H), lengths=torch.tensor([130, 37]), window=16, sinks=2)
     assert seen == [(1, H, L, L)]  # one bias broadcast over the batch, never (B, H, L, L)
@@ -255,8 +255,8 @@ def test_sdpa_chunks_large_masks_without_grad(monkeypatch):
         seen.append(tuple(attn_mask.shape))
         return real(q, k, v, attn_mask=attn_mask, **kw)
 
-    monkeypatch.setattr(attention_module.F, "scaled_dot_product_attention", spy)
-    monkeypatch.setattr(attention_module, "_CHUNK_MASK_BYTES", 64 * 130 * H * 4)
+    monkeypatch.setattr(sdpa_module.F, "scaled_dot_product_attention", spy)
+    monkeypatch.setattr(sdpa_module, "_CHUNK_MASK_BYTES", 64 * 130 * H * 4)
     q, k, v = _inputs(b=1)
     with torch.no_grad():
         chunked = sdpa_attention(q, k, v, alibi_slopes(H))
