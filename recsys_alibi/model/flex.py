@@ -83,10 +83,14 @@ class FlexAlibi:
     Args:
         max_cached_masks: shape-only block masks kept.
         kernel_options: used instead of :func:`pinned_kernel_options` on CUDA when given.
+        compiled: False runs flex_attention uncompiled (it materialises the scores: a reference
+            for tests of every specialisation in float64, never a fast path).
     """
 
-    def __init__(self, max_cached_masks: int = 16, kernel_options: Mapping[str, int] | None = None) -> None:
-        self._compiled = torch.compile(flex_attention, dynamic=False)
+    def __init__(
+        self, max_cached_masks: int = 16, kernel_options: Mapping[str, int] | None = None, compiled: bool = True
+    ) -> None:
+        self._compiled = torch.compile(flex_attention, dynamic=False) if compiled else flex_attention
         self._masks: OrderedDict[tuple, FlexMask] = OrderedDict()
         self._max_masks = max_cached_masks
         self._warned: set[str] = set()
@@ -134,7 +138,7 @@ class FlexAlibi:
         spec = mask.spec
         score_mod = None
         if with_bias:
-            m = slopes.to(device=q.device, dtype=torch.float32)
+            m = slopes.to(device=q.device, dtype=torch.promote_types(q.dtype, torch.float32))
             if not needs_grad(slopes):
                 m = m.detach()  # fixed slopes: a constant of the backward, no per-score reduction
             key = ScoreModKey(causal=spec.causal, clamp=bias_clamp, offset=spec.q_offset != 0)
