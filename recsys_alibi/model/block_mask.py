@@ -51,7 +51,8 @@ class FlexMask:
             full blocks marked and its ``mask_mod`` specialised by ``mask_key``.
         mask_key: the :class:`MaskModKey` of ``block_mask.mask_mod``.
         spec: the rules it was built from. batch, batch_pad, q_pad, k_pad: the grid.
-        offset: 0-dim int64 ``Lk - Lq`` on the device (read by the score_mod when decoding).
+        offset: 0-dim int64 ``Lk - Lq`` on the device when decoding (read by the mods), else None
+            (no host-to-device copy for the self-attention of training).
     """
 
     block_mask: BlockMask
@@ -61,7 +62,7 @@ class FlexMask:
     batch_pad: int
     q_pad: int
     k_pad: int
-    offset: Tensor
+    offset: Tensor | None
 
 
 def _runs(spec: MaskSpec, rows: int, device: torch.device) -> tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -166,7 +167,7 @@ def build_flex_mask(spec: MaskSpec, batch: int, device: torch.device) -> FlexMas
         causal=spec.causal, window=spec.window, sinks=spec.sinks if spec.window is not None else 0,
         rows=spec.has_batch_data or padded, offset=spec.q_offset != 0,
     )  # fmt: skip
-    offset = torch.tensor(spec.q_offset, device=device)
+    offset = torch.tensor(spec.q_offset, device=device) if spec.q_offset else None
     q_seq, k_seq, k_pos = _mask_mod_tensors(spec, batch, b_pad, q_pad, k_pad, device)
     mask_mod = visibility_mask_mod(mask_key, q_seq=q_seq, k_seq=k_seq, k_pos=k_pos, offset=offset)
     count = block_counts(spec, q_pad, k_pad, device)[:, None].expand(batch, -1, -1, -1)  # (B, 1, n_qb, n_kb)
