@@ -406,7 +406,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--kernel-options", help='flex kernel options as JSON, e.g. \'{"BLOCK_M": 64, "BLOCK_N": 64}\'')
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--eager-max-len", type=int, default=4096, help="skip eager above this L (B*H*L*L scores)")
-    p.add_argument("--isolate", action="store_true", help="each case in a subprocess (always on CPU)")
+    p.add_argument("--isolate", action="store_true", help="each case in a subprocess (default on CPU)")
+    p.add_argument("--in-process", action="store_true", help="CPU: all cases in this process, as on CUDA")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per isolated case")
     p.add_argument("--json", help="write the rows here (keys per row: L, mode, backend, ms, tflops, peak_mib, ...)")
     p.add_argument("--density", action="store_true", help="print the packed case's block-mask density and exit")
@@ -430,7 +431,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(FLOP_FORMULA, file=sys.stderr)
     if args.packed:
         print("packed case: " + user_lengths(args.packed_file, args.packed_cap)[1], file=sys.stderr)
-    isolate = args.isolate or args.device == "cpu"
+    isolate = args.isolate or (args.device == "cpu" and not args.in_process)
     results = []
     for case in cases(args):
         r = _subprocess(case, args.timeout) if isolate else _in_process(case)

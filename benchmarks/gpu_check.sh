@@ -55,7 +55,8 @@ if [ "$DEVICE" = cuda ]; then
   BENCH+=(--dtype bfloat16 --budget 65536 --heads 4)
   DENSE=(--lengths 1024 4096 16384) LONG=(--lengths 16384) WIDE=(--lengths 4096 16384) ROW=(--packed-len 4096)
 else  # dry run: the same steps at tiny sizes (flex is forward-only on CPU: forward rows)
-  BENCH=(benchmarks/attention.py --device cpu --repeats 1 --passes fwd --dtype float32 --budget 512 --heads 2)
+  BENCH=(benchmarks/attention.py --device cpu --repeats 1 --passes fwd --dtype float32 --budget 512 --heads 2
+    --in-process)  # the code path of the CUDA run: every case in one process
   DENSE=(--lengths 256) LONG=(--lengths 256) WIDE=(--lengths 256) ROW=(--packed-len 256)
 fi
 

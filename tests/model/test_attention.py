@@ -8,6 +8,7 @@ shapes: (B=2, H=3, L=130 -> 256), decoding (Lq <= 5 -> 128, Lk=130 -> 256) and
 from __future__ import annotations
 
 import functools
+import inspect
 import logging
 import math
 
@@ -344,6 +345,26 @@ def test_kernel_options_pinned_and_overridable(monkeypatch):
         runner(q, k, v, alibi_slopes(H), fm)
         runner(q, k, v, alibi_slopes(H), fm, kernel_options={"BLOCK_M": 32})
     assert calls == [{"BLOCK_M": 64, "BLOCK_N": 64}, {"BLOCK_M": 32}]
+
+
+def test_fixed_slopes_are_constants_and_learnable_slopes_keep_their_gradient():
+    captured = []
+    runner = FlexAlibi(compiled=False)
+
+    def spy(q, k, v, score_mod=None, **kw):
+        captured.append(inspect.getclosurevars(score_mod).nonlocals["slopes"])
+        return torch.zeros_like(q)
+
+    runner._compiled = spy
+    q, k, v = _inputs()
+    fm = runner.mask_for(MaskSpec.build(B, L, L, q.device), B, q.device)
+    learnable = AlibiSlopes(H, learnable=True)
+    runner(q, k, v, alibi_slopes(H), fm)  # fixed
+    runner(q, k, v, learnable(), fm)  # learnable, autograd on
+    with torch.no_grad():
+        runner(q, k, v, learnable(), fm)  # learnable under no_grad: nothing to differentiate
+    assert [t.requires_grad for t in captured] == [False, True, False]
+    assert captured[1].grad_fn is not None  # the score_mod reads the graph's slopes, not a copy
 
 
 def test_bad_inputs():
