@@ -181,6 +181,11 @@ def run_case(case: Case) -> dict:
             torch.cuda.synchronize()
 
     once()  # warm-up: compiles flex
+    if backend == "flex":
+        from recsys_alibi.model.flex import flex_runner
+
+        if flex_runner().failed:  # it ran sdpa instead (the warning says why): not a flex row
+            raise RuntimeError(f"flex fell back to sdpa for {sorted(flex_runner().failed, key=str)}")
     if dev.type == "cuda":
         base = torch.cuda.memory_allocated()
         torch.cuda.reset_peak_memory_stats()

@@ -8,7 +8,9 @@
 #      and what `auto` picks; TFLOP/s = 3.5 * 2 * T * L * H * D / time (causal);
 #   3. the packed case (ML-1M's lengths in rows of 4,096; synthetic if the file is absent) and
 #      flex with learnable slopes at L = 16,384;
-#   4. D = 128 at L = 4,096 and 16,384.
+#   4. D = 128 at L = 4,096 and 16,384;
+#   5. with the time left: flex + ALiBi at L = 16,384, D = 64 under other forward block sizes and
+#      warps than the pinned ones (rows carry their kernel_options), to re-pin from.
 # Every step has its own time limit inside one overall deadline (DEADLINE_S, default 470 s);
 # rows are written as they are measured, so a step cut short keeps what it had.
 #
@@ -71,11 +73,19 @@ step attention-packed-modes 110 $PY "${BENCH[@]}" --lengths --dims 64 --packed "
 step attention-d128 110 $PY "${BENCH[@]}" "${WIDE[@]}" --dims 128 \
   --modes flex-alibi flex-nobias sdpa-nobias --json "$OUT/attention-d128.json"
 
+SWEEP=('{"fwd_BLOCK_M": 128, "fwd_BLOCK_N": 64, "fwd_num_warps": 4, "fwd_num_stages": 3}'
+       '{"fwd_BLOCK_M": 128, "fwd_BLOCK_N": 128, "fwd_num_warps": 8, "fwd_num_stages": 2}')
+for i in "${!SWEEP[@]}"; do
+  step "attention-sweep$i" 60 $PY "${BENCH[@]}" "${LONG[@]}" --dims 64 --modes flex-alibi \
+    --kernel-options "${SWEEP[$i]}" --json "$OUT/attention-sweep$i.json"
+done
+
 $PY - "$OUT" <<'PYEOF'
 import json, pathlib, sys
 out = pathlib.Path(sys.argv[1])
 rows, formula = [], None
-for name in ("attention-d64", "attention-learnable", "attention-packed", "attention-d128"):
+for name in ("attention-d64", "attention-learnable", "attention-packed", "attention-d128",
+             "attention-sweep0", "attention-sweep1"):
     f = out / f"{name}.json"
     if f.exists():
         data = json.loads(f.read_text())
