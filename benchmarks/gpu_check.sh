@@ -19,6 +19,9 @@
 #     OUT=/tmp/gpu bash benchmarks/gpu_check.sh --device cpu   # dry run, tiny sizes, on a CPU
 # Writes env.txt, pytest.txt, attention-*.txt and gpu-attention.json (all rows: keys L, mode,
 # backend, ms, tflops, peak_mib, ...) under $OUT; copy gpu-attention.json to docs/results/.
+#
+# The training step is timed by benchmarks/gpu_training.sh (plain nn.Embedding item table: no
+# torchrec or fbgemm-gpu needed there).
 set -u -o pipefail
 DEVICE=cuda
 if [ "${1:-}" = "--device" ]; then DEVICE=${2:?--device needs cuda or cpu}; fi

@@ -130,9 +130,14 @@ class MaskSpec:
         window: int | None = None,
         seq_ids: Tensor | None = None,
         sinks: int = 0,
+        check_lengths: bool = True,
     ) -> MaskSpec:
         """The visibility rules of a batch of B rows, Lq queries and Lk keys, before q, k, v exist
         (one spec, and one block mask, per batch: :func:`recsys_alibi.model.attention.batch_mask`).
+
+        ``check_lengths=False`` skips reading ``lengths`` on the host (the range check), for a
+        caller whose lengths are valid by construction and whose step must not read tensors
+        on the host (the ranker's ``encode``; the sdpa and eager backends still check per call).
 
         Raises:
             ValueError: window < 1, sinks < 0, lengths not (B,) or outside [0, Lk] (checked on
@@ -148,7 +153,7 @@ class MaskSpec:
             lengths = torch.as_tensor(lengths, device=device).to(torch.int64)
             if lengths.shape != (batch,):
                 raise ValueError(f"lengths must be (B,) = ({batch},), got {tuple(lengths.shape)}")
-            on_cpu = lengths.device.type == "cpu" and lengths.numel() > 0
+            on_cpu = check_lengths and lengths.device.type == "cpu" and lengths.numel() > 0
             if on_cpu and (int(lengths.min()) < 0 or int(lengths.max()) > k_len):
                 raise ValueError(f"lengths must lie in [0, Lk={k_len}]")
         pos_in_seq = None

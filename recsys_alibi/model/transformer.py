@@ -124,7 +124,10 @@ class AlibiRanker(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.n_items = n_items
-        self.items = ItemEmbeddings(n_items, cfg.d_model, time_gap_buckets=cfg.time_gap_buckets)
+        self.items = ItemEmbeddings(
+            n_items, cfg.d_model, time_gap_buckets=cfg.time_gap_buckets,
+            backend=cfg.embedding_backend, sharded=cfg.shard_embeddings,
+        )  # fmt: skip
         self.slopes = AlibiSlopes(cfg.n_heads, cfg.max_bias, learnable=cfg.learnable_slopes)
         self.positions = nn.Embedding(cfg.max_len, cfg.d_model) if cfg.position == "learned" else None
         self.input_dropout = nn.Dropout(cfg.dropout)
@@ -206,8 +209,8 @@ class AlibiRanker(nn.Module):
         batch, length, _ = x.shape
         spec = MaskSpec.build(
             batch, length, length, x.device, causal=True, lengths=lengths if seq_ids is None else None,
-            seq_ids=seq_ids, window=self.cfg.window, sinks=self.cfg.sinks,
-        )  # fmt: skip
+            seq_ids=seq_ids, window=self.cfg.window, sinks=self.cfg.sinks, check_lengths=False,
+        )  # fmt: skip  (no host read in the step: the sdpa/eager backends check lengths per call)
         backend = backend or self.cfg.attention_backend
         return batch_mask(spec, batch, x.device, backend=backend, grad=needs_grad(x, slopes, *self.parameters()))
 
