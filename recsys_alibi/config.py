@@ -72,7 +72,11 @@ class ModelConfig(_Section):
     dropout: float = Field(0.2, ge=0.0, lt=1.0)
     ffn_mult: int = Field(4, ge=1)
     max_bias: float = Field(8.0, gt=0.0)
+    slopes: Literal["geometric", "wide"] = "geometric"  # slope scheme (recsys_alibi.model.alibi.head_slopes)
+    long_context: int = Field(2048, ge=2)  # slopes=wide: the flattest head's bias is -1 nat this far back, items
+    free_heads: int = Field(0, ge=0)  # heads with slope 0 (no position bias: content-only), the flattest ones
     learnable_slopes: bool = False
+    slope_floor: Literal["positive", "zero"] = "positive"  # learnable: softplus (> 0) or relu (may reach 0)
     bias_clamp: float | None = None  # |bias| clamped to this value (avoids exp underflow)
     window: int | None = Field(None, ge=1)  # sliding attention window, items
     sinks: int = Field(0, ge=0)  # first events always visible (StreamingLLM)
@@ -83,6 +87,8 @@ class ModelConfig(_Section):
     def _heads_divide_width(self) -> "ModelConfig":
         if self.d_model % self.n_heads:
             raise ValueError(f"model.d_model={self.d_model} must be divisible by model.n_heads={self.n_heads}")
+        if self.free_heads > self.n_heads:
+            raise ValueError(f"model.free_heads={self.free_heads} is more than model.n_heads={self.n_heads}")
         if 0 < self.time_gap_buckets < 3:
             raise ValueError("model.time_gap_buckets needs at least 3 (padding, first event, one gap bucket); 0 = off")
         if self.time_gap_buckets and self.shard_embeddings:
