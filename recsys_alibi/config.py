@@ -121,8 +121,16 @@ class TrainConfig(_Section):
     val_users: int | None = None  # validate on a fixed random subset of users (None: all)
     packing: bool = False  # pack several users' windows into rows of model.max_len (no padding compute)
     windows: Literal["last", "all"] = "last"  # train on each history's last max_len + 1 events, or on all of it
+    batch_tokens: int | None = Field(None, ge=1)  # length-bucketed batches of <= this many padded tokens (recsys_alibi.data.buckets)
     attention_health: bool = True  # log per-head entropy / zero-weight share at each validation (ALiBi)
     zero_share_threshold: float = Field(0.05, ge=0, le=1)  # warn when a head has more exactly-zero weights
+
+
+    @model_validator(mode="after")
+    def _one_batching(self) -> "TrainConfig":
+        if self.packing and self.batch_tokens is not None:
+            raise ValueError("train.packing and train.batch_tokens are two ways to batch: set one of them")
+        return self
 
 
 class EvaluateConfig(_Section):
@@ -134,7 +142,8 @@ class EvaluateConfig(_Section):
     exclude_seen: bool = True
     batch_size: int = Field(256, ge=1)
     context_lengths: list[int] = []  # extra context-length sweep (items); empty: none
-    history_buckets: list[int] = [20, 50, 200, 1000]  # bucket upper edges, items
+    history_buckets: list[int] = [20, 50, 200, 500, 1000]  # bucket upper edges, items
+    min_history: list[int] = [200, 500]  # also slice the users with at least this many events (heavy users)
     ties: Literal["optimistic", "pessimistic"] = "optimistic"  # target tied with items: ahead of / behind them
 
 

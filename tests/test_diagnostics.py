@@ -297,3 +297,16 @@ def test_run_diagnose_from_logged_model(mlflow_store, tmp_path):
     assert report.slope_source == "model" and report.n_heads == 2 and report.max_len == 64
     assert report.health is not None and len(report.health["layers"]) == 1
     assert "attention health" in report.summary()
+
+
+def test_free_heads_are_never_blind_and_the_remedies_ignore_them():
+    slopes = torch.tensor([0.25, 0.0625, 0.015625, 0.0], dtype=torch.float64)  # free_heads=1
+    report = diagnose(4, 2058, "bfloat16", 8.0, slopes)
+    for path, heads in report.heads.items():
+        assert heads[3].zero_distance is None and heads[3].zero_share == 0.0 and not heads[3].blind, path
+    assert path_zero_distance(0.0, exp_path(torch.float32)) is None
+    # the clamp limit is that of the biased heads: a zero slope has no bias to clamp
+    path = softmax_paths("bfloat16")[-1]
+    assert bias_clamp_limit(path, slopes, row_len=2058) == bias_clamp_limit(path, slopes[:3], row_len=2058)
+    with pytest.raises(ValueError, match="slope 0.0: exp"):
+        underflow_distance(0.0, torch.float32)

@@ -23,7 +23,7 @@ Two tasks (``GenerateConfig.task``):
       its opener: a sequel always comes at least ``SEQUEL_MIN_GAP`` (100) events after its
       opener, so a context of the last 100 events never holds it, while the whole history
       does. Openers are written before sequels, so when two draws land on one event the sequel
-      wins and a few sequels lack their opener; neither is drawn from the topic mixture or
+      wins, and about 1 sequel in 10 lacks its opener (another pair's draw landed on it); neither is drawn from the topic mixture or
       re-consumed. Re-consumed items are excluded at evaluation (seen), sequels never are:
       this is the structure that makes the whole history worth reading.
 

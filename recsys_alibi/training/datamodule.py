@@ -27,6 +27,7 @@ import torch
 from torch.utils.data import DataLoader, Sampler
 
 from recsys_alibi.config import ConfigError, ModelConfig, TrainConfig
+from recsys_alibi.data.buckets import LengthBuckets
 from recsys_alibi.data.loader import (
     FlatSequences,
     HistoryTargets,
@@ -195,6 +196,10 @@ class SequenceDataModule(L.LightningDataModule):
             if self.train_cfg.packing
             else collate_next_item
         )
+        if self.train_cfg.batch_tokens is not None:  # similar lengths together, a padded-token budget per batch
+            lengths = dataset.ends - dataset.starts
+            buckets = LengthBuckets(lengths, self.train_cfg.batch_tokens, self.per_rank_batch_size(), self.seed)
+            return DataLoader(dataset, batch_sampler=buckets, collate_fn=collate)
         sampler = EpochShuffle(len(dataset), self.seed)
         return DataLoader(dataset, batch_size=self.per_rank_batch_size(), sampler=sampler, collate_fn=collate)
 
