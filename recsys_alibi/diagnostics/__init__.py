@@ -8,20 +8,11 @@ below the dtype's smallest normal number (precision loss, or zero where a kernel
 subnormals) and then to exactly zero: the key gets no weight and no gradient, and a head with
 such keys inside its context "goes blind" there.
 
-The per-dtype floors of ``exp(x)`` (natural log of the threshold, measured with torch 2.13):
-
-=========  ====================  =====================
-dtype      below smallest normal exactly zero
-=========  ====================  =====================
-float16    x < -9.70             x <= -17.34
-bfloat16   x < -87.34            x <= -93.0  (bf16 has only 7 subnormal bits)
-float32    x < -87.34            x <= -103.97
-=========  ====================  =====================
-
-bfloat16 and float32 share the exponent range (same normal floor); float16's is far narrower.
+The floors of ``exp(x)`` per dtype are in :mod:`recsys_alibi.diagnostics.paths`. A free head
+(slope 0, ``model.free_heads``) has no bias and is never blind.
 
 Which dtype the softmax really runs in depends on the attention backend, so the module keeps a
-registry of :class:`SoftmaxPath` (``SOFTMAX_PATHS``) measured with :func:`probe_zero_share`
+registry of :class:`~recsys_alibi.diagnostics.paths.SoftmaxPath` (``SOFTMAX_PATHS``) measured with :func:`probe_zero_share`
 on the backends of :mod:`recsys_alibi.model.attention` (see ``docs/numerics.md``). Remedies:
 clamp the bias (``model.bias_clamp``), bound the context with a sliding window
 (``model.window``; StreamingLLM sink tokens, Xiao et al. 2023, still get the full bias and vanish
