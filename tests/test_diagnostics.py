@@ -310,3 +310,15 @@ def test_free_heads_are_never_blind_and_the_remedies_ignore_them():
     assert bias_clamp_limit(path, slopes, row_len=2058) == bias_clamp_limit(path, slopes[:3], row_len=2058)
     with pytest.raises(ValueError, match="slope 0.0: exp"):
         underflow_distance(0.0, torch.float32)
+
+
+def test_diagnose_from_a_config_uses_its_free_heads_and_wide_slopes(tmp_path):
+    from pipelines.diagnose import run_diagnose
+    from recsys_alibi.config import load_config
+
+    config = load_config(overrides=["model.n_heads=4", "model.d_model=16", "model.max_len=2048",
+                                    "model.slopes=wide", "model.free_heads=1"])  # fmt: skip
+    report = run_diagnose(config, "bfloat16", output=tmp_path / "d.json")
+    slopes = [h.slope for h in report.heads["sdpa"]]
+    assert slopes == pytest.approx([1 / 4, 1 / 32, 1 / 256, 0.0], rel=1e-6)
+    assert not report.heads["sdpa"][3].blind and report.heads["sdpa"][0].blind  # 1/4 loses keys from ~343 on
