@@ -164,6 +164,7 @@ PLAN: tuple[tuple[str, str, int], ...] = tuple(
     + [("bf16", s, 7) for s in KEY_SETTINGS]
     + [("fp32", "default", seed) for seed in (8, 9)]  # which heads carry the cue varies between runs
     + [(p, s, 7) for p in ("fp32", "bf16") for s in HEAD_SETTINGS]
+    + [("bf16", "free2", 8)]  # a second bf16 training run of the free heads
 )
 
 
