@@ -49,7 +49,7 @@ class DataConfig(_Section):
     input: str | None = None
     format: Literal["auto", "parquet", "csv", "ndjson", "movielens", "sasrec", "s3rec"] = "auto"
     columns: ColumnMap = ColumnMap()
-    separator: str | None = None  # CSV/TSV delimiter; None guesses from the file name
+    separator: str | None = None  # CSV/TSV delimiter; None: tab for .tsv, else the first of , tab ; | in the header
     has_header: bool = True
     timestamp_unit: Literal["auto", "s", "ms"] = "auto"
     min_events_per_user: int = Field(5, ge=1)  # k-core threshold on users
@@ -57,7 +57,7 @@ class DataConfig(_Section):
     min_value: float | None = None  # keep events with value >= this (e.g. ratings >= 4)
     drop_duplicates: bool = True  # drop exact duplicate (user, item, timestamp, ...) rows
     partition_rows: int = Field(4_000_000, ge=1_000)  # events per user-hash partition (bounds memory)
-    id_type: Literal["auto", "int", "str"] = "auto"  # ids of text formats; auto: int when the first 1,000 are
+    id_type: Literal["auto", "int", "str"] = "auto"  # ids of text formats; auto: Int64 only when every value round-trips (docs/data.md)
 
 
 class ModelConfig(_Section):
