@@ -26,7 +26,7 @@ def _run(prepared: str, max_len: int, mode: str, batch_size: int, batch_tokens: 
     import numpy as np
     import torch
 
-    from benchmarks.training import measure
+    from benchmarks.training import _on_device, make_step, measure
     from recsys_alibi.config import ModelConfig, TrainConfig
     from recsys_alibi.data.buckets import LengthBuckets
     from recsys_alibi.data.loader import FlatSequences, NextItemWindows, collate_next_item
@@ -45,10 +45,12 @@ def _run(prepared: str, max_len: int, mode: str, batch_size: int, batch_tokens: 
         order = np.random.default_rng(0).permutation(len(dataset))
         groups = [order[i : i + batch_size].tolist() for i in range(0, len(order), batch_size)]
     batches = [collate_next_item([dataset[i] for i in g]) for g in groups[: steps + 2]]
+    computed = sum(b["inputs"].numel() for b in batches[2:])
     cfg = ModelConfig(d_model=64, n_layers=2, n_heads=4, max_len=max_len, attention_backend="sdpa", free_heads=1)
     module = RankerModule(cfg, TrainConfig(), n_items, torch.ones(n_items + 1, dtype=torch.int64))
-    out = measure(module, batches)
-    out.update(max_len=max_len, mode=mode, batches_per_epoch=len(groups),
+    device = torch.device("cpu")
+    out = measure(make_step(module, device, bf16=False), [_on_device(b, device) for b in batches], 2, device)
+    out.update(max_len=max_len, mode=mode, batches_per_epoch=len(groups), padding_waste=1 - out["tokens"] / computed,
                mean_rows=float(np.mean([len(g) for g in groups])),
                peak_rss_gib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20)  # fmt: skip
     return out

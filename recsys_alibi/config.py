@@ -81,6 +81,8 @@ class ModelConfig(_Section):
     window: int | None = Field(None, ge=1)  # sliding attention window, items
     sinks: int = Field(0, ge=0)  # first events always visible (StreamingLLM)
     shard_embeddings: bool = False  # row-wise torchrec sharding of the item table (docs/scaling.md)
+    # item table: torchrec EmbeddingCollection or plain nn.Embedding; auto = torchrec where it imports (docs/install.md)
+    embedding_backend: Literal["auto", "torchrec", "torch"] = "auto"
     time_gap_buckets: int = Field(0, ge=0)  # 0 = off; else a second table of log2 time-gap buckets (>= 3)
 
     @model_validator(mode="after")
@@ -91,6 +93,10 @@ class ModelConfig(_Section):
             raise ValueError(f"model.free_heads={self.free_heads} is more than model.n_heads={self.n_heads}")
         if 0 < self.time_gap_buckets < 3:
             raise ValueError("model.time_gap_buckets needs at least 3 (padding, first event, one gap bucket); 0 = off")
+        if self.shard_embeddings and self.embedding_backend == "torch":
+            raise ValueError(
+                "model.shard_embeddings=true needs model.embedding_backend=torchrec or auto (torchrec shards the table)"
+            )
         if self.time_gap_buckets and self.shard_embeddings:
             raise ValueError("model.time_gap_buckets does not work with model.shard_embeddings yet; use one of them")
         return self
@@ -122,6 +128,7 @@ class TrainConfig(_Section):
     packing: bool = False  # pack several users' windows into rows of model.max_len (no padding compute)
     windows: Literal["last", "all"] = "last"  # train on each history's last max_len + 1 events, or on all of it
     batch_tokens: int | None = Field(None, ge=1)  # length-bucketed batches of <= this many padded tokens (recsys_alibi.data.buckets)
+    num_workers: int = Field(0, ge=0)  # training-batch worker processes (a GPU outruns one collating process)
     attention_health: bool = True  # log per-head entropy / zero-weight share at each validation (ALiBi)
     zero_share_threshold: float = Field(0.05, ge=0, le=1)  # warn when a head has more exactly-zero weights
 
