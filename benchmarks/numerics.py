@@ -148,7 +148,13 @@ SETTINGS: dict[str, Setting] = {
     "steep+learnable": Setting({"max_bias": STEEP_MAX_BIAS, "learnable_slopes": True}, {}),
     "steep+window": Setting({"max_bias": STEEP_MAX_BIAS}, {"window": "window"}),
     "steep+window+sinks": Setting({"max_bias": STEEP_MAX_BIAS}, {"window": "window", "sinks": 4}),
+    # heads that can see far (recsys_alibi.model.alibi): zero-slope heads, a context-wide scheme, slopes that may reach 0
+    "free1": Setting({"free_heads": 1}, {}),
+    "free2": Setting({"free_heads": 2}, {}),
+    "wide": Setting({"slopes": "wide", "long_context": max(EVAL_DISTANCES) + CONTEXT_EXTRA}, {}),
+    "learnable-zero": Setting({"learnable_slopes": True, "slope_floor": "zero"}, {}),
 }
+HEAD_SETTINGS = ("free1", "free2", "wide", "learnable-zero")
 
 # the runs of docs/numerics.md: (precision, setting, training seed); each is scored at every EVAL_DISTANCES
 KEY_SETTINGS = ("default", "steep", "steep+clamp", "steep+clamp8", "steep+max_bias")  # also in bf16
@@ -157,6 +163,8 @@ PLAN: tuple[tuple[str, str, int], ...] = tuple(
     + [("fp32>bf16", s, 7) for s in KEY_SETTINGS]
     + [("bf16", s, 7) for s in KEY_SETTINGS]
     + [("fp32", "default", seed) for seed in (8, 9)]  # which heads carry the cue varies between runs
+    + [(p, s, 7) for p in ("fp32", "bf16") for s in HEAD_SETTINGS]
+    + [("bf16", "free2", 8)]  # a second bf16 training run of the free heads
 )
 
 
@@ -172,7 +180,7 @@ def _resolve(values: dict, dtype: str) -> dict:
     longest = max(EVAL_DISTANCES) + CONTEXT_EXTRA
     remedy = diagnose(MODEL["n_heads"], longest, dtype, STEEP_MAX_BIAS).remedies["sdpa"]
     fill = {"clamp": remedy.bias_clamp, "window": remedy.window or longest, "max_bias": remedy.max_bias}
-    return {k: fill[v] if isinstance(v, str) else v for k, v in values.items()}
+    return {k: fill[v] if isinstance(v, str) and v in fill else v for k, v in values.items()}
 
 
 def _check_score_only(score: dict, slopes: list[float]) -> None:
@@ -353,7 +361,8 @@ def run_probe_one(setting: str, precision_name: str, work: Path, seed: int = 7) 
             "dtype": dtype, "precision": precision, "train_distance": TRAIN_DISTANCE, "train_len": train_len(),
             "train_users": TRAIN_USERS, "eval_users": len(histories), "items": trained.n_items,
             "model": {k: getattr(cfg, k) for k in ("d_model", "n_heads", "n_layers", "max_bias", "bias_clamp",
-                                                   "window", "sinks", "learnable_slopes")},
+                                                   "window", "sinks", "learnable_slopes", "slopes", "long_context",
+                                                   "free_heads", "slope_floor")},
             "scoring_only": sorted(score_over), "slopes": slopes.tolist(),
             "cue_bias": [-m * (distance - 1) for m in slopes.tolist()],
             "hr_at_10": scored["hr_at_10"], "chance_hr_at_10": 10 / trained.n_items,
@@ -376,7 +385,10 @@ def _setting(r: dict) -> str:
     parts = [f"max_bias={model['max_bias']:.3g}"] if model["max_bias"] != 8.0 else []
     parts += [f"{k}={model[k]:.4g}" + "*" * (k in star) for k in ("bias_clamp", "window") if model[k] is not None]
     parts += [f"sinks={model['sinks']}*"] if model["sinks"] else []
-    parts += ["learnable slopes"] if model["learnable_slopes"] else []
+    parts += [f"slopes={model['slopes']} to 1/{model['long_context']}"] if model.get("slopes", "geometric") != "geometric" else []
+    parts += [f"free_heads={model['free_heads']}"] if model.get("free_heads") else []
+    floor = " (may reach 0)" if model.get("slope_floor") == "zero" else ""
+    parts += [f"learnable slopes{floor}"] if model["learnable_slopes"] else []
     return ", ".join(parts) or "max_bias=8"
 
 

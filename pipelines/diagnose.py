@@ -90,6 +90,10 @@ def run_diagnose(
     health = None
     if model_uri is None:
         cfg, slopes = config.model, None
+        if cfg.slopes != "geometric" or cfg.free_heads:  # the configured scheme, not the paper's
+            from recsys_alibi.model.alibi import head_slopes
+
+            slopes = head_slopes(cfg).to(torch.float64)  # (H,)
     else:
         from recsys_alibi.tracking import load_ranker, setup_tracking
 

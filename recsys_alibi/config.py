@@ -94,7 +94,11 @@ class ModelConfig(_Section):
     dropout: float = Field(0.2, ge=0.0, lt=1.0)
     ffn_mult: int = Field(4, ge=1)
     max_bias: float = Field(8.0, gt=0.0)
+    slopes: Literal["geometric", "wide"] = "geometric"  # slope scheme (recsys_alibi.model.alibi.head_slopes)
+    long_context: int = Field(2048, ge=2)  # slopes=wide: the flattest head's bias is -1 nat this far back, items
+    free_heads: int = Field(0, ge=0)  # heads with slope 0 (no position bias: content-only), the flattest ones
     learnable_slopes: bool = False
+    slope_floor: Literal["positive", "zero"] = "positive"  # learnable: softplus (> 0) or relu (may reach 0)
     bias_clamp: float | None = Field(None, gt=0)  # |bias| clamped to this value (avoids exp underflow)
     window: int | None = Field(None, ge=1)  # sliding attention window, items
     sinks: int = Field(0, ge=0)  # first events always visible (StreamingLLM)
@@ -107,6 +111,8 @@ class ModelConfig(_Section):
     def _heads_divide_width(self) -> "ModelConfig":
         if self.d_model % self.n_heads:
             raise ValueError(f"model.d_model={self.d_model} must be divisible by model.n_heads={self.n_heads}")
+        if self.free_heads > self.n_heads:
+            raise ValueError(f"model.free_heads={self.free_heads} is more than model.n_heads={self.n_heads}")
         if 0 < self.time_gap_buckets < 3:
             raise ValueError("model.time_gap_buckets needs at least 3 (padding, first event, one gap bucket); 0 = off")
         if self.shard_embeddings and self.embedding_backend == "torch":
@@ -143,6 +149,7 @@ class TrainConfig(_Section):
     val_users: int | None = Field(None, ge=1)  # validate on a fixed random subset of users (None: all)
     packing: bool = False  # pack several users' windows into rows of model.max_len (no padding compute)
     windows: Literal["last", "all"] = "last"  # train on each history's last max_len + 1 events, or on all of it
+    batch_tokens: int | None = Field(None, ge=1)  # length-bucketed batches of <= this many padded tokens (recsys_alibi.data.buckets)
     num_workers: int = Field(0, ge=0)  # training-batch worker processes (a GPU outruns one collating process)
     attention_health: bool = True  # log per-head entropy / zero-weight share at each validation (ALiBi)
     zero_share_threshold: float = Field(0.05, ge=0, le=1)  # warn when a head has more exactly-zero weights
@@ -155,6 +162,13 @@ class TrainConfig(_Section):
         raise ValueError("must be a number of batches (an integer >= 1) or a fraction in (0, 1]")
 
 
+    @model_validator(mode="after")
+    def _one_batching(self) -> "TrainConfig":
+        if self.packing and self.batch_tokens is not None:
+            raise ValueError("train.packing and train.batch_tokens are two ways to batch: set one of them")
+        return self
+
+
 class EvaluateConfig(_Section):
     """Offline ranking evaluation."""
 
@@ -164,7 +178,8 @@ class EvaluateConfig(_Section):
     exclude_seen: bool = True
     batch_size: int = Field(256, ge=1)
     context_lengths: list[int] = []  # extra context-length sweep (items); empty: none
-    history_buckets: list[int] = [20, 50, 200, 1000]  # bucket upper edges, items
+    history_buckets: list[int] = [20, 50, 200, 500, 1000]  # bucket upper edges, items
+    min_history: list[int] = [200, 500]  # also slice the users with at least this many events (heavy users)
     ties: Literal["optimistic", "pessimistic"] = "optimistic"  # target tied with items: ahead of / behind them
 
     @field_validator("ks", "context_lengths", "history_buckets")

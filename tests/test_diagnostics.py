@@ -297,3 +297,28 @@ def test_run_diagnose_from_logged_model(mlflow_store, tmp_path):
     assert report.slope_source == "model" and report.n_heads == 2 and report.max_len == 64
     assert report.health is not None and len(report.health["layers"]) == 1
     assert "attention health" in report.summary()
+
+
+def test_free_heads_are_never_blind_and_the_remedies_ignore_them():
+    slopes = torch.tensor([0.25, 0.0625, 0.015625, 0.0], dtype=torch.float64)  # free_heads=1
+    report = diagnose(4, 2058, "bfloat16", 8.0, slopes)
+    for path, heads in report.heads.items():
+        assert heads[3].zero_distance is None and heads[3].zero_share == 0.0 and not heads[3].blind, path
+    assert path_zero_distance(0.0, exp_path(torch.float32)) is None
+    # the clamp limit is that of the biased heads: a zero slope has no bias to clamp
+    path = softmax_paths("bfloat16")[-1]
+    assert bias_clamp_limit(path, slopes, row_len=2058) == bias_clamp_limit(path, slopes[:3], row_len=2058)
+    with pytest.raises(ValueError, match="slope 0.0: exp"):
+        underflow_distance(0.0, torch.float32)
+
+
+def test_diagnose_from_a_config_uses_its_free_heads_and_wide_slopes(tmp_path):
+    from pipelines.diagnose import run_diagnose
+    from recsys_alibi.config import load_config
+
+    config = load_config(overrides=["model.n_heads=4", "model.d_model=16", "model.max_len=2048",
+                                    "model.slopes=wide", "model.free_heads=1"])  # fmt: skip
+    report = run_diagnose(config, "bfloat16", output=tmp_path / "d.json")
+    slopes = [h.slope for h in report.heads["sdpa"]]
+    assert slopes == pytest.approx([1 / 4, 1 / 32, 1 / 256, 0.0], rel=1e-6)
+    assert not report.heads["sdpa"][3].blind and report.heads["sdpa"][0].blind  # 1/4 loses keys from ~343 on

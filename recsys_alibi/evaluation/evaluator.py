@@ -11,10 +11,15 @@ and averages the metrics of ``metrics.py``:
 - ``by_history_length``: the same per-user values sliced by the length of the *whole*
   history into buckets with upper edges ``cfg.history_buckets`` ("1-20", "21-50", ...,
   ">1000"; a user with an empty history falls in the first bucket; empty buckets are left out);
+- ``by_min_history``: the users with at least L events, for each L of ``cfg.min_history``
+  (``">=200"``, ``">=500"``: the heavy users), left out when no user has that many;
 - ``by_context_length``: the model sees only the last L events, for each requested L
   (``"full"``/None = the whole history). Seen-item masking always uses the whole history, so
   only the model input changes along the sweep. Where ``L > scorer.max_context`` the scorer
-  cannot take that context: every metric is ``None`` (null in JSON) and a note says so.
+  cannot take that context: every metric is ``None`` (null in JSON) and a note says so;
+- ``paired_vs_context``: for each L of the sweep, the per-user paired difference of HR@K and
+  NDCG@K (K = 10 when evaluated) between the default context and the last L events, with its
+  bootstrap 95 % interval (``recsys_alibi.evaluation.paired``), overall and per ``">=L"`` slice.
 
 Users are processed in order of history length so that a batch holds similar lengths; passes
 whose truncation is identical for every user are computed once and reused.
@@ -37,6 +42,7 @@ from recsys_alibi.config import EvaluateConfig
 from recsys_alibi.data.loader import FlatSequences, check_aligned
 from recsys_alibi.data.splits import HISTORY_TIME_GAPS
 from recsys_alibi.evaluation.metrics import coverage_at_k, metric_names, per_user_metrics
+from recsys_alibi.evaluation.paired import paired_difference
 from recsys_alibi.evaluation.ranking import mask_seen, target_ranks, topk
 
 __all__ = [
@@ -45,6 +51,8 @@ __all__ = [
     "bucket_labels",
     "context_key",
     "evaluate",
+    "min_history_key",
+    "paired_metrics",
 ]
 
 logger = logging.getLogger(__name__)
@@ -98,6 +106,14 @@ class EvaluationResult:
         by_context_length: "<L>" or "full" -> metrics with the last L events as context;
             every value None where the scorer's ``max_context`` is below L.
         by_history_length: bucket label ("1-20", ..., ">1000") -> metrics of its users.
+        by_min_history: ``">=L"`` -> metrics of the users with at least L events.
+        paired_vs_context: context key ``"<L>"`` -> slice (``"all"``, ``">=L"``) -> metric ->
+            :meth:`PairedDifference.to_json` of default context (candidate) minus last L events
+            (baseline).
+        per_user: metric name -> (U,) float64 per-user values with the default context, in the
+            order of ``user_ids`` (not in report.json; for paired comparisons of two scorers).
+        user_ids: (U,) the examples' ``user_id`` values, same order.
+        history_lengths: (U,) int64 whole-history lengths, same order.
         scorer: ``Scorer.name``.
         ks: the cut-offs, in order.
         history_bucket_sizes: bucket label -> number of users (empty buckets included).
@@ -121,9 +137,15 @@ class EvaluationResult:
     ties: str = "optimistic"
     notes: tuple[str, ...] = ()
     seconds: float = 0.0
+    by_min_history: dict[str, dict[str, float]] = field(default_factory=dict)
+    paired_vs_context: dict[str, dict[str, dict[str, dict[str, Any]]]] = field(default_factory=dict)
+    per_user: dict[str, np.ndarray] = field(default_factory=dict, repr=False, compare=False)
+    user_ids: np.ndarray | None = field(default=None, repr=False, compare=False)
+    history_lengths: np.ndarray | None = field(default=None, repr=False, compare=False)
 
     def to_json(self) -> dict[str, Any]:
-        """The report.json document, exactly the CONTRACT keys (plain Python types)."""
+        """The report.json document: the CONTRACT keys (plain Python types), then
+        ``by_min_history`` and ``paired_vs_context``."""
         return {
             "protocol": self.protocol,
             "n_users": int(self.n_users),
@@ -135,6 +157,8 @@ class EvaluationResult:
             "by_history_length": {
                 key: {k: float(v) for k, v in m.items()} for key, m in self.by_history_length.items()
             },
+            "by_min_history": {key: {k: float(v) for k, v in m.items()} for key, m in self.by_min_history.items()},
+            "paired_vs_context": self.paired_vs_context,
         }
 
     @classmethod
@@ -148,6 +172,8 @@ class EvaluationResult:
             metrics=metrics,
             by_context_length={k: dict(v) for k, v in data.get("by_context_length", {}).items()},
             by_history_length={k: dict(v) for k, v in data.get("by_history_length", {}).items()},
+            by_min_history={k: dict(v) for k, v in data.get("by_min_history", {}).items()},
+            paired_vs_context=data.get("paired_vs_context", {}),
             scorer=scorer,
             ks=ks,
         )
@@ -160,6 +186,31 @@ def context_key(context: int | str | None) -> str:
     if isinstance(context, bool) or not isinstance(context, (int, np.integer)) or context < 1:
         raise ValueError(f"context lengths must be integers >= 1, None or 'full', got {context!r}")
     return str(int(context))
+
+
+def min_history_key(length: int) -> str:
+    """Slice key of the users with at least ``length`` events: ``">=500"``."""
+    return f">={int(length)}"
+
+
+def paired_metrics(ks: Sequence[int]) -> list[str]:
+    """The metrics compared user by user: HR@K and NDCG@K at K = 10 when evaluated, else the middle K."""
+    ks = list(ks)
+    k = 10 if 10 in ks else sorted(ks)[len(ks) // 2]
+    return [f"HR@{k}", f"NDCG@{k}"]
+
+
+def _paired(
+    candidate: _Pass, baseline: _Pass, slices: dict[str, np.ndarray], names: Sequence[str], seed: int
+) -> dict[str, dict[str, dict[str, Any]]]:
+    """slice -> metric -> paired difference (candidate - baseline) of the users in the slice."""
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for label, rows in slices.items():
+        out[label] = {
+            name: paired_difference(candidate.per_user[name][rows], baseline.per_user[name][rows], seed=seed).to_json()
+            for name in names
+        }
+    return out
 
 
 def _bucket_edges(edges: Sequence[int]) -> list[int]:
@@ -397,6 +448,15 @@ def evaluate(
     by_history = {
         name: _aggregate(main, np.flatnonzero(labels == name), ks, n_items) for name, size in sizes.items() if size
     }
+    heavy = {min_history_key(m): np.flatnonzero(hist_len >= m) for m in sorted(set(cfg.min_history))}
+    heavy = {key: rows for key, rows in heavy.items() if rows.size}
+    by_min_history = {key: _aggregate(main, rows, ks, n_items) for key, rows in heavy.items()}
+    slices = {"all": np.arange(len(order)), **heavy}
+    paired = {}
+    for c, key in zip(sweep, keys):
+        if key == FULL or by_context[key][metric_names(ks)[0]] is None or key in paired:
+            continue
+        paired[key] = _paired(main, run(int(c), f"context {key}"), slices, paired_metrics(ks), seed=0)
 
     tied_share = float(main.tied.mean())
     if tied_share > 0.01:
@@ -421,4 +481,9 @@ def evaluate(
         ties=cfg.ties,
         notes=tuple(notes),
         seconds=seconds,
+        by_min_history=by_min_history,
+        paired_vs_context=paired,
+        per_user=dict(main.per_user),
+        user_ids=examples[USER_ID].to_numpy(),
+        history_lengths=hist_len.astype(np.int64),
     )

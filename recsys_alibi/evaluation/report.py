@@ -114,10 +114,42 @@ def _markdown(results: dict[str, EvaluationResult], title: str) -> str:
         ]
         out.append(_md_table(header, rows))
 
+    out += _heavy_section(results, focus) + _paired_section(main, names[0])
+
     notes = [f"{n}: {note}" for n, r in results.items() for note in r.notes]
     notes += [f"{n}: {r.tied_share:.2%} of users had a target tied with another item" for n, r in results.items()]
     out += ["", "## Notes", ""] + [f"- {note}" for note in notes]
     return "\n".join(out) + "\n"
+
+
+def _heavy_section(results: dict[str, EvaluationResult], focus: Sequence[str]) -> list[str]:
+    """The heavy-user slices (users with at least L events), one row per slice."""
+    keys = list(dict.fromkeys(key for r in results.values() for key in r.by_min_history))
+    if not keys:
+        return []
+    header = ["users with"] + [f"{n} {m}" for n in results for m in focus]
+    rows = [[f"{key} events"] + [_fmt(r.by_min_history.get(key, {}).get(m)) for r in results.values() for m in focus]
+            for key in keys]  # fmt: skip
+    return ["", f"## Heavy users ({', '.join(focus)})", "", _md_table(header, rows)]
+
+
+def _paired_section(main: EvaluationResult, name: str) -> list[str]:
+    """Default context against each shorter one, user by user, with bootstrap 95 % intervals."""
+    if not main.paired_vs_context:
+        return []
+    out = ["", f"## {name}: whole history against the last L events (paired, per user)", "",
+           "Difference = default context minus last L events, mean over users; 95 % interval: percentile "
+           "bootstrap over users (2,000 resamples). An interval that excludes 0 is a gain (or loss) beyond noise.", ""]  # fmt: skip
+    rows = []
+    for key in _context_order(list(main.paired_vs_context)):
+        for label, metrics in main.paired_vs_context[key].items():
+            for metric, d in metrics.items():
+                ratio = "—" if d.get("ratio") is None else f"{d['ratio']:.2f}x"
+                low, high = d["ci95"]
+                rows.append([key, label, str(d["n_users"]), metric, _fmt(d["baseline"]), _fmt(d["candidate"]),
+                             f"{d['difference']:+.4f} [{low:+.4f}, {high:+.4f}]", ratio])  # fmt: skip
+    header = ["L", "users", "n", "metric", "last L", "default", "difference [95 % CI]", "ratio"]
+    return [*out, _md_table(header, rows)]
 
 
 def _context_figure(results: dict[str, EvaluationResult], metric: str) -> Figure | None:

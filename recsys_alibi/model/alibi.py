@@ -5,6 +5,25 @@ Input Length Extrapolation", ICLR 2022) adds ``-m_h * (i - j)`` to the attention
 query ``i`` and key ``j`` in head ``h``; there is no position embedding at all. The slopes
 ``m_h`` form a geometric sequence fixed before training (optionally learnable here).
 
+Heads that can see far (``model.slopes``, ``model.free_heads``, ``model.slope_floor``): the
+paper's scheme discounts an event ``d`` back by ``m_h * d`` nats, so with the default 4 heads
+even the flattest head (1/256) discounts an event 2,048 back by 8 nats. Three options keep
+some heads' bias small at thousands of positions, chosen by config (:func:`head_slopes`):
+
+* ``slopes: wide`` -- the steepest head keeps the paper's slope ``2^(-8/H)`` and the others
+  are spread geometrically down to ``1 / model.long_context``, so the flattest head discounts
+  the far end of the longest context it will read by 1 nat (the paper's geometric spacing,
+  Press et al. 2022, Sec. 3, over a range set by the context instead of ``max_bias = 8``);
+* ``free_heads: k`` -- the ``k`` flattest heads get slope exactly 0: content-only heads with
+  no position signal at all ("NoPE" heads: Kazemnejad et al., "The Impact of Positional
+  Encoding on Length Generalization in Transformers", NeurIPS 2023, show causal attention
+  needs no position encoding; hybrids that keep some attention without position bias beside
+  biased attention are used by long-context models, e.g. Yang et al., "RoPE to NoPE and Back
+  Again", 2025). Causal masking still orders events, and the biased heads keep the recency;
+* ``learnable_slopes`` with ``slope_floor: zero`` -- ``m_h = relu(w_h)``, initialised to the
+  scheme, so a slope may fall to exactly 0 in training (it then stays there: the head has
+  become a free head); ``slope_floor: positive`` is the softplus form (slopes stay > 0).
+
 Positions: a bias for ``q_len`` queries and ``k_len`` keys puts the keys at positions
 ``0 .. k_len - 1`` and the queries at the LAST ``q_len`` of them (``k_len - q_len .. k_len - 1``),
 which is what KV-cache decoding needs.
@@ -18,7 +37,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["AlibiSlopes", "alibi_bias", "alibi_slopes", "distances"]
+from recsys_alibi.config import ModelConfig
+
+__all__ = ["AlibiSlopes", "alibi_bias", "alibi_slopes", "distances", "head_slopes", "wide_slopes"]
 
 
 def _power_of_two_slopes(n: int, max_bias: float) -> list[float]:
@@ -56,6 +77,63 @@ def alibi_slopes(n_heads: int, max_bias: float = 8.0) -> Tensor:
     if c < n_heads:
         slopes += _power_of_two_slopes(2 * c, max_bias)[0::2][: n_heads - c]
     return torch.tensor(slopes, dtype=torch.float64).to(torch.float32)
+
+
+def wide_slopes(n_heads: int, long_context: int) -> Tensor:
+    """Slopes spread from the paper's steepest head down to ``1 / long_context``.
+
+    ``m_1 = 2^(-8/H)`` (the steepest slope of :func:`alibi_slopes` with ``max_bias = 8``) and
+    ``m_H = 1 / long_context``, geometric in between: ``m_h = m_1 (m_H / m_1)^((h-1)/(H-1))``,
+    so the flattest head's bias at the far end of a ``long_context`` row is -1 nat. A single
+    head (H = 1) gets ``1 / long_context``. Where ``1 / long_context >= m_1`` (short contexts)
+    this is the paper's scheme itself.
+
+    Args:
+        n_heads: H >= 1.
+        long_context: the longest context (events) the model will read, >= 2.
+
+    Returns:
+        (H,) float32, descending (steepest first), computed in float64.
+
+    Raises:
+        ValueError: ``n_heads < 1`` or ``long_context < 2``.
+
+    Example: ``wide_slopes(4, 2048)`` gives 1/4, 1/32, 1/256, 1/2048.
+    """
+    if n_heads < 1:
+        raise ValueError(f"n_heads must be >= 1, got {n_heads}")
+    if long_context < 2:
+        raise ValueError(f"long_context must be >= 2, got {long_context}")
+    first, last = 2.0 ** (-8.0 / n_heads), 1.0 / long_context
+    if last >= first:
+        return alibi_slopes(n_heads)
+    if n_heads == 1:
+        return torch.tensor([last], dtype=torch.float64).to(torch.float32)
+    steps = torch.arange(n_heads, dtype=torch.float64) / (n_heads - 1)  # (H,) 0..1
+    return (first * (last / first) ** steps).to(torch.float32)
+
+
+SLOPE_SCHEMES = {
+    "geometric": lambda cfg: alibi_slopes(cfg.n_heads, cfg.max_bias),
+    "wide": lambda cfg: wide_slopes(cfg.n_heads, cfg.long_context),
+}
+
+
+def head_slopes(cfg: ModelConfig) -> Tensor:
+    """The initial (H,) float32 slopes of a model config: scheme, then free heads.
+
+    ``cfg.slopes`` picks the scheme from ``SLOPE_SCHEMES`` (``geometric``: :func:`alibi_slopes`
+    with ``cfg.max_bias``; ``wide``: :func:`wide_slopes` with ``cfg.long_context``); then the
+    ``cfg.free_heads`` smallest slopes (ties: the earlier head) are set to exactly 0.
+
+    Returns:
+        (H,) float32 on the CPU, every entry >= 0.
+    """
+    slopes = SLOPE_SCHEMES[cfg.slopes](cfg).clone()
+    if cfg.free_heads:
+        order = torch.argsort(slopes, stable=True)  # flattest first
+        slopes[order[: cfg.free_heads]] = 0.0
+    return slopes
 
 
 def distances(
@@ -122,43 +200,81 @@ def alibi_bias(
 class AlibiSlopes(nn.Module):
     """The (H,) slope vector as a module, fixed or learnable.
 
-    Fixed: a buffer equal to :func:`alibi_slopes`. Learnable: ``m_h = softplus(w_h) + c_h`` with
-    ``w = log(expm1(m0))``, the inverse softplus of the fixed scheme ``m0``, and ``c`` a constant
-    buffer ``m0 - softplus(w)`` of at most one float32 ulp of ``m0``, so that the initial slopes
-    equal the fixed scheme bit for bit (float32 softplus alone cannot reach every value). The
-    correction is dropped where it would make a slope <= 0, so slopes stay positive.
+    Fixed: a buffer equal to ``init`` (default :func:`alibi_slopes`). Learnable with
+    ``floor="positive"``: ``m_h = softplus(w_h) + c_h`` with ``w = log(expm1(m0))``, the inverse
+    softplus of the initial slopes ``m0``, and ``c`` a constant buffer ``m0 - softplus(w)`` of at
+    most one float32 ulp of ``m0``, so that the initial slopes equal ``m0`` bit for bit (float32
+    softplus alone cannot reach every value). The correction is dropped where it would make a
+    slope <= 0, so slopes stay positive. Learnable with ``floor="zero"``: ``m_h = relu(w_h)``,
+    ``w = m0``: a slope may reach exactly 0 (and then keeps a zero gradient: a free head).
+    Heads whose initial slope is 0 (``model.free_heads``) stay at 0 in every form.
 
     Args:
         n_heads: H.
-        max_bias: see :func:`alibi_slopes`.
+        max_bias: see :func:`alibi_slopes` (used when ``init`` is None).
         learnable: train the slopes.
+        init: (H,) initial slopes >= 0, e.g. :func:`head_slopes`; None: the paper's scheme.
+        floor: ``"positive"`` (softplus) or ``"zero"`` (relu), for learnable slopes.
 
     Example:
         >>> AlibiSlopes(8)().tolist()[:2]
         [0.5, 0.25]
 
     ``forward()`` returns (H,) float32 on the module's device.
+
+    Raises:
+        ValueError: ``init`` is not (H,) or has a negative entry; unknown ``floor``.
     """
 
-    def __init__(self, n_heads: int, max_bias: float = 8.0, learnable: bool = False) -> None:
+    def __init__(
+        self,
+        n_heads: int,
+        max_bias: float = 8.0,
+        learnable: bool = False,
+        *,
+        init: Tensor | None = None,
+        floor: str = "positive",
+    ) -> None:
         super().__init__()
         self.n_heads = n_heads
         self.max_bias = max_bias
         self.learnable = learnable
-        init = alibi_slopes(n_heads, max_bias)
-        if learnable:
-            raw = torch.log(torch.expm1(init.double())).float()
+        self.floor = floor
+        init = alibi_slopes(n_heads, max_bias) if init is None else init.detach().to(torch.float32).cpu()
+        if init.shape != (n_heads,) or bool((init < 0).any()):
+            raise ValueError(f"init must be ({n_heads},) slopes >= 0, got {init.tolist()}")
+        if floor not in ("positive", "zero"):
+            raise ValueError(f"floor must be 'positive' or 'zero', got {floor!r}")
+        free = init == 0
+        self.register_buffer("free", free, persistent=False)
+        if learnable and floor == "zero":
+            self.raw = nn.Parameter(init.clone())
+        elif learnable:
+            raw = torch.log(torch.expm1(init.double().clamp(min=1e-30))).float()
             self.raw = nn.Parameter(raw)
             self.register_buffer("correction", init - F.softplus(raw), persistent=True)
         else:
             self.register_buffer("fixed", init, persistent=False)
 
+    @classmethod
+    def from_config(cls, cfg: ModelConfig) -> "AlibiSlopes":
+        """The slopes of a model config (:func:`head_slopes`, ``learnable_slopes``, ``slope_floor``)."""
+        return cls(cfg.n_heads, cfg.max_bias, cfg.learnable_slopes, init=head_slopes(cfg), floor=cfg.slope_floor)
+
     def forward(self) -> Tensor:
-        if self.learnable:
+        if not self.learnable:
+            return self.fixed
+        if self.floor == "zero":
+            m = F.relu(self.raw)
+        else:
             soft = F.softplus(self.raw)
             m = soft + self.correction
-            return torch.where(m > 0, m, soft)
-        return self.fixed
+            m = torch.where(m > 0, m, soft)
+        return torch.where(self.free, torch.zeros_like(m), m)
 
     def extra_repr(self) -> str:
-        return f"n_heads={self.n_heads}, max_bias={self.max_bias}, learnable={self.learnable}"
+        free = int(self.free.sum())
+        return (
+            f"n_heads={self.n_heads}, max_bias={self.max_bias}, learnable={self.learnable}, "
+            f"floor={self.floor}, free_heads={free}"
+        )

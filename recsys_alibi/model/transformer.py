@@ -128,7 +128,7 @@ class AlibiRanker(nn.Module):
             n_items, cfg.d_model, time_gap_buckets=cfg.time_gap_buckets,
             backend=cfg.embedding_backend, sharded=cfg.shard_embeddings,
         )  # fmt: skip
-        self.slopes = AlibiSlopes(cfg.n_heads, cfg.max_bias, learnable=cfg.learnable_slopes)
+        self.slopes = AlibiSlopes.from_config(cfg)
         self.positions = nn.Embedding(cfg.max_len, cfg.d_model) if cfg.position == "learned" else None
         self.input_dropout = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(TransformerBlock(cfg) for _ in range(cfg.n_layers))

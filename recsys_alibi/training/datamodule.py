@@ -27,6 +27,7 @@ import torch
 from torch.utils.data import DataLoader, Sampler
 
 from recsys_alibi.config import ConfigError, ModelConfig, TrainConfig
+from recsys_alibi.data.buckets import LengthBuckets
 from recsys_alibi.data.loader import (
     FlatSequences,
     HistoryTargets,
@@ -195,12 +196,15 @@ class SequenceDataModule(L.LightningDataModule):
             if self.train_cfg.packing
             else collate_next_item
         )
-        sampler = EpochShuffle(len(dataset), self.seed)
         workers = self.train_cfg.num_workers  # the batches do not depend on it: collating is deterministic
-        return DataLoader(
-            dataset, batch_size=self.per_rank_batch_size(), sampler=sampler, collate_fn=collate,
-            num_workers=workers, persistent_workers=workers > 0, pin_memory=torch.cuda.is_available(),
-        )  # fmt: skip
+        loading = dict(collate_fn=collate, num_workers=workers, persistent_workers=workers > 0,
+                       pin_memory=torch.cuda.is_available())  # fmt: skip
+        if self.train_cfg.batch_tokens is not None:  # similar lengths together, a padded-token budget per batch
+            lengths = dataset.ends - dataset.starts
+            buckets = LengthBuckets(lengths, self.train_cfg.batch_tokens, self.per_rank_batch_size(), self.seed)
+            return DataLoader(dataset, batch_sampler=buckets, **loading)
+        sampler = EpochShuffle(len(dataset), self.seed)
+        return DataLoader(dataset, batch_size=self.per_rank_batch_size(), sampler=sampler, **loading)
 
     def val_dataloader(self) -> DataLoader:
         if self.rank is None:

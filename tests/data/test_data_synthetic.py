@@ -14,6 +14,7 @@ from recsys_alibi.data.synthetic import (
     LongRangeCatalog,
     generate_events,
     long_range_catalog,
+    sequel_pairs,
 )
 
 
@@ -87,6 +88,30 @@ def test_interests_drift(default_log):
     ends = np.mean([jaccard(h[: len(h) // 4], h[-(len(h) // 4) :]) for h in long])
     interleaved = np.mean([jaccard(h[0::4], h[1::4]) for h in long])
     assert ends < 0.85 * interleaved  # early and late interests differ more than chance splits
+
+
+def test_sequels_come_at_least_100_events_after_their_openers(default_log):
+    openers, sequels = sequel_pairs(1000)
+    assert (openers[0], openers[-1], sequels[0], sequels[-1]) == (801, 900, 901, 1000)
+    opener_of = dict(zip(sequels.tolist(), openers.tolist()))
+    with_opener = total = last_is_sequel = 0
+    for h in _histories(default_log):
+        pos = np.flatnonzero(np.isin(h, sequels))
+        assert pos.size == 0 or pos.min() >= 100  # no sequel in a history's first 100 events
+        for t in pos.tolist():
+            total += 1
+            before = h[: t - 99]  # events at least 100 back
+            with_opener += bool((before == opener_of[int(h[t])]).any())
+        last_is_sequel += bool(np.isin(h[-1], sequels))
+    assert total > 10_000 and 0.85 < with_opener / total < 0.95  # about 1 in 10 openers is overwritten (measured 0.894)
+    assert 0.07 < last_is_sequel / 2000 < 0.12  # the test targets that only the whole history explains
+
+
+def test_no_opener_in_the_last_100_events(default_log):
+    openers, sequels = sequel_pairs(1000)
+    for h in _histories(default_log)[:300]:
+        tail = h[-100:]
+        assert not np.isin(tail, openers).any()  # an opener is at least 100 before its sequel, which is in the history
 
 
 def _roles(h: np.ndarray, cat: LongRangeCatalog) -> str:

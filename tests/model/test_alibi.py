@@ -71,3 +71,64 @@ def test_learnable_slopes_stay_positive() -> None:
     with torch.no_grad():
         learn.raw.fill_(-30.0)
     assert torch.all(learn() >= 0)
+
+
+# heads that can see far: slope schemes chosen by config
+
+
+def test_wide_slopes_span_the_paper_head_to_one_over_the_context() -> None:
+    from recsys_alibi.model.alibi import wide_slopes
+
+    assert wide_slopes(4, 2048).tolist() == pytest.approx([1 / 4, 1 / 32, 1 / 256, 1 / 2048], rel=1e-6)
+    assert wide_slopes(2, 100).tolist() == pytest.approx([1 / 16, 1 / 100], rel=1e-6)
+    assert wide_slopes(1, 500).tolist() == pytest.approx([1 / 500], rel=1e-6)
+    assert torch.equal(wide_slopes(4, 3), alibi_slopes(4))  # short contexts: the paper's scheme
+    with pytest.raises(ValueError, match="long_context"):
+        wide_slopes(4, 1)
+
+
+def test_free_heads_set_the_flattest_slopes_to_zero() -> None:
+    from recsys_alibi.config import ModelConfig
+    from recsys_alibi.model.alibi import head_slopes
+
+    four = head_slopes(ModelConfig(d_model=16, n_heads=4, free_heads=2))
+    assert four.tolist() == [1 / 4, 1 / 16, 0.0, 0.0]
+    six = head_slopes(ModelConfig(d_model=12, n_heads=6, free_heads=2))  # 1/4 .. 1/256, then 1/2, 1/8
+    assert six.tolist() == [1 / 4, 1 / 16, 0.0, 0.0, 1 / 2, 1 / 8]
+    wide = head_slopes(ModelConfig(d_model=16, n_heads=4, slopes="wide", long_context=2048, free_heads=1))
+    assert wide.tolist() == pytest.approx([1 / 4, 1 / 32, 1 / 256, 0.0], rel=1e-6)
+    assert torch.equal(head_slopes(ModelConfig(d_model=16, n_heads=4)), alibi_slopes(4))  # the default is unchanged
+
+
+def test_free_heads_more_than_heads_is_a_config_error() -> None:
+    from recsys_alibi.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match="free_heads"):
+        load_config(overrides=["model.n_heads=2", "model.free_heads=3"])
+
+
+def test_free_head_attends_uniformly_whatever_the_distance() -> None:
+    slopes = torch.tensor([0.5, 0.0])
+    bias = alibi_bias(slopes, 6)  # (H, L, L)
+    weights = torch.softmax(bias, dim=-1)  # equal scores: the bias alone
+    assert torch.allclose(weights[1, 5], torch.full((6,), 1 / 6))  # the last query: every key 1/6
+    assert weights[0, 5, 0] == pytest.approx(math.exp(-2.5) * weights[0, 5, 5])  # the biased head: e^(-0.5 d)
+
+
+def test_learnable_slopes_may_fall_to_zero_and_free_heads_stay_zero() -> None:
+    from recsys_alibi.config import ModelConfig
+
+    cfg = ModelConfig(d_model=16, n_heads=4, free_heads=1, learnable_slopes=True, slope_floor="zero")
+    module = AlibiSlopes.from_config(cfg)
+    assert module().tolist() == [1 / 4, 1 / 16, 1 / 64, 0.0]  # starts at the scheme, bit for bit
+    opt = torch.optim.SGD(module.parameters(), lr=1.0)
+    for _ in range(3):  # push every slope down: 1/4 - 3 * 0.1 < 0
+        opt.zero_grad()
+        (0.1 * module().sum()).backward()
+        opt.step()
+    assert module().tolist() == [0.0, 0.0, 0.0, 0.0]  # reached exactly 0
+    assert module.raw.grad[3] == 0.0  # the free head never had a gradient
+    soft = AlibiSlopes.from_config(cfg.model_copy(update={"slope_floor": "positive"}))
+    assert soft().tolist() == [1 / 4, 1 / 16, 1 / 64, 0.0] and bool((soft()[:3] > 0).all())
+    with pytest.raises(ValueError, match="init"):
+        AlibiSlopes(2, init=torch.tensor([0.5, -0.1]))
