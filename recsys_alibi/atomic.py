@@ -1,13 +1,16 @@
 """Atomic file writes: write a temporary file beside the target, then rename it into place.
 
 A reader (or a job started again after a kill) sees either the old file or the complete new
-one, never half of it. ``os.replace`` is atomic on POSIX within one directory.
+one, never half of it. ``os.replace`` is atomic on POSIX within one directory. Several files
+that belong together are written into a staging directory (:func:`staged_dir`) and moved into
+place together, the commit file last (:func:`publish_files`).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -45,3 +48,43 @@ def write_json_atomic(path: str | Path, payload: dict) -> None:
     """Write ``payload`` as indented JSON to ``path`` atomically."""
     with atomic_path(path) as tmp:
         tmp.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
+
+
+@contextmanager
+def staged_dir(directory: str | Path, prefix: str) -> Iterator[Path]:
+    """A fresh hidden staging directory ``<directory>/<prefix>XXXX`` for the block, removed after it.
+
+    Staging directories of the same ``prefix`` that a killed writer left behind are removed first
+    (call it only where one writer at a time writes ``directory``).
+    """
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    for stale in directory.glob(f"{prefix}*"):
+        if stale.is_dir():
+            shutil.rmtree(stale, ignore_errors=True)
+    staging = Path(tempfile.mkdtemp(prefix=prefix, dir=directory))
+    try:
+        yield staging
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def publish_files(staging: Path, directory: Path, owned: tuple[str, ...], last: str | None = None) -> list[str]:
+    """Move the staged files named in ``owned`` into ``directory`` (``last`` moved last); remove
+    the ``owned`` files of an earlier writer that this one did not stage.
+
+    A reader that trusts ``last`` as the commit point never pairs it with an older sibling;
+    nothing of an earlier run is left to be taken for this one's (e.g. a plot not drawn this time).
+
+    Returns:
+        The names moved, in order.
+    """
+    names = [n for n in owned if n != last and (staging / n).is_file()]
+    if last is not None and (staging / last).is_file():
+        names.append(last)
+    for name in owned:
+        if name not in names and (directory / name).exists():
+            (directory / name).unlink()
+    for name in names:
+        os.replace(staging / name, directory / name)
+    return names

@@ -38,7 +38,7 @@ from typing import TypeVar
 
 import pyarrow.parquet as pq
 
-from recsys_alibi.atomic import write_json_atomic
+from recsys_alibi.atomic import publish_files, write_json_atomic
 from recsys_alibi.data.ingest import DataError
 from recsys_alibi.data.schema import (
     EVENTS_FILE,
@@ -126,11 +126,7 @@ def publish(staging: Path, directory: Path, prepare_id: str) -> dict:
     }
     manifest_path = directory / MANIFEST_FILE
     write_json_atomic(manifest_path, {**manifest, "state": PUBLISHING})
-    for name in names:
-        os.replace(staging / name, directory / name)
-    for name in OUTPUTS:
-        if name not in names and (directory / name).exists():
-            (directory / name).unlink()  # an earlier run's file (e.g. rejects) would mislead
+    publish_files(staging, directory, OUTPUTS)  # an earlier run's file this one lacks (e.g. rejects) is removed
     manifest = {**manifest, "state": COMPLETE}
     write_json_atomic(manifest_path, manifest)
     return manifest
