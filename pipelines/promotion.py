@@ -173,7 +173,7 @@ def validation_metrics(config: JobConfig, model, examples: pl.DataFrame, n_items
     from recsys_alibi.model.scorer import RankerScorer
 
     cfg = config.evaluate.model_copy(update={"context_lengths": []})
-    result = evaluate(RankerScorer(model, name="gate"), examples, n_items, cfg, protocol_name="leave_one_out/valid")
+    result = evaluate(RankerScorer(model, name="gate"), examples, n_items, cfg, protocol_name=f"{config.evaluate.protocol}/valid")
     return {name: float(value) for name, value in result.metrics.items()}
 
 
