@@ -172,7 +172,7 @@ def _train_and_track(
                 DATA_TAG: fingerprint, SPLIT_TAG: split_tag(datamodule),
             })  # fmt: skip
         else:
-            mlflow.set_tag("recsys_alibi.resumed_from", str(resume))
+            mlflow.set_tags({"recsys_alibi.resumed_from": str(resume), "recsys_alibi.resumed_prepared": str(prepared_dir)})
         mlflow.log_metrics(data_fingerprint(datamodule))
         logger = MLFlowLogger(tracking_uri=tracking_uri(config.tracking), run_id=run_id)
         checkpoint_dir = checkpoints / run_id
