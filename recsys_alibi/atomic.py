@@ -27,12 +27,18 @@ def _temp_beside(path: Path) -> Path:
     return Path(tmp)
 
 
+def stale_temps(path: str | Path) -> list[Path]:
+    """The hidden ``.NAME.*.tmp`` files that killed writers of ``path`` left beside it."""
+    path = Path(path)
+    return [p for p in path.parent.glob(f".{path.name}.*.tmp") if p.is_file()]
+
+
 @contextmanager
 def atomic_path(path: str | Path) -> Iterator[Path]:
     """A temporary path beside ``path``; moved onto ``path`` only when the block succeeds.
 
     The temporary file is removed when the block raises; only a hard kill can leave a hidden
-    ``.NAME.*.tmp`` behind.
+    ``.NAME.*.tmp`` behind (:func:`stale_temps` finds them for a writer that owns ``path``).
     """
     path = Path(path)
     tmp = _temp_beside(path)

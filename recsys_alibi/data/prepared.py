@@ -38,7 +38,7 @@ from typing import TypeVar
 
 import pyarrow.parquet as pq
 
-from recsys_alibi.atomic import publish_files, write_json_atomic
+from recsys_alibi.atomic import publish_files, stale_temps, write_json_atomic
 from recsys_alibi.data.ingest import DataError
 from recsys_alibi.data.schema import (
     EVENTS_FILE,
@@ -99,7 +99,7 @@ def clean_stale(directory: Path) -> list[Path]:
         The paths removed.
     """
     stale = [p for p in directory.glob(f"{STAGING_PREFIX}*") if p.is_dir()]
-    stale += [p for name in (*OUTPUTS, MANIFEST_FILE) for p in directory.glob(f".{name}.*.tmp") if p.is_file()]
+    stale += [p for name in (*OUTPUTS, MANIFEST_FILE) for p in stale_temps(directory / name)]
     for path in stale:
         shutil.rmtree(path) if path.is_dir() else path.unlink()
     if stale:
