@@ -6,9 +6,10 @@ from the events before it; temporal (``evaluate.protocol: temporal``) trains and
 on events before the cutoff. The test events are never seen during training or model choice.
 
 Under data-parallel training (W processes) every rank reads only its own users
-(:mod:`recsys_alibi.data.partition`): the constructor reads the ``length`` column and the
-vocabulary size, which are the same on every rank; ``setup()`` (called by Lightning on each
-rank once the process group exists) reads this rank's training and validation users. The
+(:mod:`recsys_alibi.data.partition`): the constructor reads the ``length`` column (the
+``timestamp`` column under the temporal protocol) and the vocabulary size, which are the same
+on every rank; ``setup()`` (called by Lightning on each rank once the process group exists)
+reads this rank's training and validation users. The
 training batch ``train.batch_size`` is the global batch: each rank takes
 ``batch_size / W`` windows per step, so the steps per epoch and the learning-rate schedule do
 not depend on W, and a checkpoint resumes on another number of processes. Each epoch shuffles
@@ -91,8 +92,8 @@ class SequenceDataModule(L.LightningDataModule):
 
     Attributes (set by the constructor): ``n_items`` N; ``n_train_users`` and
     ``n_train_events`` over all ranks; ``protocol`` and ``cutoff`` (resolved, temporal only);
-    ``prepare_id`` of the directory (None without a manifest), which every later read checks. Set by ``setup()`` / ``load()``: ``rank``,
-    ``world_size``, ``train_histories`` and ``valid_histories`` (this rank's
+    ``prepare_id`` of the directory (None without a manifest), which every later read checks.
+    Set by ``setup()`` / ``load()``: ``rank``, ``world_size``, ``train_histories`` and ``valid_histories`` (this rank's
     :class:`FlatSequences`), ``valid_targets`` (U_r,) int64.
 
     Raises:
@@ -123,8 +124,12 @@ class SequenceDataModule(L.LightningDataModule):
         self.n_items = read_items(self.prepared_dir, pid).height
         self.train_rows = np.flatnonzero(fit >= MIN_FIT["train"])  # (R_train,) rows of sequences.parquet
         if self.train_rows.size == 0:
-            where = "4 or more events" if protocol == "leave_one_out" else f"3 or more events before the temporal cutoff {self.cutoff}"
-            raise ValueError(f"no user has {where}: nothing to train on (lower data.min_events_per_user?)")
+            if protocol == "leave_one_out":
+                raise ValueError("no user has 4 or more events: nothing to train on (lower data.min_events_per_user?)")
+            raise ValueError(
+                f"no user has 3 or more events before the temporal cutoff {self.cutoff}: nothing to train on "
+                "(set a later evaluate.temporal_cutoff, or null for the 90% quantile of the timestamps)"
+            )
         self.n_train_users = int(self.train_rows.size)
         self.n_train_events = int((fit[self.train_rows] - 1).sum())
         valid_rows = np.flatnonzero(fit >= MIN_FIT["valid"])
