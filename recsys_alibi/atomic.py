@@ -2,15 +2,14 @@
 
 A reader (or a job started again after a kill) sees either the old file or the complete new
 one, never half of it. ``os.replace`` is atomic on POSIX within one directory. Several files
-that belong together are written into a staging directory (:func:`staged_dir`) and moved into
-place together, the commit file last (:func:`publish_files`).
+that belong together are written into a staging directory and moved into place together, the
+commit file last (:func:`publish_files`).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -54,25 +53,6 @@ def write_json_atomic(path: str | Path, payload: dict) -> None:
     """Write ``payload`` as indented JSON to ``path`` atomically."""
     with atomic_path(path) as tmp:
         tmp.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
-
-
-@contextmanager
-def staged_dir(directory: str | Path, prefix: str) -> Iterator[Path]:
-    """A fresh hidden staging directory ``<directory>/<prefix>XXXX`` for the block, removed after it.
-
-    Staging directories of the same ``prefix`` that a killed writer left behind are removed first
-    (call it only where one writer at a time writes ``directory``).
-    """
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    for stale in directory.glob(f"{prefix}*"):
-        if stale.is_dir():
-            shutil.rmtree(stale, ignore_errors=True)
-    staging = Path(tempfile.mkdtemp(prefix=prefix, dir=directory))
-    try:
-        yield staging
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
 
 
 def publish_files(staging: Path, directory: Path, owned: tuple[str, ...], last: str | None = None) -> list[str]:

@@ -17,7 +17,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (backend chosen first)
 from matplotlib.figure import Figure  # noqa: E402
 
-from recsys_alibi.atomic import atomic_path, publish_files, staged_dir
+from recsys_alibi.atomic import atomic_path
 from recsys_alibi.evaluation.evaluator import FULL, EvaluationResult  # noqa: E402
 
 __all__ = ["format_metrics_table", "headline_k", "write_report"]
@@ -26,8 +26,6 @@ REPORT_JSON = "report.json"
 REPORT_MD = "report.md"
 CONTEXT_PLOT = "context_length.png"
 HISTORY_PLOT = "history_length.png"
-REPORT_FILES = (REPORT_JSON, REPORT_MD, CONTEXT_PLOT, HISTORY_PLOT)  # what a report directory holds
-STAGING_PREFIX = ".report-"
 
 
 def _atomic_write(path: Path, write: Callable[[str], None]) -> Path:
@@ -175,24 +173,23 @@ def write_report(
         out when there is nothing to draw (no sweep, no bucket).
     """
     out_dir = Path(output_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
     results = {result.scorer or "model": result}
     for name, r in (baselines or {}).items():
         results[name if name not in results else f"{name} (baseline)"] = r
     metric = f"NDCG@{headline_k(_ks(result))}"
 
-    with staged_dir(out_dir, STAGING_PREFIX) as staging:  # the report changes as a whole, report.json last
-        staged = {
-            "json": _write_text(staging / REPORT_JSON, json.dumps(result.to_json(), indent=2) + "\n"),
-            "markdown": _write_text(staging / REPORT_MD, _markdown(results, title)),
-        }
-        fig = _context_figure(results, metric)
-        if fig is not None:
-            staged["context_plot"] = _write_figure(staging / CONTEXT_PLOT, fig)
-        fig = _history_figure(results, metric)
-        if fig is not None:
-            staged["history_plot"] = _write_figure(staging / HISTORY_PLOT, fig)
-        publish_files(staging, out_dir, REPORT_FILES, last=REPORT_JSON)  # a plot not drawn now: an old one is removed
-    return {key: out_dir / path.name for key, path in staged.items()}
+    paths = {
+        "json": _write_text(out_dir / REPORT_JSON, json.dumps(result.to_json(), indent=2) + "\n"),
+        "markdown": _write_text(out_dir / REPORT_MD, _markdown(results, title)),
+    }
+    fig = _context_figure(results, metric)
+    if fig is not None:
+        paths["context_plot"] = _write_figure(out_dir / CONTEXT_PLOT, fig)
+    fig = _history_figure(results, metric)
+    if fig is not None:
+        paths["history_plot"] = _write_figure(out_dir / HISTORY_PLOT, fig)
+    return paths
 
 
 def format_metrics_table(results: dict[str, EvaluationResult], ks: Sequence[int] | None = None) -> str:

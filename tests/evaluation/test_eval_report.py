@@ -111,20 +111,3 @@ def test_terminal_table(results):
     assert lines[0].split() == ["scorer", "HR@10", "NDCG@10", "MRR"]
     assert [line.split()[0] for line in lines[2:]] == ["alibi", "sasrec", "popularity"]
     assert f"{results['alibi'].metrics['NDCG@10']:.4f}" in lines[2]
-
-
-def test_a_report_replaces_the_whole_directory_no_plot_of_an_earlier_report_stays(tmp_path, results):
-    out = tmp_path / "out"
-    write_report(results["alibi"], out)  # with a context-length sweep: context_length.png
-    (out / ".report-killed").mkdir()  # what a writer killed mid-report leaves
-    (out / "other.txt").write_text("not the report's")  # files the report does not own are kept
-    rows = [([1, 2, 3], [4]), ([5, 6], [7])]
-    examples = pl.DataFrame(
-        {"user_id": [1, 2], "history": [h for h, _ in rows], "targets": [t for _, t in rows]},
-        schema={"user_id": pl.Int64, "history": pl.List(pl.Int32), "targets": pl.List(pl.Int32)},
-    )
-    plain = evaluate(TinyModel(), examples, 8, EvaluateConfig(ks=[1, 5]), protocol_name="leave_one_out")
-    paths = write_report(plain, out)  # no sweep this time
-    assert "context_plot" not in paths
-    assert sorted(p.name for p in out.iterdir()) == ["history_length.png", "other.txt", "report.json", "report.md"]
-    assert json.loads((out / "report.json").read_text())["n_users"] == 2
