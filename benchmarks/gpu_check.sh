@@ -7,8 +7,8 @@
 #     OUT=/tmp/gpu bash benchmarks/gpu_check.sh
 # Writes env.txt, pytest.txt, attention.txt and attention.json under $OUT.
 #
-# The training step is not timed here: torchrec's embedding tables need the CUDA build of
-# fbgemm-gpu, which a bare GPU machine without a package index may not have.
+# The training step is timed by benchmarks/gpu_training.sh (plain nn.Embedding item table: no
+# torchrec or fbgemm-gpu needed there).
 set -u -o pipefail
 OUT=${OUT:-/tmp/gpu}
 mkdir -p "$OUT"

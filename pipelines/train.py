@@ -212,8 +212,8 @@ def _check_same_model(config: JobConfig, logged: dict[str, str], resume: Path) -
     differ = [
         f"{key}={before[key]} (now {value})"
         for key, value in now.items()
-        if key != "model.attention_backend" and before[key] != value
-    ]  # the backend computes the same function: switching it on resume is fine
+        if key not in ("model.attention_backend", "model.embedding_backend") and before[key] != value
+    ]  # the backends compute the same function on the same state dict: switching them on resume is fine
     if differ:
         raise ConfigError(
             f"cannot resume {resume}: its run trained another model ({', '.join(differ)}); resume with the "

@@ -49,7 +49,7 @@ class DataConfig(_Section):
     input: str | None = None
     format: Literal["auto", "parquet", "csv", "ndjson", "movielens", "sasrec", "s3rec"] = "auto"
     columns: ColumnMap = ColumnMap()
-    separator: str | None = None  # CSV/TSV delimiter; None guesses from the file name
+    separator: str | None = None  # CSV/TSV delimiter; None: tab for .tsv, else the first of , tab ; | in the header
     has_header: bool = True
     timestamp_unit: Literal["auto", "s", "ms"] = "auto"
     min_events_per_user: int = Field(5, ge=1)  # k-core threshold on users
@@ -57,7 +57,7 @@ class DataConfig(_Section):
     min_value: float | None = None  # keep events with value >= this (e.g. ratings >= 4)
     drop_duplicates: bool = True  # drop exact duplicate (user, item, timestamp, ...) rows
     partition_rows: int = Field(4_000_000, ge=1_000)  # events per user-hash partition (bounds memory)
-    id_type: Literal["auto", "int", "str"] = "auto"  # ids of text formats; auto: int when the first 1,000 are
+    id_type: Literal["auto", "int", "str"] = "auto"  # ids of text formats; auto: Int64 only when every value round-trips (docs/data.md)
 
 
 class ModelConfig(_Section):
@@ -77,6 +77,8 @@ class ModelConfig(_Section):
     window: int | None = Field(None, ge=1)  # sliding attention window, items
     sinks: int = Field(0, ge=0)  # first events always visible (StreamingLLM)
     shard_embeddings: bool = False  # row-wise torchrec sharding of the item table (docs/scaling.md)
+    # item table: torchrec EmbeddingCollection or plain nn.Embedding; auto = torchrec where it imports (docs/install.md)
+    embedding_backend: Literal["auto", "torchrec", "torch"] = "auto"
     time_gap_buckets: int = Field(0, ge=0)  # 0 = off; else a second table of log2 time-gap buckets (>= 3)
 
     @model_validator(mode="after")
@@ -85,6 +87,10 @@ class ModelConfig(_Section):
             raise ValueError(f"model.d_model={self.d_model} must be divisible by model.n_heads={self.n_heads}")
         if 0 < self.time_gap_buckets < 3:
             raise ValueError("model.time_gap_buckets needs at least 3 (padding, first event, one gap bucket); 0 = off")
+        if self.shard_embeddings and self.embedding_backend == "torch":
+            raise ValueError(
+                "model.shard_embeddings=true needs model.embedding_backend=torchrec or auto (torchrec shards the table)"
+            )
         if self.time_gap_buckets and self.shard_embeddings:
             raise ValueError("model.time_gap_buckets does not work with model.shard_embeddings yet; use one of them")
         return self
@@ -115,6 +121,7 @@ class TrainConfig(_Section):
     val_users: int | None = None  # validate on a fixed random subset of users (None: all)
     packing: bool = False  # pack several users' windows into rows of model.max_len (no padding compute)
     windows: Literal["last", "all"] = "last"  # train on each history's last max_len + 1 events, or on all of it
+    num_workers: int = Field(0, ge=0)  # training-batch worker processes (a GPU outruns one collating process)
     attention_health: bool = True  # log per-head entropy / zero-weight share at each validation (ALiBi)
     zero_share_threshold: float = Field(0.05, ge=0, le=1)  # warn when a head has more exactly-zero weights
 

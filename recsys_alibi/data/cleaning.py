@@ -2,8 +2,9 @@
 
 1. ``min_value`` filter (optional): keep events with ``value >= data.min_value``.
 2. Exact duplicates: rows equal in every canonical column (``user_id``, ``item_id``,
-   ``timestamp`` and, when present, ``event_type`` and ``value``; nulls compare equal) are
-   collapsed to the first one in source order. Formats without timestamps never have duplicates
+   ``timestamp`` at the source's full precision (seconds and ``_subsecond``) and, when present,
+   ``event_type`` and ``value``; nulls compare equal) are collapsed to the first one in source
+   order. Sorting, too, uses the full precision: events within one second keep their true order. Formats without timestamps never have duplicates
    (each line has its own time), so a repeated ``user item`` line is a re-consumption and is kept.
 3. Iterative k-core: drop users with fewer than ``data.min_events_per_user`` events and items
    with fewer than ``data.min_events_per_item`` events, again and again until nothing changes
@@ -24,9 +25,9 @@ from collections.abc import Sequence
 import numpy as np
 import polars as pl
 
-from recsys_alibi.data.schema import EVENT_TYPE, ITEM_ID, SOURCE_ROW, TIMESTAMP, USER_ID, VALUE
+from recsys_alibi.data.schema import EVENT_TYPE, ITEM_ID, SOURCE_ROW, SUBSECOND, TIMESTAMP, USER_ID, VALUE
 
-EVENT_KEYS = (USER_ID, ITEM_ID, TIMESTAMP, EVENT_TYPE, VALUE)  # what makes two rows duplicates
+EVENT_KEYS = (USER_ID, ITEM_ID, TIMESTAMP, SUBSECOND, EVENT_TYPE, VALUE)  # what makes two rows duplicates
 CHUNK = 1 << 22  # events per step of the k-core loop
 
 
@@ -48,8 +49,9 @@ def drop_exact_duplicates(events: pl.LazyFrame) -> pl.LazyFrame:
 
 
 def sort_events(events: pl.LazyFrame) -> pl.LazyFrame:
-    """Each user's events in time order; equal timestamps keep the source order."""
-    return events.sort(USER_ID, TIMESTAMP, SOURCE_ROW)
+    """Each user's events in time order (full precision); equal times keep the source order."""
+    subsecond = [SUBSECOND] if SUBSECOND in events.collect_schema().names() else []
+    return events.sort(USER_ID, TIMESTAMP, *subsecond, SOURCE_ROW)
 
 
 def dense_codes(ids: pl.Series, max_span: int = 1 << 25) -> tuple[pl.Series, np.ndarray]:
@@ -76,7 +78,7 @@ def dense_codes(ids: pl.Series, max_span: int = 1 << 25) -> tuple[pl.Series, np.
     return ids.unique().sort(), (ids.rank("dense") - 1).cast(pl.Int32).to_numpy()
 
 
-def sort_permutation(codes: np.ndarray, timestamps: np.ndarray) -> np.ndarray:
+def sort_permutation(codes: np.ndarray, timestamps: np.ndarray, subseconds: np.ndarray | None = None) -> np.ndarray:
     """Fast path of :func:`sort_events` on dense user codes (:func:`dense_codes`), as a permutation.
 
     Rows must be in source order. A stable LSD radix sort on 16-bit digits of the code (numpy's
@@ -86,13 +88,23 @@ def sort_permutation(codes: np.ndarray, timestamps: np.ndarray) -> np.ndarray:
     Args:
         codes: (E,) int32 user codes (>= 0) in source order.
         timestamps: (E,) int64 seconds in source order.
+        subseconds: (E,) int64 nanoseconds within the second, or None (all zero).
 
     Returns:
-        (E,) int64 row order by (user, time, source row).
+        (E,) int64 row order by (user, time, nanoseconds, source row).
     """
     if codes.shape[0] == 0:
         return np.zeros(0, dtype=np.int64)
-    order = None if bool((np.diff(timestamps) >= 0).all()) else np.argsort(timestamps, kind="stable")
+    step = np.diff(timestamps)
+    if subseconds is None:
+        in_order = bool((step >= 0).all())
+    else:
+        in_order = bool(((step > 0) | ((step == 0) & (np.diff(subseconds) >= 0))).all())
+    order = None
+    if not in_order:  # LSD: the finer key first, then the seconds (stable sorts)
+        order = np.argsort(subseconds, kind="stable") if subseconds is not None else None
+        by_time = np.argsort(timestamps if order is None else timestamps[order], kind="stable")
+        order = by_time if order is None else order[by_time]
     if order is not None:
         codes = codes[order]
     perm = np.argsort((codes & 0xFFFF).astype(np.uint16), kind="stable")

@@ -12,14 +12,18 @@ Two steps, both lazy:
 Rules (docs/data.md has the full table):
 
 * ids keep their source type: integer columns become Int64, string columns stay String. Text
-  formats are read as strings; with ``data.id_type: auto`` an id column is integer when its
-  first ``INFER_ROWS`` non-empty values all are integers without leading zeros (``int``/``str``
-  force it); a value that does not parse as the chosen type is rejected (``bad_user_id``).
-* timestamps: integers are seconds, or by ``data.timestamp_unit``; with ``auto`` a value above
-  1e11 is milliseconds (above 1e14 microseconds, above 1e17 nanoseconds), decided per value;
-  strings are integers or ISO-8601 (``2024-01-02``, ``2024-01-02 03:04:05``, ``...T...``,
-  optional fraction, ``Z`` or ``+hh:mm``; naive times are UTC); datetimes are converted to UTC.
+  ids (and NDJSON ids that are numbers) are read as text; with ``data.id_type: auto`` a column
+  becomes Int64 only when EVERY kept value round-trips exactly (``str(int(x)) == x``: no
+  ``007``, ``+7``, ``-0``), decided over all rows by :func:`integer_id_columns` after reading;
+  otherwise it stays String, so two spellings never merge. ``int``/``str`` force it (``int``:
+  a value that is not an integer is rejected as ``bad_user_id`` / ``bad_item_id``).
+* timestamps (:mod:`recsys_alibi.data.timestamps`): seconds plus the nanoseconds within the
+  second (``schema.SUBSECOND``), so ``prepare`` sorts and de-duplicates at full precision.
   Negative or unparseable timestamps are rejected (``bad_timestamp``).
+* a CSV row with more or fewer fields than the header, or a MovieLens / SASRec line with the
+  wrong number of fields, is rejected (``bad_field_count``), never kept with fields dropped.
+* several files are read in natural name order (``day9`` before ``day10``), see
+  :func:`resolve_paths`.
 * formats without timestamps (SASRec, S3-Rec, or ``data.columns.timestamp: null``) use the
   event's position in the input (``source_row``) as its time.
 """
@@ -28,37 +32,52 @@ from __future__ import annotations
 
 import glob
 import gzip
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import polars as pl
 
 from recsys_alibi.config import DataConfig
-from recsys_alibi.data.schema import EVENT_TYPE, ITEM_ID, REJECT_REASON, SOURCE_ROW, TIMESTAMP, USER_ID, VALUE
+from recsys_alibi.data.errors import DataError, first_line, read_error
+from recsys_alibi.data.ids import cast_integer_ids, id_expr, integer_id_columns
+from recsys_alibi.data.schema import (
+    EVENT_TYPE,
+    ITEM_ID,
+    REJECT_REASON,
+    SOURCE_ROW,
+    SUBSECOND,
+    TIMESTAMP,
+    USER_ID,
+    VALUE,
+)
+from recsys_alibi.data.timestamps import has_subseconds, timestamp_parts
+
+__all__ = [
+    "DataError", "Source", "canonical_events", "cast_integer_ids", "integer_id_columns", "resolve_paths", "scan_source",
+    "tag_rows", "valid_events",
+]  # fmt: skip
 
 FORMATS = ("parquet", "csv", "ndjson", "movielens", "sasrec", "s3rec")
 CANONICAL = (USER_ID, ITEM_ID, TIMESTAMP, EVENT_TYPE, VALUE)
 PREFIX = "_c_"  # canonical columns while the raw ones are still needed (rejects keep raw values)
-INFER_ROWS = 1000  # rows sniffed to decide integer vs string ids in text formats
+FIELDS_OK = "_fields_ok"  # internal: False for a line/row with the wrong number of fields
+INFER_ROWS = 1000  # NDJSON lines read to infer the column types (mapped columns are then read as text)
 SNIFF_LINES = 200  # lines read to infer a text format
+SEPARATORS = (",", "\t", ";", "|")  # CSV separators recognised in a header line, in this order
 
 # reject reasons, checked in this order; the first that applies is recorded
+BAD_FIELD_COUNT = "bad_field_count"
 MISSING_USER_ID = "missing_user_id"
 BAD_USER_ID = "bad_user_id"
 MISSING_ITEM_ID = "missing_item_id"
 BAD_ITEM_ID = "bad_item_id"
 BAD_TIMESTAMP = "bad_timestamp"
 BAD_VALUE = "bad_value"
-REJECT_REASONS = (MISSING_USER_ID, BAD_USER_ID, MISSING_ITEM_ID, BAD_ITEM_ID, BAD_TIMESTAMP, BAD_VALUE)
+REJECT_REASONS = (BAD_FIELD_COUNT, MISSING_USER_ID, BAD_USER_ID, MISSING_ITEM_ID, BAD_ITEM_ID, BAD_TIMESTAMP, BAD_VALUE)
 
 _FORMAT_HELP = "pass --format " + "|".join(FORMATS)
-
-
-class DataError(ValueError):
-    """A fatal input problem; the message is one line naming the problem and the fix."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(" ".join(message.split()))
+_first_line = first_line  # kept for the modules that import it from here
 
 
 @dataclass(frozen=True)
@@ -66,11 +85,15 @@ class Source:
     """A lazily scanned input.
 
     Attributes:
-        frame: raw columns plus ``source_row`` Int64 (0-based position of the event in the input).
+        frame: raw columns, ``source_row`` Int64 (0-based position of the event in the input)
+            and, for formats with a field count, ``_fields_ok`` Boolean.
         fmt: the format it was read as.
         columns: canonical name -> raw column name (absent: not in this input).
-        paths: the files read.
+        paths: the files read, in reading order.
         text: True when every raw column was read as a string (text formats).
+        raw_columns: the source's own columns (what a rejects file keeps).
+        text_ids: canonical id columns read as text whose type ``data.id_type: auto`` decides
+            after reading (:func:`integer_id_columns`): Int64 when every value round-trips.
     """
 
     frame: pl.LazyFrame
@@ -79,25 +102,49 @@ class Source:
     paths: tuple[Path, ...]
     text: bool
     raw_columns: tuple[str, ...] = field(default=())
+    text_ids: tuple[str, ...] = field(default=())
+
+
+class QuotedLinesError(DataError):
+    """A CSV record spans several lines (a quoted newline): its fields cannot be counted per line."""
 
 
 # ----------------------------------------------------------------------------- files and formats
 
 
+def natural_key(path: Path) -> tuple:
+    """Sort key comparing the numbers in a path as numbers: ``day9`` < ``day10`` < ``day11``.
+
+    Each path part is split into text and digit runs; ties (``day01`` vs ``day1``) fall back to
+    the plain text, so the order is total and does not depend on the listing order.
+    """
+    parts = tuple(
+        tuple(int(tok) if i % 2 else tok for i, tok in enumerate(re.split(r"(\d+)", part))) for part in path.parts
+    )
+    return parts, str(path)
+
+
 def resolve_paths(input_path: str | Path) -> list[Path]:
-    """The files behind a file, directory (all files below it, hidden ones skipped) or glob."""
+    """The files behind a file, directory (all files below it, hidden ones skipped) or glob.
+
+    Several files are returned in natural order (:func:`natural_key`: ``day9, day10, day11``),
+    which is also the order their lines are read in, so line-order time follows it.
+    """
     text = str(input_path)
     if any(ch in text for ch in "*?["):
-        paths = sorted(Path(p) for p in glob.glob(text, recursive=True) if Path(p).is_file())
+        paths = sorted((Path(p) for p in glob.glob(text, recursive=True) if Path(p).is_file()), key=natural_key)
         if not paths:
             raise DataError(f"no files match '{text}'; check the pattern given as --input")
         return paths
     path = Path(text)
     if path.is_dir():
         paths = sorted(
-            p
-            for p in path.rglob("*")
-            if p.is_file() and not any(part.startswith((".", "_")) for part in p.relative_to(path).parts)
+            (
+                p
+                for p in path.rglob("*")
+                if p.is_file() and not any(part.startswith((".", "_")) for part in p.relative_to(path).parts)
+            ),
+            key=natural_key,
         )
         if not paths:
             raise DataError(f"empty input: directory '{path}' holds no files; point --input at the event log")
@@ -155,24 +202,29 @@ def infer_format(paths: list[Path]) -> str:
         return "sasrec"
     if numeric and min(widths) >= 2 and "," not in lines[0]:
         return "s3rec"
-    if "," in lines[0] or "\t" in lines[0]:
+    if _header_separator(lines[0]) is not None:
         return "csv"
     raise DataError(f"cannot infer the format of '{path}'; {_FORMAT_HELP}")
 
 
 # ----------------------------------------------------------------------------- readers
 
+Read = tuple[pl.LazyFrame, dict[str, str], bool, tuple[str, ...]]  # frame, columns, text, text ids
 
-def scan_source(cfg: DataConfig, input_path: str | Path, fmt: str | None = None) -> Source:
+
+def scan_source(cfg: DataConfig, input_path: str | Path, fmt: str | None = None, *, count_fields: bool = True) -> Source:
     """Scan the input lazily; nothing but a few sniffed lines is read here.
 
     Args:
-        cfg: ``format``, ``columns``, ``separator``, ``has_header`` are used.
+        cfg: ``format``, ``columns``, ``separator``, ``has_header``, ``id_type`` are used.
         input_path: a file, a directory, or a glob.
         fmt: overrides ``cfg.format``; ``None`` or ``"auto"`` infers it.
+        count_fields: check each CSV row's number of fields against the header (off only for
+            a CSV whose quoted fields span lines, see :class:`QuotedLinesError`).
 
     Raises:
-        DataError: missing input, unknown format, unreadable file, empty input, missing column.
+        DataError: missing input, unknown format, unreadable file (naming the file, and the line
+            or byte where it can), empty input, missing column.
     """
     paths = resolve_paths(input_path)
     fmt = fmt or cfg.format
@@ -180,24 +232,25 @@ def scan_source(cfg: DataConfig, input_path: str | Path, fmt: str | None = None)
         fmt = infer_format(paths)
     if fmt not in FORMATS:
         raise DataError(f"unknown format '{fmt}'; {_FORMAT_HELP} (or auto)")
-    reader = _READERS[fmt]
     try:
-        frame, columns, text = reader(cfg, paths)
+        if fmt == "csv":
+            frame, columns, text, text_ids = _read_csv(cfg, paths, count_fields)
+        else:
+            frame, columns, text, text_ids = _READERS[fmt](cfg, paths)
         schema = frame.collect_schema()
     except DataError:
         raise
     except (pl.exceptions.PolarsError, OSError, ValueError) as err:
         if isinstance(err, pl.exceptions.NoDataError):
             raise DataError(f"empty input: '{paths[0]}' has no rows; point --input at the event log") from None
-        raise DataError(f"cannot read '{paths[0]}' as {fmt}: {_first_line(err)}; check the file or {_FORMAT_HELP}") from None
-    raw = tuple(name for name in schema.names() if name != SOURCE_ROW)
+        raise read_error(paths, fmt, err, f"check the file or {_FORMAT_HELP}") from None
+    raw = tuple(name for name in schema.names() if name not in (SOURCE_ROW, FIELDS_OK))
+    if text and any("\ufffd" in name for name in raw):  # polars replaced bytes of a non-UTF-8 header
+        raise read_error(paths, fmt, ValueError("the header is not UTF-8"), "convert the file to UTF-8")
     _check_columns(cfg, fmt, columns, raw)
-    return Source(frame=frame, fmt=fmt, columns=columns, paths=tuple(paths), text=text, raw_columns=raw)
-
-
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip().splitlines()
-    return text[0] if text else type(err).__name__
+    if text and cfg.id_type != "auto":
+        text_ids = ()
+    return Source(frame=frame, fmt=fmt, columns=columns, paths=tuple(paths), text=text, raw_columns=raw, text_ids=text_ids)
 
 
 def _with_row(lf: pl.LazyFrame) -> pl.LazyFrame:
@@ -213,6 +266,11 @@ def _mapped(cfg: DataConfig) -> dict[str, str]:
     return mapping
 
 
+def _header_separator(line: str) -> str | None:
+    """The first of ``SEPARATORS`` found in a header line, or None."""
+    return next((sep for sep in SEPARATORS if sep in line), None)
+
+
 def _check_columns(cfg: DataConfig, fmt: str, columns: dict[str, str], raw: tuple[str, ...]) -> None:
     for canon, name in columns.items():
         if name not in raw:
@@ -222,12 +280,15 @@ def _check_columns(cfg: DataConfig, fmt: str, columns: dict[str, str], raw: tupl
                 fix += " (or null to use the line order as time)"
             elif canon in (EVENT_TYPE, VALUE):
                 fix += " (or null when the input has none)"
+            other = _header_separator(raw[0]) if fmt == "csv" and len(raw) == 1 else None
+            if other is not None:  # the header was not split: another separator
+                fix = f"the header looks '{other}'-separated: set --set data.separator='{other}', or {fix}"
             raise DataError(f"column '{name}' (data.columns.{canon}) is not in the {fmt} input columns [{shown}]; {fix}")
     if cfg.min_value is not None and VALUE not in columns:
         raise DataError("data.min_value is set but the input has no value column; map one with --set data.columns.value=NAME")
 
 
-def _read_parquet(cfg: DataConfig, paths: list[Path]) -> tuple[pl.LazyFrame, dict[str, str], bool]:
+def _read_parquet(cfg: DataConfig, paths: list[Path]) -> Read:
     plain = [p for p in paths if not _stem_suffix(p)[1]]
     if len(plain) == len(paths):
         lf = pl.scan_parquet(paths, hive_partitioning=False)
@@ -240,75 +301,100 @@ def _read_parquet(cfg: DataConfig, paths: list[Path]) -> tuple[pl.LazyFrame, dic
             else:
                 frames.append(pl.scan_parquet(p))
         lf = pl.concat(frames, how="vertical")
-    return _with_row(lf), _mapped(cfg), False
+    return _with_row(lf), _mapped(cfg), False, ()
 
 
 def _separator(cfg: DataConfig, paths: list[Path]) -> str:
+    """``data.separator``; else tab for ``.tsv``; else the first of ``SEPARATORS`` in the header line."""
     if cfg.separator is not None:
         return cfg.separator
     name, _ = _stem_suffix(paths[0])
     if name.endswith(".tsv"):
         return "\t"
     first = _head_bytes(paths[0], 4096).decode("utf-8", "replace").split("\n", 1)[0]
-    return "\t" if "\t" in first and "," not in first else ","
+    return _header_separator(first) or ","
 
 
-def _read_csv(cfg: DataConfig, paths: list[Path]) -> tuple[pl.LazyFrame, dict[str, str], bool]:
+def _field_counts(paths: list[Path], separator: str, skip_header: bool) -> pl.LazyFrame:
+    """(rows,) Int64 ``_fields``: fields per line of the files (quoted separators not counted)."""
+    frames = [pl.scan_lines(p).slice(1) if skip_header else pl.scan_lines(p) for p in paths]
+    line = pl.col("line").str.replace_all(r'"[^"]*"', "")
+    return pl.concat(frames, how="vertical").select(line.str.count_matches(separator, literal=True).alias("_fields") + 1)
+
+
+def _read_csv(cfg: DataConfig, paths: list[Path], count_fields: bool = True) -> Read:
+    """CSV/TSV, every column as text; with ``count_fields`` each row's field count is checked.
+
+    Polars pads a short row with nulls and (``truncate_ragged_lines``) drops a long row's extra
+    fields; so the fields of each line are counted beside it (``_fields_ok``) and a row whose
+    count differs from the header's is rejected (``bad_field_count``).
+    """
+    separator = _separator(cfg, paths)
     lf = pl.scan_csv(
         paths,
-        separator=_separator(cfg, paths),
+        separator=separator,
         has_header=cfg.has_header,
         infer_schema=False,  # every column as String: bad values become rejects, not read errors
         truncate_ragged_lines=True,
         raise_if_empty=True,
     )
+    names = lf.collect_schema().names()
     if not cfg.has_header:  # name columns column_1, column_2, ... whatever the polars version
-        names = lf.collect_schema().names()
         lf = lf.rename({old: f"column_{i}" for i, old in enumerate(names, start=1)})
-    return _with_row(lf), _mapped(cfg), True
+    if count_fields:
+        counts = _field_counts(paths, separator, cfg.has_header)
+        lf = pl.concat([lf, counts], how="horizontal").select(
+            pl.exclude("_fields"), (pl.col("_fields") == len(names)).alias(FIELDS_OK)
+        )
+    return _with_row(lf), _mapped(cfg), True, (USER_ID, ITEM_ID)
 
 
-def _read_ndjson(cfg: DataConfig, paths: list[Path]) -> tuple[pl.LazyFrame, dict[str, str], bool]:
-    lf = pl.scan_ndjson(paths, infer_schema_length=INFER_ROWS)
-    return _with_row(lf), _mapped(cfg), False
+def _read_ndjson(cfg: DataConfig, paths: list[Path]) -> Read:
+    """One JSON object per line; only the mapped fields are read, as text, so a late type change is no error.
+
+    The fields and their types are inferred from the first ``INFER_ROWS`` lines (a mapped field
+    absent there is reported missing); then only the mapped fields are read, each as String (a
+    JSON number as its text), so a string timestamp or id after those lines, or an unmapped
+    field that changes type, is parsed like any other line. Id fields that were numbers there
+    are typed later by :func:`integer_id_columns` (Int64 when every value round-trips); string
+    ids stay strings. A rejects file holds the mapped fields only.
+    """
+    inferred = pl.scan_ndjson(paths, infer_schema_length=INFER_ROWS).collect_schema()
+    mapped = _mapped(cfg)
+    schema = {raw: inferred[raw] if inferred[raw].is_nested() else pl.String for raw in mapped.values() if raw in inferred}
+    lf = pl.scan_ndjson(paths, schema=schema) if schema else pl.scan_ndjson(paths, infer_schema_length=INFER_ROWS)
+    numbers = {raw for raw in schema if not inferred[raw].is_nested() and inferred[raw] != pl.String}
+    text_ids = tuple(c for c in (USER_ID, ITEM_ID) if mapped[c] in numbers)
+    return _with_row(lf), mapped, False, text_ids
 
 
-def _positional(paths: list[Path], separator: str, names: list[str]) -> pl.LazyFrame:
-    """A headerless delimited text file whose columns are known by position."""
-    lf = pl.scan_csv(
-        paths,
-        separator=separator,
-        has_header=False,
-        infer_schema=False,
-        quote_char=None,
-        truncate_ragged_lines=True,
-        raise_if_empty=True,
-    )
-    raw = lf.collect_schema().names()
-    picked = [pl.col(raw[i]).alias(name) if i < len(raw) else pl.lit(None, pl.String).alias(name) for i, name in names]
-    return lf.select(picked)
+def _split_lines(paths: list[Path], pattern: str, names: list[tuple[int, str]], fields: int) -> pl.LazyFrame:
+    """A headerless text file whose fields are separated by the regex ``pattern``, known by position.
+
+    Blank lines are skipped; ``_fields_ok`` is False for a line with other than ``fields`` fields.
+    """
+    line = pl.col("line").str.strip_chars()
+    parts = line.str.replace_all(pattern, "\x1f").str.split("\x1f")  # a regex split: mark, then split
+    lf = pl.scan_lines(paths).filter(line != "").select(parts.alias("_parts"))
+    picked = [pl.col("_parts").list.get(i, null_on_oob=True).alias(name) for i, name in names]
+    return lf.select(*picked, (pl.col("_parts").list.len() == fields).alias(FIELDS_OK))
 
 
-def _read_movielens(cfg: DataConfig, paths: list[Path]) -> tuple[pl.LazyFrame, dict[str, str], bool]:
-    """``ratings.dat`` (``u::i::r::t``: read with ':' as separator, fields 0, 2, 4, 6) or tab ``u.data``."""
+def _read_movielens(cfg: DataConfig, paths: list[Path]) -> Read:
+    """``ratings.dat`` (``u::i::r::t``) or tab-separated ``u.data``: four fields per line."""
     head = _head_bytes(paths[0], 4096).decode("utf-8", "replace")
     names = [USER_ID, ITEM_ID, VALUE, TIMESTAMP]
-    if "::" in head:
-        lf = _positional(paths, ":", list(zip((0, 2, 4, 6), names)))
-    else:
-        lf = _positional(paths, "\t", list(enumerate(names)))
-    return _with_row(lf), {n: n for n in names}, True
+    lf = _split_lines(paths, "::" if "::" in head else "\t", list(enumerate(names)), 4)
+    return _with_row(lf), {n: n for n in names}, True, (USER_ID, ITEM_ID)
 
 
-def _read_sasrec(cfg: DataConfig, paths: list[Path]) -> tuple[pl.LazyFrame, dict[str, str], bool]:
-    """``user item`` per line, each user's lines in time order; the line order is the time."""
-    head = _head_bytes(paths[0], 4096).decode("utf-8", "replace")
-    sep = "\t" if "\t" in head.split("\n", 1)[0] else " "
-    lf = _positional(paths, sep, [(0, USER_ID), (1, ITEM_ID)])
-    return _with_row(lf), {USER_ID: USER_ID, ITEM_ID: ITEM_ID}, True  # no timestamp: line order
+def _read_sasrec(cfg: DataConfig, paths: list[Path]) -> Read:
+    """``user item`` per line (spaces or tabs), each user's lines in time order; the line order is the time."""
+    lf = _split_lines(paths, r"\s+", [(0, USER_ID), (1, ITEM_ID)], 2)
+    return _with_row(lf), {USER_ID: USER_ID, ITEM_ID: ITEM_ID}, True, (USER_ID, ITEM_ID)  # no timestamp: line order
 
 
-def _read_s3rec(cfg: DataConfig, paths: list[Path]) -> tuple[pl.LazyFrame, dict[str, str], bool]:
+def _read_s3rec(cfg: DataConfig, paths: list[Path]) -> Read:
     """``user item item ...`` per line in time order; one event per item, the event order is the time."""
     tokens = pl.col("line").str.replace_all(r"\s+", " ").str.strip_chars().str.split(" ")
     lf = (
@@ -317,12 +403,11 @@ def _read_s3rec(cfg: DataConfig, paths: list[Path]) -> tuple[pl.LazyFrame, dict[
         .select(tokens.list.first().alias(USER_ID), tokens.list.slice(1).alias(ITEM_ID))
         .explode(ITEM_ID)  # a line with a user only gives one event with a missing item
     )
-    return _with_row(lf), {USER_ID: USER_ID, ITEM_ID: ITEM_ID}, True  # no timestamp: line order
+    return _with_row(lf), {USER_ID: USER_ID, ITEM_ID: ITEM_ID}, True, (USER_ID, ITEM_ID)  # no timestamp: line order
 
 
 _READERS = {
     "parquet": _read_parquet,
-    "csv": _read_csv,
     "ndjson": _read_ndjson,
     "movielens": _read_movielens,
     "sasrec": _read_sasrec,
@@ -331,90 +416,6 @@ _READERS = {
 
 
 # ----------------------------------------------------------------------------- canonical columns
-
-
-def _looks_integer(source: Source, raw: str) -> bool:
-    """Whether the first INFER_ROWS non-empty values of a text column are all integers."""
-    sample = (
-        source.frame.select(pl.col(raw).str.strip_chars())
-        .filter(pl.col(raw).is_not_null() & (pl.col(raw) != ""))
-        .head(INFER_ROWS)
-        .collect()
-        .to_series()
-    )
-    return sample.len() > 0 and bool(sample.str.contains(r"^-?(0|[1-9]\d*)$").all())
-
-
-def _id_expr(source: Source, raw: str, dtype: pl.DataType, id_type: str) -> tuple[pl.Expr, pl.Expr]:
-    """(canonical id, is-missing) for one id column; an unparseable id gives a null id."""
-    col = pl.col(raw)
-    if isinstance(dtype, (pl.Categorical, pl.Enum)):
-        col, dtype = col.cast(pl.String), pl.String
-    if dtype == pl.String:
-        stripped = col.str.strip_chars()
-        missing = stripped.is_null() | (stripped == "")
-        if source.text and (id_type == "int" or (id_type == "auto" and _looks_integer(source, raw))):
-            return stripped.cast(pl.Int64, strict=False), missing
-        return stripped if source.text else col, missing
-    if dtype.is_integer():
-        return col.cast(pl.Int64, strict=False), col.is_null()
-    if dtype.is_float():
-        ok = col.is_finite() & (col == col.floor())
-        return pl.when(ok).then(col.cast(pl.Int64, strict=False)), col.is_null() | col.is_nan()
-    if dtype == pl.Null:
-        return col.cast(pl.Int64), col.is_null()
-    raise DataError(f"id column '{raw}' has type {dtype}; ids must be integers or strings, map another column with data.columns")
-
-
-def _epoch_from_number(x: pl.Expr, unit: str) -> pl.Expr:
-    """Integer seconds/ms/us/ns -> seconds (floor division; negative values are kept, then rejected)."""
-    if unit == "s":
-        return x
-    if unit == "ms":
-        return x // 1000
-    return (
-        pl.when(x > 100_000_000_000_000_000)
-        .then(x // 1_000_000_000)
-        .when(x > 100_000_000_000_000)
-        .then(x // 1_000_000)
-        .when(x > 100_000_000_000)
-        .then(x // 1000)
-        .otherwise(x)
-    )
-
-
-def _epoch_from_string(col: pl.Expr, unit: str) -> pl.Expr:
-    s = col.str.strip_chars()
-    as_int = s.cast(pl.Int64, strict=False)
-    as_float = s.cast(pl.Float64, strict=False)
-    iso = s.str.replace(r"[zZ]$", "+00:00").str.replace(r"^(\d{4}-\d\d-\d\d)[ T]", "${1}T")
-    parsed = pl.coalesce(
-        iso.str.to_datetime("%Y-%m-%dT%H:%M:%S%.f%:z", strict=False, time_zone="UTC", time_unit="us").dt.epoch("s"),
-        iso.str.to_datetime("%Y-%m-%dT%H:%M:%S%.f", strict=False, time_unit="us").dt.epoch("s"),
-        iso.str.to_datetime("%Y-%m-%dT%H:%M%:z", strict=False, time_zone="UTC", time_unit="us").dt.epoch("s"),
-        iso.str.to_datetime("%Y-%m-%dT%H:%M", strict=False, time_unit="us").dt.epoch("s"),
-        iso.str.to_date("%Y-%m-%d", strict=False).cast(pl.Datetime("us")).dt.epoch("s"),
-    )
-    number = pl.coalesce(as_int, pl.when(as_float.is_finite()).then(as_float.floor().cast(pl.Int64, strict=False)))
-    return pl.when(number.is_not_null()).then(_epoch_from_number(number, unit)).otherwise(parsed)
-
-
-def _timestamp_expr(raw: str, dtype: pl.DataType, unit: str) -> pl.Expr:
-    col = pl.col(raw)
-    if dtype == pl.String:
-        return _epoch_from_string(col, unit)
-    if dtype.is_integer():
-        return _epoch_from_number(col.cast(pl.Int64, strict=False), unit)
-    if dtype.is_float():
-        ok = col.is_finite()
-        return _epoch_from_number(pl.when(ok).then(col.floor().cast(pl.Int64, strict=False)), unit)
-    if isinstance(dtype, pl.Datetime):
-        return col.dt.epoch("s")  # the physical value is UTC whether or not a zone is attached
-    if dtype == pl.Date:
-        return col.cast(pl.Datetime("us")).dt.epoch("s")
-    if dtype == pl.Null:
-        return col.cast(pl.Int64)
-    raise DataError(f"timestamp column '{raw}' has type {dtype}; map a column of integers, ISO-8601 strings or datetimes")
 
 
 def _value_expr(raw: str, dtype: pl.DataType) -> pl.Expr:
@@ -427,28 +428,42 @@ def tag_rows(source: Source, cfg: DataConfig) -> pl.LazyFrame:
     """Add ``_c_``-prefixed canonical columns and ``reject_reason`` (null for a good row).
 
     Returns:
-        The raw columns, ``source_row``, ``_c_user_id``, ``_c_item_id``, ``_c_timestamp`` Int64
-        (line order when the input has no time), ``_c_event_type`` String and ``_c_value``
-        Float32 (when mapped), and ``reject_reason`` String.
+        The raw columns, ``source_row``, ``_c_user_id``, ``_c_item_id`` (ids in
+        ``source.text_ids`` as String, typed later by :func:`integer_id_columns`),
+        ``_c_timestamp`` Int64 seconds (line order when the input has no time), ``_c__subsecond``
+        Int32 ns within the second (when the source can have them), ``_c_event_type`` String and
+        ``_c_value`` Float32 (when mapped), and ``reject_reason`` String.
+
+    Raises:
+        DataError: an id or timestamp column of an unsupported type.
     """
     schema = source.frame.collect_schema()
     cols = source.columns
-    user, user_missing = _id_expr(source, cols[USER_ID], schema[cols[USER_ID]], cfg.id_type)
-    item, item_missing = _id_expr(source, cols[ITEM_ID], schema[cols[ITEM_ID]], cfg.id_type)
+    user, user_missing = id_expr(cols[USER_ID], schema[cols[USER_ID]], source.text, cfg.id_type)
+    item, item_missing = id_expr(cols[ITEM_ID], schema[cols[ITEM_ID]], source.text, cfg.id_type)
     exprs = [user.alias(PREFIX + USER_ID), item.alias(PREFIX + ITEM_ID)]
     if TIMESTAMP in cols:
-        ts = _timestamp_expr(cols[TIMESTAMP], schema[cols[TIMESTAMP]], cfg.timestamp_unit)
+        raw, dtype = cols[TIMESTAMP], schema[cols[TIMESTAMP]]
+        try:
+            seconds, ns = timestamp_parts(raw, dtype, cfg.timestamp_unit)
+        except TypeError:
+            raise DataError(
+                f"timestamp column '{raw}' has type {dtype}; map a column of integers, ISO-8601 strings or datetimes"
+            ) from None
+        exprs.append(seconds.alias(PREFIX + TIMESTAMP))
+        if has_subseconds(dtype, cfg.timestamp_unit):
+            exprs.append(ns.cast(pl.Int32).alias(PREFIX + SUBSECOND))  # < 1e9: 4 bytes per event
     else:
-        ts = pl.col(SOURCE_ROW)
-    exprs.append(ts.alias(PREFIX + TIMESTAMP))
+        exprs.append(pl.col(SOURCE_ROW).alias(PREFIX + TIMESTAMP))
     if EVENT_TYPE in cols:
         exprs.append(pl.col(cols[EVENT_TYPE]).cast(pl.String).alias(PREFIX + EVENT_TYPE))
     if VALUE in cols:
         exprs.append(_value_expr(cols[VALUE], schema[cols[VALUE]]).alias(PREFIX + VALUE))
 
     c = lambda name: pl.col(PREFIX + name)  # noqa: E731
+    reason = pl.when(pl.col(FIELDS_OK).not_()).then(pl.lit(BAD_FIELD_COUNT)) if FIELDS_OK in schema else pl
     reason = (
-        pl.when(user_missing)
+        reason.when(user_missing)
         .then(pl.lit(MISSING_USER_ID))
         .when(c(USER_ID).is_null())
         .then(pl.lit(BAD_USER_ID))
@@ -467,17 +482,29 @@ def tag_rows(source: Source, cfg: DataConfig) -> pl.LazyFrame:
 
 
 def canonical_columns(tagged: pl.LazyFrame) -> list[str]:
-    """The canonical columns present in a tagged frame, in schema order."""
+    """The canonical columns present in a tagged frame, in schema order (plus ``_subsecond``)."""
     names = set(tagged.collect_schema().names())
-    return [name for name in CANONICAL if PREFIX + name in names]
+    return [name for name in (*CANONICAL, SUBSECOND) if PREFIX + name in names]
 
 
 def valid_events(tagged: pl.LazyFrame) -> pl.LazyFrame:
-    """Good rows as canonical events plus ``source_row``."""
+    """Good rows as canonical events plus ``source_row`` (and ``_subsecond`` when present).
+
+    Ids of ``Source.text_ids`` are still text: :func:`canonical_events` types them.
+    """
     cols = canonical_columns(tagged)
     return tagged.filter(pl.col(REJECT_REASON).is_null()).select(
         *[pl.col(PREFIX + name).alias(name) for name in cols], pl.col(SOURCE_ROW)
     )
+
+
+def canonical_events(source: Source, cfg: DataConfig) -> pl.LazyFrame:
+    """Good rows with their final id types (one extra pass when ids were read as text).
+
+    ``prepare`` does the same in its own passes; this is the plain path (tests, small inputs).
+    """
+    events = valid_events(tag_rows(source, cfg))
+    return cast_integer_ids(events, integer_id_columns(events, source.text_ids))
 
 
 def rejected_rows(tagged: pl.LazyFrame, raw_columns: tuple[str, ...]) -> pl.LazyFrame:

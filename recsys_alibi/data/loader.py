@@ -7,11 +7,15 @@ list layout), so a dataset of a billion events is two arrays, not a billion Pyth
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import polars as pl
 import torch
 from torch.utils.data import Dataset
+
+if TYPE_CHECKING:  # the loader itself runs without polars (the GPU benchmark reads Parquet with pyarrow)
+    import polars as pl
+    import pyarrow as pa
 
 
 @dataclass(frozen=True)
@@ -27,7 +31,11 @@ class FlatSequences:
     @classmethod
     def from_series(cls, series: pl.Series) -> "FlatSequences":
         """From a Polars ``list<int>`` column without materialising Python lists."""
-        arrow = series.to_arrow()
+        return cls.from_arrow(series.to_arrow())
+
+    @classmethod
+    def from_arrow(cls, arrow: pa.Array | pa.ChunkedArray) -> "FlatSequences":
+        """From an Arrow ``list<int>`` array (e.g. a Parquet column read with pyarrow), zero-copy where it can."""
         if hasattr(arrow, "combine_chunks"):
             arrow = arrow.combine_chunks()
         offsets = arrow.offsets.to_numpy().astype(np.int64)
@@ -141,14 +149,28 @@ def _split_gaps(samples: list[np.ndarray]) -> tuple[list[np.ndarray], list[np.nd
     return [s[0] for s in samples], [s[1] for s in samples]
 
 
+def target_positions(targets: torch.Tensor) -> torch.Tensor:
+    """(T,) int64 flat indices into ``targets.reshape(-1)`` of the positions with a target (> 0).
+
+    Made by the collate functions on the host, so that the training step gathers the T
+    supervised positions with an index of known size instead of a boolean selection (which
+    would make the host wait for the GPU to learn T).
+    """
+    return torch.nonzero(targets.reshape(-1) > 0).squeeze(1)
+
+
 def collate_next_item(samples: list[np.ndarray]) -> dict[str, torch.Tensor]:
     """Windows -> ``inputs`` (B, L) int64, ``targets`` (B, L) int64 (0 = no target), ``lengths`` (B,),
-    and with time gaps ``gaps`` (B, L) int64: the buckets of the inputs (0 at padding)."""
+    ``target_positions`` (T,) int64 (:func:`target_positions`), and with time gaps ``gaps`` (B, L)
+    int64: the buckets of the inputs (0 at padding)."""
     items, gap_rows = _split_gaps(samples)
     tokens, lengths = pad_right(items)  # (B, L + 1)
     valid = torch.arange(tokens.shape[1] - 1)[None, :] < (lengths - 1)[:, None]  # (B, L)
     inputs = tokens[:, :-1] * valid  # each row's last event is only a target
-    batch = {"inputs": inputs, "targets": tokens[:, 1:], "lengths": lengths - 1}
+    targets = tokens[:, 1:]
+    batch = {
+        "inputs": inputs, "targets": targets, "lengths": lengths - 1, "target_positions": target_positions(targets)
+    }  # fmt: skip
     if gap_rows is not None:
         batch["gaps"] = pad_right(gap_rows)[0][:, :-1] * valid
     return batch
@@ -158,7 +180,8 @@ def collate_packed_next_item(samples: list[np.ndarray], row_len: int) -> dict[st
     """Windows packed several to a row of ``row_len`` positions (no padding compute).
 
     Returns ``inputs`` / ``targets`` (R, row_len) int64 (0 = padding / no target), ``seq_ids``
-    (R, row_len) int64 (s + 1 for sample s, 0 = padding) and ``lengths`` (R,) filled positions.
+    (R, row_len) int64 (s + 1 for sample s, 0 = padding), ``lengths`` (R,) filled positions and
+    ``target_positions`` (T,) int64 (:func:`target_positions`).
     R <= B rows; a sample's outputs do not depend on what it shares a row with (ALiBi needs only
     distances, so no position offsets). With time gaps also ``gaps`` (R, row_len) int64, packed
     like the inputs. Packing: ``recsys_alibi.model.packing``.
@@ -170,11 +193,13 @@ def collate_packed_next_item(samples: list[np.ndarray], row_len: int) -> dict[st
     targets = [torch.from_numpy(np.asarray(w[1:], dtype=np.int64)) for w in items]
     plan = pack_sequences([len(t) for t in inputs], row_len)
     packed = pack_items(inputs, row_len, plan=plan)
+    packed_targets = pack_items(targets, row_len, plan=plan).tokens
     batch = {
         "inputs": packed.tokens,
-        "targets": pack_items(targets, row_len, plan=plan).tokens,
+        "targets": packed_targets,
         "seq_ids": packed.seq_ids,
         "lengths": (packed.seq_ids > 0).sum(1),
+        "target_positions": target_positions(packed_targets),
     }
     if gap_rows is not None:
         gap_inputs = [torch.from_numpy(np.asarray(g[:-1], dtype=np.int64)) for g in gap_rows]

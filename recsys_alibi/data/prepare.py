@@ -22,10 +22,13 @@ A. streaming passes over the input (Polars streaming engine): rows are tagged (c
    directory inside ``output_dir``, then rejects to one Parquet file (a second pass: sharing
    one scan between the two sinks would cache the whole input in memory; skipped when the
    input is Parquet and its row count, read from the footers, equals the good events);
-B. per partition (in memory, ``WORKERS`` at a time in threads): ``min_value`` filter, user
-   and item ids replaced by their ranks in the partition, sort by (user, time, source row) as
-   a radix sort on the user codes, exact-duplicate removal (a user's events all live in one
-   partition, so this is exact); then, in partition order, the codes are made global; the
+A'. text ids: one pass over the partitions' id columns decides their type (Int64 only when
+   every value round-trips, ``ingest.integer_id_columns``);
+B. per partition (in memory, ``WORKERS`` at a time in threads): ids typed, ``min_value``
+   filter, user and item ids replaced by their ranks in the partition, sort by (user, time at
+   full precision, source row) as a radix sort on the user codes, exact-duplicate removal (a
+   user's events all live in one partition, so this is exact; the sub-second part is then
+   dropped: timestamps are written as seconds); then, in partition order, the codes are made global; the
    partition is kept slim (Int32 user and item codes, timestamp, event type as an Enum, value:
    ~17-21 bytes per event) and its file deleted;
 C. the iterative k-core on the codes of all events at once (two Int32 arrays), then each
@@ -68,10 +71,13 @@ from recsys_alibi.data.cleaning import (
     sort_permutation,
     sorted_duplicates,
 )
+from recsys_alibi.data.errors import read_error
 from recsys_alibi.data.ingest import (
     DataError,
+    QuotedLinesError,
     Source,
-    _first_line,
+    cast_integer_ids,
+    integer_id_columns,
     rejected_rows,
     scan_source,
     tag_rows,
@@ -91,6 +97,7 @@ from recsys_alibi.data.schema import (
     SEQUENCES_FILE,
     SOURCE_ROW,
     STATS_FILE,
+    SUBSECOND,
     TIMESTAMP,
     USER_ID,
     VALUE,
@@ -172,11 +179,20 @@ def prepare(
     source = scan_source(cfg, input_path, fmt)
     with prepare_lock(out):
         clean_stale(out)
-        work = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=out))
         try:
-            return _prepare(cfg, source, out, work)
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
+            return _prepare_in_work_dir(cfg, source, out)
+        except QuotedLinesError:  # rows span lines: fields cannot be counted per line; read without the check
+            log.warning("%s: quoted fields span lines, so CSV rows are not checked for a wrong number of fields", source.paths[0])
+            return _prepare_in_work_dir(cfg, scan_source(cfg, input_path, fmt, count_fields=False), out)
+
+
+def _prepare_in_work_dir(cfg: DataConfig, source: Source, out: Path) -> PrepareResult:
+    """``_prepare`` in a fresh staging directory inside ``out`` (removed afterwards; hold the lock)."""
+    work = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=out))
+    try:
+        return _prepare(cfg, source, out, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def _parquet_rows(source: Source) -> int | None:
@@ -210,6 +226,7 @@ def _prepare(cfg: DataConfig, source: Source, out: Path, work: Path) -> PrepareR
     n_parts = _n_partitions(cfg, source, rows)
     parts = _ingest(cfg, source, work, n_parts)  # A
     n_valid = sum(_rows(files) for files in parts)
+    int_ids = integer_id_columns(pl.scan_ipc([f for files in parts for f in files]), source.text_ids) if n_valid else []
     rejects_path = work / REJECTS_FILE
     if n_valid != rows:  # some rows are rejects, or the row count is unknown: a second pass
         _sink_rejects(cfg, source, rejects_path, tag)
@@ -237,7 +254,7 @@ def _prepare(cfg: DataConfig, source: Source, out: Path, work: Path) -> PrepareR
     n_after_min = n_users_seen = 0
     parts = [files for files in parts if files]
     with ThreadPoolExecutor(WORKERS) as pool:
-        for files, (users, items, frame, n_min) in zip(parts, pool.map(partial(_clean_partition, cfg), parts)):
+        for files, (users, items, frame, n_min) in zip(parts, pool.map(partial(_clean_partition, cfg, int_ids), parts)):
             for f in files:  # free the disk as we go
                 f.unlink()
             if frame.height:
@@ -349,10 +366,12 @@ def _sink_rejects(cfg: DataConfig, source: Source, path: Path, tag: dict[str, st
 def _stream(source: Source, sink: pl.LazyFrame) -> None:
     try:
         sink.collect(engine="streaming")
+    except pl.exceptions.ShapeError as err:  # the CSV rows and the lines counted beside them differ
+        if source.fmt == "csv":
+            raise QuotedLinesError(f"rows of '{source.paths[0]}' span lines") from None
+        raise read_error(source.paths, source.fmt, err, "check the file or --format") from None
     except (pl.exceptions.PolarsError, OSError) as err:
-        raise DataError(
-            f"cannot read '{source.paths[0]}' as {source.fmt}: {_first_line(err)}; check the file or --format"
-        ) from None
+        raise read_error(source.paths, source.fmt, err, "check the file or --format") from None
 
 
 @dataclass
@@ -439,8 +458,13 @@ class _ItemCoder:
         return True
 
 
-def _clean_partition(cfg: DataConfig, files: list[Path]) -> tuple[pl.Series, pl.Series, pl.DataFrame, int]:
-    """B for one partition: min_value filter, local codes, sort, exact duplicates (thread-safe).
+def _clean_partition(
+    cfg: DataConfig, int_ids: list[str], files: list[Path]
+) -> tuple[pl.Series, pl.Series, pl.DataFrame, int]:
+    """B for one partition: id types, min_value filter, local codes, sort, exact duplicates (thread-safe).
+
+    ``int_ids`` are the text id columns that become Int64 (``ingest.integer_id_columns``).
+    Events are sorted and de-duplicated with their ``_subsecond`` part, which is then dropped.
 
     Returns:
         ``(users, items, frame, n_after_min)``: the partition's distinct user and item ids
@@ -449,24 +473,28 @@ def _clean_partition(cfg: DataConfig, files: list[Path]) -> tuple[pl.Series, pl.
         in ``users`` and ``items`` (Int32; bijections, so duplicates stay duplicates) and
         ``event_type`` as an Enum; the event count after the min_value filter.
     """
-    df = filter_min_value(pl.scan_ipc(files), cfg.min_value).collect()
+    df = cast_integer_ids(filter_min_value(pl.scan_ipc(files), cfg.min_value), int_ids).collect()
     users, user_codes = dense_codes(df[USER_ID])
     timestamps = df[TIMESTAMP].to_numpy()
+    subseconds = df[SUBSECOND] if SUBSECOND in df.columns and bool((df[SUBSECOND] != 0).any()) else None
     if df[SOURCE_ROW].is_sorted():
-        perm = sort_permutation(user_codes, timestamps)
+        perm = sort_permutation(user_codes, timestamps, None if subseconds is None else subseconds.to_numpy())
     else:
-        perm = np.lexsort((df[SOURCE_ROW].to_numpy(), timestamps, user_codes))
+        keys = [df[SOURCE_ROW].to_numpy()] + ([] if subseconds is None else [subseconds.to_numpy()])
+        perm = np.lexsort((*keys, timestamps, user_codes))
     items, item_codes = dense_codes(df[ITEM_ID])
     columns = [pl.Series(USER_ID, user_codes), pl.Series(ITEM_ID, item_codes), df[TIMESTAMP]]
     if EVENT_TYPE in df.columns:  # a partition-local Enum: 1-2 bytes per event, cheap to turn back into strings
         columns.append(df[EVENT_TYPE].cast(pl.Enum(df[EVENT_TYPE].unique().drop_nulls().sort())))
     if VALUE in df.columns:
         columns.append(df[VALUE])
+    if subseconds is not None:
+        columns.append(subseconds)
     frame = pl.DataFrame(columns).gather(perm)
     if cfg.drop_duplicates:  # sorted: the first of equal rows is the first in source order
         duplicate = sorted_duplicates(frame)
         frame = frame.filter(~duplicate) if duplicate.any() else frame
-    return users, items, frame, df.height
+    return users, items, frame.drop(SUBSECOND, strict=False), df.height
 
 
 def _write_outputs(

@@ -20,6 +20,7 @@ SCORE = "score"
 REJECT_REASON = "reject_reason"
 TIME_GAPS = "time_gaps"  # list<int32> gap buckets beside item_idx (recsys_alibi.data.time_gaps)
 SOURCE_ROW = "source_row"  # position in the source, keeps ties in source order
+SUBSECOND = "_subsecond"  # internal: ns within the second of an event, until prepare has sorted and de-duplicated
 
 PADDING_IDX = 0
 

@@ -114,7 +114,10 @@ class AlibiRanker(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.n_items = n_items
-        self.items = ItemEmbeddings(n_items, cfg.d_model, time_gap_buckets=cfg.time_gap_buckets)
+        self.items = ItemEmbeddings(
+            n_items, cfg.d_model, time_gap_buckets=cfg.time_gap_buckets,
+            backend=cfg.embedding_backend, sharded=cfg.shard_embeddings,
+        )  # fmt: skip
         self.slopes = AlibiSlopes(cfg.n_heads, cfg.max_bias, learnable=cfg.learnable_slopes)
         self.positions = nn.Embedding(cfg.max_len, cfg.d_model) if cfg.position == "learned" else None
         self.input_dropout = nn.Dropout(cfg.dropout)

@@ -223,7 +223,11 @@ class SequenceDataModule(L.LightningDataModule):
             else collate_next_item
         )
         sampler = EpochShuffle(len(dataset), self.seed)
-        return DataLoader(dataset, batch_size=self.per_rank_batch_size(), sampler=sampler, collate_fn=collate)
+        workers = self.train_cfg.num_workers  # the batches do not depend on it: collating is deterministic
+        return DataLoader(
+            dataset, batch_size=self.per_rank_batch_size(), sampler=sampler, collate_fn=collate,
+            num_workers=workers, persistent_workers=workers > 0, pin_memory=torch.cuda.is_available(),
+        )  # fmt: skip
 
     def val_dataloader(self) -> DataLoader:
         if self.rank is None:

@@ -3,7 +3,12 @@
 Every loss takes the hidden states at the T supervised positions, their target items and the
 tied item table, and returns a scalar:
 
-    loss(hidden (T, D) float, targets (T,) int64 in 1..N, table (N + 1, D) float) -> () float
+    loss(hidden (T, D) float, targets (T,) int64 in 0..N, table (N + 1, D) float) -> () float
+
+A target 0 marks a position without a target (padding): it is ignored, and the loss is the mean
+over the positions with a target. The training step passes every position of the batch (B * L)
+this way instead of selecting the supervised ones, because a boolean selection has a
+data-dependent size and would synchronise the host with the GPU at every step.
 
 The sampling losses (``sampled_softmax``, ``bce``, ``gbce``) draw their negatives with
 ``negative_ids(targets, n_items)`` and index the table only at the targets and those negatives;
@@ -35,6 +40,9 @@ from recsys_alibi.config import TrainConfig
 class _FusedLinearCrossEntropy(torch.autograd.Function):
     """Mean cross-entropy of ``hidden @ table.T`` over items 1..N, gradients computed chunk by chunk.
 
+    The mean is over the positions whose target is not 0; the others add nothing to the loss or
+    the gradients. Nothing in it reads a device tensor on the host.
+
     The (T, N + 1) logits are never held whole: for each chunk of ``chunk`` positions the forward
     pass computes the chunk's logits, its loss and, at once, its gradients
     ``(softmax - onehot) @ table`` and ``(softmax - onehot).T @ hidden``; backward only scales
@@ -55,19 +63,21 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
         total = torch.zeros((), dtype=torch.float64, device=hidden.device)
         for start in range(0, hidden.shape[0], chunk):
             h, y = hidden[start : start + chunk], targets[start : start + chunk]
+            keep = (y > 0)[:, None]  # (C, 1): positions with a target
             logits = (h @ table.T).float()  # (C, N + 1)
             logits[:, 0] = float("-inf")
-            target_logits = logits.gather(1, y[:, None]).squeeze(1)  # (C,)
+            target_logits = logits.gather(1, y[:, None])  # (C, 1); -inf where y = 0
             row_max = logits.amax(dim=1, keepdim=True)  # (C, 1)
             exps = logits.sub_(row_max).exp_()  # in place: one exp per logit
-            sums = exps.sum(dim=1)  # (C,)
-            total += (sums.log() + row_max.squeeze(1) - target_logits).sum(dtype=torch.float64)
-            probs = exps.div_(sums[:, None])  # softmax
+            sums = exps.sum(dim=1, keepdim=True)  # (C, 1)
+            per_row = torch.where(keep, sums.log() + row_max - target_logits, 0.0)
+            total += per_row.sum(dtype=torch.float64)
+            probs = exps.div_(sums)  # softmax
             probs[torch.arange(y.numel(), device=y.device), y] -= 1.0  # d loss / d logits (unscaled)
-            probs = probs.to(compute_dtype)
+            probs = probs.mul_(keep).to(compute_dtype)  # no gradient from positions without a target
             grad_hidden[start : start + chunk] = probs @ table
             grad_table += probs.T @ h
-        count = max(hidden.shape[0], 1)
+        count = (targets > 0).sum().clamp(min=1)  # a tensor: no host synchronisation
         ctx.save_for_backward(grad_hidden / count, grad_table / count)
         ctx.in_dtypes = in_dtypes
         return (total / count).float()
@@ -107,7 +117,13 @@ class FullSoftmaxLoss(nn.Module):
         with torch.autocast(device, enabled=False):
             logits = hidden.float() @ table.float().T  # (T, N + 1)
         logits[:, 0] = float("-inf")
-        return F.cross_entropy(logits, targets)
+        return F.cross_entropy(logits, targets, ignore_index=0)
+
+
+def _mean_over_targets(per_position: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean of (T,) per-position losses over the positions whose target is not 0 (a tensor op)."""
+    keep = targets > 0
+    return torch.where(keep, per_position, 0.0).sum() / keep.sum().clamp(min=1)
 
 
 class SampledSoftmaxLoss(nn.Module):
@@ -133,13 +149,16 @@ class SampledSoftmaxLoss(nn.Module):
     ) -> torch.Tensor:
         n_items = table.shape[0] - 1
         uniform = self.negative_ids(targets, n_items) if negatives is None else negatives
-        candidates = torch.cat([targets, uniform])  # (T + M,)
-        rate = targets.numel() * self.popularity[candidates] + self.num_negatives / n_items
+        candidates = torch.cat([targets, uniform])  # (T + M,); 0 = no target: never a candidate
+        n_targets = (targets > 0).sum()  # in-batch draws: the positions with a target
+        rate = n_targets * self.popularity[candidates] + self.num_negatives / n_items
         negatives = hidden @ table[candidates].T - torch.log(rate)  # (T, T + M)
-        negatives = negatives.masked_fill(candidates[None, :] == targets[:, None], float("-inf"))
+        same = (candidates[None, :] == targets[:, None]) | (candidates == 0)[None, :]
+        negatives = negatives.masked_fill(same, float("-inf"))
         positives = (hidden * table[targets]).sum(-1, keepdim=True)  # (T, 1)
         logits = torch.cat([positives, negatives], dim=1).float()
-        return F.cross_entropy(logits, torch.zeros_like(targets))
+        per_position = F.cross_entropy(logits, torch.zeros_like(targets), reduction="none")  # (T,)
+        return _mean_over_targets(per_position, targets)
 
 
 class BinaryCrossEntropyLoss(nn.Module):
@@ -159,7 +178,7 @@ class BinaryCrossEntropyLoss(nn.Module):
             negatives = self.negative_ids(targets, table.shape[0] - 1)
         pos = (hidden * table[targets]).sum(-1).float()
         neg = (hidden * table[negatives]).sum(-1).float()
-        return -(F.logsigmoid(pos) + F.logsigmoid(-neg)).mean()
+        return _mean_over_targets(-(F.logsigmoid(pos) + F.logsigmoid(-neg)), targets)
 
 
 class GeneralisedBCELoss(nn.Module):
@@ -189,7 +208,7 @@ class GeneralisedBCELoss(nn.Module):
         pos = (hidden * table[targets]).sum(-1).float()  # (T,)
         neg = torch.einsum("td,tkd->tk", hidden, table[negatives]).float()  # (T, k)
         neg = neg.masked_fill(negatives == targets[:, None], -math.inf)
-        return -(beta * F.logsigmoid(pos) + F.logsigmoid(-neg).sum(-1)).mean()
+        return _mean_over_targets(-(beta * F.logsigmoid(pos) + F.logsigmoid(-neg).sum(-1)), targets)
 
 
 LOSSES: dict[str, type[nn.Module]] = {

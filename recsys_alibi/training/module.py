@@ -132,9 +132,15 @@ class RankerModule(L.LightningModule):
         hidden = self.model.encode(
             batch["inputs"], batch["lengths"], batch.get("seq_ids"), gaps=batch.get("gaps")
         )  # (B, L, D)
-        supervised = batch["targets"] > 0  # (B, L)
-        loss = self.loss(hidden[supervised], batch["targets"][supervised], self.model.items.weight)
-        self.log("train/loss", loss, prog_bar=True, batch_size=int(supervised.sum()))
+        rows = batch["targets"].shape[0]
+        hidden, targets = hidden.flatten(0, 1), batch["targets"].flatten()  # (B * L, D), (B * L,); 0 = no target
+        where = batch.get("target_positions")  # (T,) made on the host by the collate
+        if where is not None:  # a gather of known size; a boolean selection would wait for the GPU
+            hidden, targets = hidden.index_select(0, where), targets.index_select(0, where)
+        # without the index every position goes to the loss, which ignores target 0
+        loss = self.loss(hidden, targets, self.model.items.weight)
+        # a per-step value (on_step only): batch_size, which weights epoch means, is not needed
+        self.log("train/loss", loss, prog_bar=True, batch_size=rows)
         return loss
 
     def _sharded_training_step(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:

@@ -140,6 +140,27 @@ def test_sort_permutation_matches_the_three_key_sort(n_users, time_ordered):
     assert np.array_equal(sort_permutation(codes, times), expected)
 
 
+@pytest.mark.parametrize("time_ordered", [True, False])
+def test_sort_permutation_orders_by_nanoseconds_within_a_second(time_ordered):
+    rng = np.random.default_rng(3)
+    n = 50_000
+    users = rng.integers(0, 300, n)
+    seconds = rng.integers(0, 20, n)
+    nanos = rng.integers(0, 4, n) * 250_000_000  # many equal (second, ns) pairs: source order decides
+    if time_ordered:
+        order = np.lexsort((nanos, seconds))
+        seconds, nanos = seconds[order], nanos[order]
+    lf = pl.LazyFrame({"user_id": users, "timestamp": seconds, "_subsecond": nanos, "source_row": np.arange(n)})
+    expected = sort_events(lf).collect()["source_row"].to_numpy()
+    _, codes = dense_codes(pl.Series(users))
+    assert np.array_equal(sort_permutation(codes, seconds, nanos), expected)
+    if not time_ordered:  # seconds alone would lose the order within a second
+        assert not np.array_equal(sort_permutation(codes, seconds), expected)
+    duplicated = pl.LazyFrame({"user_id": [1, 1, 1], "item_id": [5, 5, 5], "timestamp": [9, 9, 9],
+                               "_subsecond": [100, 900, 100], "source_row": [0, 1, 2]})
+    assert sorted(drop_exact_duplicates(duplicated).collect()["source_row"].to_list()) == [0, 1]
+
+
 @pytest.mark.parametrize("ids", [[7, -3, 7, 10**12, -3], [7, -3, 7, 40, -3], ["b", "a", "b", "ab", "a"], []])
 def test_dense_codes_rank_the_distinct_ids(ids):  # table (small span), rank (sparse ints, strings), empty
     series = pl.Series("user_id", ids, dtype=pl.String if ids and isinstance(ids[0], str) else pl.Int64)

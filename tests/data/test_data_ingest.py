@@ -10,8 +10,9 @@ import polars as pl
 import pytest
 
 from recsys_alibi.config import ColumnMap, DataConfig
-from recsys_alibi.data.ingest import DataError, infer_format, resolve_paths, scan_source, tag_rows, valid_events
+from recsys_alibi.data.ingest import DataError, canonical_events, infer_format, resolve_paths, scan_source
 from recsys_alibi.data.prepare import prepare
+from recsys_alibi.data.schema import SUBSECOND
 
 LOOSE = DataConfig(min_events_per_user=1, min_events_per_item=1)
 
@@ -27,7 +28,7 @@ def _write(path: Path, text: str, gz: bool = False) -> Path:
 
 def _events(cfg: DataConfig, path: Path | str, fmt: str | None = None) -> pl.DataFrame:
     """Canonical valid events of an input, in source order."""
-    return valid_events(tag_rows(scan_source(cfg, path, fmt), cfg)).collect().sort("source_row")
+    return canonical_events(scan_source(cfg, path, fmt), cfg).collect().sort("source_row").drop(SUBSECOND, strict=False)
 
 
 # ----------------------------------------------------------------------------- formats
@@ -200,15 +201,140 @@ def test_each_reject_reason(tmp_path):
     assert result.counts["rejected"] == 8 and result.counts["kept"] == 2 and result.counts["input_rows"] == 10
 
 
-def test_auto_id_type_rejects_a_late_non_integer(tmp_path):
+def test_auto_id_type_keeps_strings_when_a_late_value_is_not_an_integer(tmp_path):
     rows = "".join(f"{u},{u % 7},{u}\n" for u in range(1, 1101)) + "abc,1,5\n"
     path = _write(tmp_path / "late.csv", "user_id,item_id,timestamp\n" + rows)
     result = prepare(LOOSE, path, tmp_path / "out")
-    rejects = pl.read_parquet(tmp_path / "out" / "rejects.parquet")
-    assert rejects.select("user_id", "source_row", "reject_reason").rows() == [("abc", 1100, "bad_user_id")]
-    assert result.counts["users"] == 1100
+    assert not (tmp_path / "out" / "rejects.parquet").exists()  # a string column: 'abc' is a user like the others
+    assert result.counts["users"] == 1101 and result.counts["rejected"] == 0
+    users = pl.read_parquet(tmp_path / "out" / "sequences.parquet")["user_id"]
+    assert users.dtype == pl.String and "abc" in users.to_list() and "1100" in users.to_list()
+    items = pl.read_parquet(tmp_path / "out" / "items.parquet")["item_id"]
+    assert items.dtype == pl.Int64  # every item id round-trips: integers
     early = _events(LOOSE, _write(tmp_path / "early.csv", "user_id,item_id,timestamp\nabc,1,5\n7,1,6\n"))
-    assert early["user_id"].to_list() == ["abc", "7"]  # a non-integer in the sample: string ids
+    assert early["user_id"].to_list() == ["abc", "7"]
+
+
+def _late_spellings(fmt: str) -> str:
+    """1,100 integer-looking events, then user 01 and items 007, +7, -0 beside 7 and 0."""
+    rows = [(u % 9 + 1, u % 50, u) for u in range(1, 1101)] + [(1, "007", 2000), (1, "+7", 2001), ("01", "-0", 2002)]
+    if fmt == "csv":
+        return "user_id,item_id,timestamp\n" + "".join(f"{u},{i},{t}\n" for u, i, t in rows)
+    if fmt == "movielens":
+        return "".join(f"{u}::{i}::5::{t}\n" for u, i, t in rows)
+    if fmt == "sasrec":
+        return "".join(f"{u} {i}\n" for u, i, _ in rows)
+    if fmt == "s3rec":
+        return "".join(f"{u} {i}\n" for u, i, _ in rows)
+    quoted = lambda v: json.dumps(v) if isinstance(v, str) else str(v)  # noqa: E731
+    return "".join(f'{{"user_id":{quoted(u)},"item_id":{quoted(i)},"timestamp":{t}}}\n' for u, i, t in rows)
+
+
+@pytest.mark.parametrize("fmt", ["csv", "movielens", "sasrec", "s3rec", "ndjson"])
+def test_distinct_id_spellings_are_never_merged(tmp_path, fmt):
+    path = _write(tmp_path / "log.txt", _late_spellings(fmt))
+    result = prepare(LOOSE, path, tmp_path / "out", fmt=fmt)
+    items = pl.read_parquet(tmp_path / "out" / "items.parquet")["item_id"]
+    users = pl.read_parquet(tmp_path / "out" / "sequences.parquet")["user_id"]
+    assert items.dtype == pl.String and users.dtype == pl.String
+    assert {"007", "+7", "7", "-0", "0"} <= set(items.to_list())  # five items, not two
+    assert result.counts["items"] == 50 + 3 and result.counts["users"] == 9 + 1  # user 01 is not user 1
+    assert result.counts["rejected"] == 0
+
+
+def test_integer_ids_stay_integers_and_parquet_strings_stay_strings(tmp_path):
+    text = "user_id,item_id,timestamp\n" + "".join(f"{u},{-u},{u}\n" for u in range(1, 2001))
+    result = prepare(LOOSE, _write(tmp_path / "ints.csv", text), tmp_path / "out")
+    assert pl.read_parquet(tmp_path / "out" / "items.parquet")["item_id"].dtype == pl.Int64
+    assert result.counts["items"] == 2000
+    big = _events(LOOSE, _write(tmp_path / "big.csv", "user_id,item_id,timestamp\n1,9223372036854775807,1\n1,9223372036854775808,2\n"))
+    assert big["item_id"].to_list() == ["9223372036854775807", "9223372036854775808"]  # beyond Int64: strings
+    pl.DataFrame({"user_id": ["7", "007"], "item_id": ["1", "1"], "timestamp": [1, 2]}).write_parquet(tmp_path / "s.parquet")
+    assert _events(LOOSE, tmp_path / "s.parquet")["user_id"].to_list() == ["7", "007"]
+
+
+def test_ragged_csv_rows_are_rejected_and_counted(tmp_path):
+    text = (
+        "user_id,item_id,timestamp,event_type\n"
+        "u1,a,1,view\n"  # 0 ok
+        "u1,b,2,view,EXTRA\n"  # 1 one extra field
+        "u1,c,3,view,x,y\n"  # 2 two extra fields
+        "u1,d,4\n"  # 3 short: no event_type field at all
+        "u1,e,5,\n"  # 4 ok: an empty event_type
+        '"u1","f,g",6,view\n'  # 5 ok: a quoted separator is not a field boundary
+        "u1,h,7,view,\n"  # 6 a trailing separator is a fifth field
+    )
+    result = prepare(DataConfig(columns=ColumnMap(event_type="event_type"), min_events_per_user=1, min_events_per_item=1),
+                     _write(tmp_path / "r.csv", text), tmp_path / "out")
+    rejects = pl.read_parquet(tmp_path / "out" / "rejects.parquet").sort("source_row")
+    assert rejects.select("source_row", "reject_reason").rows() == [
+        (1, "bad_field_count"), (2, "bad_field_count"), (3, "bad_field_count"), (6, "bad_field_count")
+    ]
+    assert rejects["item_id"].to_list() == ["b", "c", "d", "h"]  # raw values kept
+    assert "_fields_ok" not in rejects.columns
+    assert result.counts["rejected"] == 4 and result.counts["kept"] == 3
+    assert result.stats["rejects_by_reason"] == {"bad_field_count": 4}
+    events = pl.read_parquet(tmp_path / "out" / "events.parquet")
+    assert events["item_id"].to_list() == ["a", "e", "f,g"]
+
+
+@pytest.mark.parametrize(
+    ("fmt", "text", "bad_rows"),
+    [
+        ("movielens", "1::10::5::100\n1::11::3\n1::12::3::200::9\n", [1, 2]),
+        ("movielens", "1\t10\t5\t100\n1\t11\t3\n", [1]),
+        ("sasrec", "1 10\n1\n1 11 12\n1\t13\n", [1, 2]),
+    ],
+)
+def test_lines_with_the_wrong_number_of_fields_are_rejected(tmp_path, fmt, text, bad_rows):
+    result = prepare(LOOSE, _write(tmp_path / "log.txt", text), tmp_path / "out", fmt=fmt)
+    rejects = pl.read_parquet(tmp_path / "out" / "rejects.parquet").sort("source_row")
+    assert rejects["source_row"].to_list() == bad_rows
+    assert set(rejects["reject_reason"]) == {"bad_field_count"}
+    assert result.counts["rejected"] == len(bad_rows)
+
+
+def test_csv_whose_quoted_fields_span_lines_is_still_read(tmp_path, caplog):
+    text = 'user_id,item_id,timestamp,note\nu1,a,1,"two\nlines"\nu1,b,2,plain\nu1,c,3\n'
+    result = prepare(LOOSE, _write(tmp_path / "q.csv", text), tmp_path / "out")
+    assert result.counts["kept"] == 3 and result.counts["rejected"] == 0  # no field check possible: nothing rejected
+    assert "span lines" in caplog.text
+
+
+def test_files_are_read_in_natural_name_order(tmp_path):
+    d = tmp_path / "days"
+    d.mkdir()
+    for day in (9, 10, 11, 1):
+        (d / f"day{day}.txt").write_text(f"1 {day}\n")  # SASRec: the line order is the time
+    assert [p.name for p in resolve_paths(d)] == ["day1.txt", "day9.txt", "day10.txt", "day11.txt"]
+    assert [p.name for p in resolve_paths(str(d / "day*.txt"))] == ["day1.txt", "day9.txt", "day10.txt", "day11.txt"]
+    prepare(LOOSE, d, tmp_path / "out", fmt="sasrec")
+    items = pl.read_parquet(tmp_path / "out" / "items.parquet")
+    order = pl.read_parquet(tmp_path / "out" / "sequences.parquet")["item_idx"][0].to_list()
+    by_idx = dict(zip(items["item_idx"].to_list(), items["item_id"].to_list()))
+    assert [by_idx[i] for i in order] == [1, 9, 10, 11]
+
+
+def test_semicolon_and_pipe_separators_are_detected_and_suggested(tmp_path):
+    for sep in (";", "|"):
+        path = _write(tmp_path / "s.csv", f"user_id{sep}item_id{sep}timestamp\nu1{sep}a,b{sep}1\nu1{sep}c{sep}2\n")
+        assert _events(LOOSE, path)["item_id"].to_list() == ["a,b", "c"]
+        assert infer_format([_write(tmp_path / "s.log", f"user{sep}item\nu{sep}i\n")]) == "csv"
+    msg = _one_line_error(prepare, DataConfig(separator=","), _write(tmp_path / "semi.csv", "user_id;item_id;timestamp\nu1;a;1\n"), tmp_path / "out")
+    assert "data.separator=';'" in msg and "data.columns.user_id" in msg
+
+
+def test_ndjson_types_are_read_from_every_line(tmp_path):
+    lines = [f'{{"user_id":{u % 5},"item_id":{u},"timestamp":{1700000000 + u},"rating":4,"extra":1}}' for u in range(1500)]
+    lines += ['{"user_id":1,"item_id":"007","timestamp":"2024-01-02T03:04:05Z","rating":"5","extra":"x","new":[1]}']
+    result = prepare(DataConfig(columns=ColumnMap(value="rating"), min_events_per_user=1, min_events_per_item=1),
+                     _write(tmp_path / "late.ndjson", "\n".join(lines) + "\n"), tmp_path / "out")
+    assert result.counts["kept"] == 1501 and result.counts["rejected"] == 0
+    events = pl.read_parquet(tmp_path / "out" / "events.parquet")
+    assert events.schema["item_id"] == pl.String and events.schema["user_id"] == pl.Int64
+    late = events.filter(pl.col("item_id") == "007").row(0, named=True)
+    assert (late["timestamp"], late["value"]) == (1704164645, 5.0)
+    assert events.filter(pl.col("item_id") == "7").height == 1  # 7 and "007" are two items
 
 
 # ----------------------------------------------------------------------------- fatal errors

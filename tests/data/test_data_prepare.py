@@ -33,6 +33,38 @@ def test_ties_keep_source_order_and_string_ids(tmp_path):
     assert events["item_id"].to_list() == ["b", "d", "a", "c", "a"]
 
 
+@pytest.mark.parametrize(
+    ("stamps", "parquet_type"),
+    [
+        (["1700000000900", "1700000000100", "1700000000100", "1700000000900", "1700000000900"], None),  # ms
+        (["1700000000900000", "1700000000100000", "1700000000100000", "1700000000900000", "1700000000900000"], None),
+        (["1700000000.9", "1700000000.1", "1700000000.1", "1700000000.9", "1700000000.9"], None),  # float seconds
+        (["2023-11-14T22:13:20.9Z", "2023-11-14T22:13:20.1Z", "2023-11-14T22:13:20.1Z", "2023-11-14T22:13:20.9Z",
+          "2023-11-14T22:13:20.9Z"], None),
+        ([1700000000900, 1700000000100, 1700000000100, 1700000000900, 1700000000900], pl.Datetime("ms")),
+    ],
+)
+def test_events_within_one_second_are_sorted_and_deduplicated_at_full_precision(tmp_path, stamps, parquet_type):
+    # u1 clicks a at .9 s, b and c at .1 s, c again at .9 s (800 ms after the first c: not a duplicate),
+    # and c at .9 s once more (an exact duplicate of row 3)
+    items = ["a", "b", "c", "c", "c"]
+    if parquet_type is None:
+        (tmp_path / "e.csv").write_text("user_id,item_id,timestamp\n" + "".join(f"u1,{i},{t}\n" for i, t in zip(items, stamps)))
+        source = tmp_path / "e.csv"
+    else:
+        frame = pl.DataFrame({"user_id": ["u1"] * 5, "item_id": items, "timestamp": pl.Series(stamps).cast(parquet_type)})
+        frame.write_parquet(tmp_path / "e.parquet")
+        source = tmp_path / "e.parquet"
+    result = prepare(LOOSE, source, tmp_path / "out")
+    assert result.counts["deduplicated"] == 1 and result.counts["events"] == 4
+    events = pl.read_parquet(tmp_path / "out" / "events.parquet")
+    assert events["item_id"].to_list() == ["b", "c", "a", "c"]  # .1 s before .9 s; equal times in source order
+    assert events.schema["timestamp"] == pl.Int64 and set(events["timestamp"]) == {1_700_000_000}
+    assert "_subsecond" not in events.columns
+    seq = read_sequences(tmp_path / "out")
+    assert seq["timestamp"].to_list() == [[1_700_000_000] * 4]
+
+
 def test_two_file_orders_give_identical_outputs(tmp_path):
     rng = random.Random(0)
     rows = [(u, rng.randrange(30), t) for u in range(20) for t in rng.sample(range(10_000), 12)]
@@ -209,7 +241,7 @@ def test_clean_partition_matches_the_reference_in_any_row_order(tmp_path, string
     reference = sort_events(drop_exact_duplicates(df.lazy())).collect()
     for name, rows in (("ordered", df), ("shuffled", df.sample(fraction=1.0, shuffle=True, seed=1))):
         rows.write_ipc(tmp_path / f"{name}.ipc")
-        users, items, frame, n_after_min = _clean_partition(DataConfig(), [tmp_path / f"{name}.ipc"])
+        users, items, frame, n_after_min = _clean_partition(DataConfig(), [], [tmp_path / f"{name}.ipc"])
         assert n_after_min == n and users.to_list() == sorted(set(df["user_id"]))
         got = frame.with_columns(
             users.gather(frame["user_id"]).alias("user_id"),

@@ -36,8 +36,9 @@ def test_gaps_required_exactly_when_the_table_exists():
         with_gaps(items, lengths)
     with pytest.raises(ValueError, match="no time-gap table"):
         items_only(items, lengths, torch.tensor([[1, 2]]))
+    checked = ItemEmbeddings(n_items=10, d_model=8, time_gap_buckets=5, check_inputs=True)  # reads the tensor
     with pytest.raises(ValueError, match=r"0\.\.4"):
-        with_gaps(items, lengths, torch.tensor([[1, 5]]))
+        checked(items, lengths, torch.tensor([[1, 5]]))
     with pytest.raises(ValueError, match="shape"):
         with_gaps(items, lengths, torch.tensor([[1]]))
 

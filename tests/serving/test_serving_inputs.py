@@ -143,3 +143,19 @@ def test_time_gap_model_needs_real_timestamps_one_per_event(tmp_path):
     config = with_overrides(score_config(), data={"format": "sasrec"})
     with pytest.raises(DataError, match="line order"):
         score_with_model(config, tiny_model(time_gap_buckets=8), vocabulary(), log, tmp_path / "o4", progress=False)
+
+
+def test_raw_events_keep_every_id_spelling_apart_from_the_models(tmp_path):
+    # 1,100 rows of known integer items, then +1005 and 01005: other spellings, not item 1005
+    rows = "".join(f"u{u % 7},{1001 + u % 30},{u}\n" for u in range(1100)) + "u1,+1005,2000\nu2,01005,2001\n"
+    events = tmp_path / "events.csv"
+    events.write_text("user_id,item_id,timestamp\n" + rows)
+    result = score_with_model(score_config(k=5), tiny_model(), vocabulary(), events, tmp_path / "out", progress=False)
+    assert (result.unknown_items, result.unknown_events, result.rejected_rows) == (2, 2, 0)
+
+
+def test_non_utf8_raw_events_are_a_data_error(tmp_path):
+    events = tmp_path / "latin.csv"
+    events.write_bytes("user_id,item_id,timestamp\nu1,1005,1\nu1,caf\xe9,2\n".encode("latin-1"))
+    with pytest.raises(DataError, match=r"is not UTF-8 text: byte 0xe9 at line 3"):
+        score_with_model(score_config(k=5), tiny_model(), vocabulary(), events, tmp_path / "out", progress=False)

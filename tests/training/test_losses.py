@@ -112,3 +112,44 @@ def test_fused_full_softmax_under_bf16_autocast_is_close_to_float32():
     assert abs(float(low) - float(exact)) < 1e-2 * float(exact)
     for got, want in zip((hidden.grad, table.grad), exact_grads):
         assert float((got - want).norm() / want.norm()) < 2e-2
+
+
+def test_every_loss_ignores_positions_without_a_target():
+    """Target 0 (padding) adds nothing: all positions in (as the training step passes them) give the
+    value and gradients of the supervised positions alone, for the same negatives."""
+    torch.manual_seed(0)
+    n_rows, width = 12, 6
+    table = torch.randn(n_rows, width, requires_grad=True)
+    hidden = torch.randn(20, width, requires_grad=True)
+    targets = torch.randint(1, n_rows, (20,))
+    targets[[0, 3, 4, 11, 19]] = 0  # positions without a target
+    keep = targets > 0
+    counts = torch.arange(n_rows, dtype=torch.int64)
+    for name in LOSSES:
+        chunked = {"chunk": 7} if name == "softmax" else {}  # a ragged last chunk
+        loss = LOSSES[name](TrainConfig(loss=name, num_negatives=5), counts, **chunked)
+        both = ({}, {})
+        if name != "softmax":  # the same negatives for both calls (per position for bce / gbce)
+            drawn = loss.negative_ids(targets, n_rows - 1)
+            both = ({"negatives": drawn}, {"negatives": drawn if name == "sampled_softmax" else drawn[keep]})
+        grads = []
+        for rows, wanted, extra in ((hidden, targets, both[0]), (hidden[keep], targets[keep], both[1])):
+            table.grad = hidden.grad = None
+            value = loss(rows, wanted, table, **extra)
+            value.backward()
+            grads.append((float(value), hidden.grad.clone(), table.grad.clone()))
+        (all_value, all_hidden, all_table), (kept_value, kept_hidden, kept_table) = grads
+        assert math.isclose(all_value, kept_value, rel_tol=1e-6), name
+        torch.testing.assert_close(all_hidden, kept_hidden, atol=1e-6, rtol=1e-5, msg=name)
+        torch.testing.assert_close(all_table, kept_table, atol=1e-6, rtol=1e-5, msg=name)
+        assert float(all_hidden[~keep].abs().max()) == 0.0, name  # no gradient from padding positions
+
+
+def test_full_softmax_without_gradients_ignores_target_zero():
+    table = _table()
+    hidden = torch.tensor([[2.0, 0.0], [5.0, -1.0]])
+    loss = build_loss(TrainConfig(loss="softmax"), torch.ones(4, dtype=torch.int64))
+    with torch.no_grad():
+        value = loss(hidden, torch.tensor([2, 0]), table)
+    expected = -(0.0 - math.log(math.exp(2) + math.exp(0) + math.exp(2)))
+    assert math.isclose(float(value), expected, rel_tol=1e-6)

@@ -1,0 +1,145 @@
+"""Fatal input errors: :class:`DataError`, and a read failure turned into one line naming the culprit.
+
+A Polars reader that fails names the problem in its own words ("invalid utf-8 sequence",
+"Syntax at character 37") and, for several files, often the first file rather than the broken
+one. :func:`read_error` looks again, only on that failure path, and says which file, line or
+byte is at fault and what to do:
+
+* text that is not UTF-8: the file, line and byte of the first invalid byte, and how to convert it;
+* NDJSON: the file and line of the first line that is not a JSON object;
+* Parquet: the first file whose footer or data cannot be read, or whose schema differs from the
+  first file's.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import polars as pl
+
+CHUNK = 1 << 20  # bytes read at a time while looking for the broken spot
+
+
+class DataError(ValueError):
+    """A fatal input problem; the message is one line naming the problem and the fix."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(" ".join(message.split()))
+
+
+def first_line(err: BaseException) -> str:
+    """The first line of an exception's message (its type name when the message is empty)."""
+    text = str(err).strip().splitlines()
+    return text[0] if text else type(err).__name__
+
+
+def _open(path: Path):
+    return gzip.open(path, "rb") if path.name.lower().endswith(".gz") else open(path, "rb")
+
+
+def _chunks(path: Path) -> Iterator[bytes]:
+    with _open(path) as fh:
+        while chunk := fh.read(CHUNK):
+            yield chunk
+
+
+def invalid_utf8(path: Path) -> tuple[int, int, int] | None:
+    """``(line, byte offset, byte value)`` of the first byte of ``path`` that is not UTF-8, or None.
+
+    Lines count from 1, the offset from 0 (in the decompressed text for ``.gz``).
+    """
+    offset, lines, carry = 0, 1, b""
+    for chunk in _chunks(path):
+        data = carry + chunk
+        try:
+            data.decode("utf-8")
+            carry = b""
+        except UnicodeDecodeError as err:
+            if err.reason == "unexpected end of data" and err.start >= len(data) - 3:
+                carry = data[err.start :]  # a character cut by the chunk boundary
+                data = data[: err.start]
+            else:
+                return lines + data.count(b"\n", 0, err.start), offset + err.start, data[err.start]
+        lines += data.count(b"\n")
+        offset += len(data)
+    if carry:
+        return lines, offset, carry[0]
+    return None
+
+
+def bad_ndjson_line(path: Path) -> tuple[int, str] | None:
+    """``(line, problem)`` of the first non-blank line of ``path`` that is not a JSON object, or None."""
+    with _open(path) as fh:
+        for number, raw in enumerate(fh, start=1):
+            if not raw.strip():
+                continue
+            try:
+                value = json.loads(raw)
+            except ValueError as err:  # includes UnicodeDecodeError
+                return number, f"not valid JSON ({first_line(err)})"
+            if not isinstance(value, dict):
+                return number, f"a JSON {type(value).__name__}, not an object"
+    return None
+
+
+def bad_parquet_file(paths: list[Path]) -> tuple[Path, str] | None:
+    """The first Parquet file that cannot be read whole, or whose schema differs from the first's."""
+    reference = None
+    for path in paths:
+        try:
+            if path.name.lower().endswith(".gz"):
+                with gzip.open(path, "rb") as fh:
+                    frame = pl.read_parquet(fh.read())
+                schema = frame.schema
+            else:
+                schema = pl.read_parquet_schema(path)
+                pl.scan_parquet(path).collect(engine="streaming")
+        except (pl.exceptions.PolarsError, OSError, ValueError) as err:
+            return path, first_line(err)
+        if reference is None:
+            reference = schema
+        elif dict(schema) != dict(reference):
+            return path, f"its columns {dict(schema)} differ from those of {paths[0]} {dict(reference)}"
+    return None
+
+
+def read_error(paths: list[Path] | tuple[Path, ...], fmt: str, err: BaseException, fix: str) -> DataError:
+    """A one-line DataError for a reader failure, naming the file (and line or byte) at fault.
+
+    Args:
+        paths: the input files, in reading order.
+        fmt: the format they were read as.
+        err: what the reader raised.
+        fix: advice to end the message with when nothing more precise is found.
+    """
+    paths = list(paths)
+    if fmt == "parquet":
+        found = bad_parquet_file(paths)
+        if found is not None:
+            return DataError(f"cannot read '{found[0]}' as parquet: {found[1]}; check or remove that file")
+        return DataError(f"cannot read '{paths[0]}' as {fmt}: {first_line(err)}; {fix}")
+    for path in paths:  # text formats: an encoding problem first, it is the most common
+        found_utf8 = invalid_utf8(path)
+        if found_utf8 is not None:
+            line, offset, byte = found_utf8
+            gz = path.name.lower().endswith(".gz")
+            plain = Path(path.name[:-3] if gz else path.name)
+            target = path.with_name(f"{plain.stem}.utf8{plain.suffix}" + (".gz" if gz else ""))
+            convert = (
+                f"zcat '{path}' | iconv -f latin1 -t utf-8 | gzip > '{target}'"
+                if gz
+                else f"iconv -f latin1 -t utf-8 '{path}' > '{target}'"
+            )
+            return DataError(
+                f"'{path}' is not UTF-8 text: byte 0x{byte:02x} at line {line} (offset {offset}); "
+                f"convert it to UTF-8 (from its real encoding), e.g. {convert}"
+            )
+    if fmt == "ndjson":
+        for path in paths:
+            found_line = bad_ndjson_line(path)
+            if found_line is not None:
+                return DataError(f"'{path}' line {found_line[0]} is {found_line[1]}; fix or remove that line")
+    return DataError(f"cannot read '{paths[0]}' as {fmt}: {first_line(err)}; {fix}")

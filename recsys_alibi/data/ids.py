@@ -1,0 +1,76 @@
+"""Raw ids -> canonical ids, and the rule that types text ids without ever merging two spellings.
+
+Text formats (CSV/TSV, MovieLens, SASRec, S3-Rec) and NDJSON ids that are numbers are read as
+text. With ``data.id_type: auto`` a column of them becomes Int64 only when EVERY kept value
+round-trips exactly, ``str(int(x)) == x`` (:func:`round_trips`), decided over all rows once they
+are read (:func:`integer_id_columns`); one ``007``, ``+7``, ``-0``, ``7.0`` or ``abc`` anywhere
+keeps the whole column String. Either way distinct raw spellings stay distinct ids.
+``data.id_type: int`` forces integers (``007`` and ``7`` are then one id: a choice the user
+makes); ``str`` forces strings.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+from recsys_alibi.data.errors import DataError
+
+
+def id_expr(raw: str, dtype: pl.DataType, text: bool, id_type: str) -> tuple[pl.Expr, pl.Expr]:
+    """(canonical id, is-missing) expressions for the raw id column ``raw`` of type ``dtype``.
+
+    Text ids (``text``: a text format) are stripped of surrounding spaces and stay String unless
+    ``id_type`` is ``"int"`` (then a value that does not parse gives a null id: a reject);
+    with ``"auto"`` :func:`integer_id_columns` types them once every row is read. Typed
+    sources keep their type: integers Int64, integral floats Int64 (a fractional one: null).
+
+    Raises:
+        DataError: an id column that is neither integer, float nor string.
+    """
+    col = pl.col(raw)
+    if isinstance(dtype, (pl.Categorical, pl.Enum)):
+        col, dtype = col.cast(pl.String), pl.String
+    if dtype == pl.String:
+        stripped = col.str.strip_chars()
+        missing = stripped.is_null() | (stripped == "")
+        if text and id_type == "int":
+            return stripped.cast(pl.Int64, strict=False), missing
+        return stripped if text else col, missing
+    if dtype.is_integer():
+        return col.cast(pl.Int64, strict=False), col.is_null()
+    if dtype.is_float():
+        ok = col.is_finite() & (col == col.floor())
+        return pl.when(ok).then(col.cast(pl.Int64, strict=False)), col.is_null() | col.is_nan()
+    if dtype == pl.Null:
+        return col.cast(pl.Int64), col.is_null()
+    raise DataError(f"id column '{raw}' has type {dtype}; ids must be integers or strings, map another column with data.columns")
+
+
+def round_trips(ids: pl.Expr) -> pl.Expr:
+    """True where a text id is an integer written exactly as Int64 prints it (``str(int(x)) == x``).
+
+    ``7``, ``-5`` and ``0`` do; ``007``, ``+7``, ``-0``, ``7.0``, `` 7`` and integers beyond Int64 do not.
+    """
+    return (ids.cast(pl.Int64, strict=False).cast(pl.String) == ids).fill_null(False)
+
+
+def integer_id_columns(events: pl.LazyFrame, candidates: tuple[str, ...]) -> list[str]:
+    """The text id columns of ``events`` that can be Int64 without merging two spellings.
+
+    A column qualifies when EVERY value round-trips (:func:`round_trips`), over all rows; one
+    ``007``, ``+7`` or ``abc`` anywhere keeps the whole column String. A full pass over the
+    candidate columns (streaming).
+
+    Args:
+        events: canonical events whose ``candidates`` columns are String.
+        candidates: column names (``Source.text_ids``).
+    """
+    if not candidates:
+        return []
+    row = events.select(*[round_trips(pl.col(c)).all().alias(c) for c in candidates]).collect(engine="streaming")
+    return [c for c in candidates if row[c][0] is not False]
+
+
+def cast_integer_ids(events: pl.LazyFrame | pl.DataFrame, columns: list[str]):
+    """``events`` with the id ``columns`` (from :func:`integer_id_columns`) cast to Int64."""
+    return events.with_columns(pl.col(c).cast(pl.Int64) for c in columns) if columns else events

@@ -1,0 +1,83 @@
+"""Read failures become one-line DataErrors naming the file, line or byte at fault (recsys_alibi.data.errors)."""
+
+from __future__ import annotations
+
+import gzip
+
+import polars as pl
+import pytest
+
+from recsys_alibi.config import DataConfig
+from recsys_alibi.data.errors import DataError, invalid_utf8
+from recsys_alibi.data.prepare import prepare
+
+LOOSE = DataConfig(min_events_per_user=1, min_events_per_item=1)
+LATIN1 = "user_id,item_id,timestamp\nu1,caf\xe9,1\nu1,b,2\n".encode("latin-1")
+
+
+def _error(path, fmt=None) -> str:
+    with pytest.raises(DataError) as info:
+        prepare(LOOSE, path, path.parent / "out", fmt=fmt)
+    message = str(info.value)
+    assert "\n" not in message
+    return message
+
+
+@pytest.mark.parametrize("gz", [False, True])
+def test_non_utf8_text_names_the_file_line_and_byte(tmp_path, gz):
+    path = tmp_path / ("latin.csv.gz" if gz else "latin.csv")
+    path.write_bytes(gzip.compress(LATIN1) if gz else LATIN1)
+    msg = _error(path)
+    assert f"'{path}' is not UTF-8 text: byte 0xe9 at line 2 (offset 32)" in msg and "iconv" in msg
+    assert str(tmp_path / ("latin.utf8.csv.gz" if gz else "latin.utf8.csv")) in msg
+
+
+def test_non_utf8_header_is_named_not_blamed_on_the_column_map(tmp_path):
+    path = tmp_path / "h.csv"
+    path.write_bytes("user_id,item_id,début\nu1,a,1\n".encode("latin-1"))
+    assert "is not UTF-8 text: byte 0xe9 at line 1" in _error(path)
+
+
+def test_non_utf8_file_among_several_is_the_one_named(tmp_path):
+    d = tmp_path / "logs"
+    d.mkdir()
+    (d / "a.csv").write_text("user_id,item_id,timestamp\nu1,a,1\n")
+    (d / "b.csv").write_bytes(LATIN1)
+    assert f"'{d / 'b.csv'}' is not UTF-8 text" in _error(d)
+    sasrec = tmp_path / "seq.txt"
+    sasrec.write_bytes(b"1 10\n1 caf\xe9\n")
+    assert "is not UTF-8 text: byte 0xe9 at line 2" in _error(sasrec, "sasrec")
+
+
+def test_invalid_utf8_across_a_chunk_boundary(tmp_path, monkeypatch):
+    import recsys_alibi.data.errors as errors
+
+    monkeypatch.setattr(errors, "CHUNK", 4)
+    path = tmp_path / "t.txt"
+    path.write_bytes("ab\n\u00e9\u00e9\nc".encode() + b"\n\xff\n")  # two-byte characters cut by 4-byte chunks
+    assert invalid_utf8(path) == (4, 10, 0xFF)
+    path.write_bytes("ab\n\u00e9\u00e9\nc\n".encode())
+    assert invalid_utf8(path) is None
+
+
+def test_ndjson_error_names_the_line(tmp_path):
+    path = tmp_path / "e.ndjson"
+    path.write_text('{"user_id":1,"item_id":7,"timestamp":1}\n{"user_id":1,"item_id":8,"timestamp":2\n{"user_id":2}\n')
+    msg = _error(path)
+    assert f"'{path}' line 2 is not valid JSON" in msg
+
+
+def test_multi_file_parquet_error_names_the_broken_file(tmp_path):
+    d = tmp_path / "parts"
+    d.mkdir()
+    frame = pl.DataFrame({"user_id": [1, 2], "item_id": [3, 4], "timestamp": [5, 6]})
+    for k in range(3):
+        frame.write_parquet(d / f"part-{k}.parquet")
+    data = (d / "part-2.parquet").read_bytes()
+    (d / "part-2.parquet").write_bytes(data[:40] + b"\0" * (len(data) - 80) + data[-40:])  # data pages zeroed
+    msg = _error(d)
+    assert f"cannot read '{d / 'part-2.parquet'}'" in msg
+    (d / "part-2.parquet").unlink()
+    frame.with_columns(pl.col("item_id").cast(pl.String)).write_parquet(d / "part-1.parquet")
+    msg = _error(d)
+    assert f"'{d / 'part-1.parquet'}'" in msg and "differ" in msg
