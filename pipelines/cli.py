@@ -16,12 +16,18 @@ import warnings
 from pathlib import Path
 from typing import Callable, Sequence
 
+from pipelines.outputs import (
+    EXIT_FAILURE,
+    EXIT_USER_ERROR,
+    OutputPathError,
+    as_os_error,
+    check_output_dir,
+    check_output_file,
+    describe_os_error,
+)
 from recsys_alibi.config import ConfigError, JobConfig, load_config
 
 log = logging.getLogger("recsys_alibi")
-
-EXIT_USER_ERROR = 2
-EXIT_FAILURE = 1  # pipeline only: any other error (store unreachable, training crashed, ...), traceback logged
 
 
 RESUME_HELP = (
@@ -90,17 +96,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _flag_overrides(args: argparse.Namespace) -> list[str]:
-    """Turn flags that mirror config keys into ``--set`` overrides."""
-    pairs = {
-        "users": "generate.users", "items": "generate.items", "seed": "seed",
-        "format": "data.format", "k": "score.k", "heads": "model.n_heads", "max_len": "model.max_len",
-    }
-    found = [f"{key}={getattr(args, flag)}" for flag, key in pairs.items() if getattr(args, flag, None) is not None]
+FLAG_KEYS = {
+    "users": "generate.users", "items": "generate.items", "seed": "seed",
+    "format": "data.format", "k": "score.k", "heads": "model.n_heads", "max_len": "model.max_len",
+}  # flag (argparse dest) -> the config key it sets
+
+
+def _flag_values(args: argparse.Namespace) -> dict[str, tuple[str, object]]:
+    """Flags that mirror config keys: ``{key: ("--flag", value)}``, applied after ``--set`` as given."""
+    found = {key: (f"--{flag.replace('_', '-')}", getattr(args, flag))
+             for flag, key in FLAG_KEYS.items() if getattr(args, flag, None) is not None}  # fmt: skip
     if args.command == "pipeline" and args.output is not None:
-        found.append(f"output={args.output}")
+        found["output"] = ("--output", str(args.output))
     if getattr(args, "resume", False):
-        found.append("train.resume=true")
+        found["train.resume"] = ("--resume", True)
     return found
 
 
@@ -111,18 +120,20 @@ def _default_prepared(config: JobConfig, given: Path | None) -> Path:
 def _cmd_generate(config: JobConfig, args) -> str:
     from pipelines.data_steps import run_generate
 
-    return run_generate(config, args.output or Path(config.output) / "events.parquet").summary()
+    output = check_output_file(args.output or Path(config.output) / "events.parquet", example="events.parquet")
+    return run_generate(config, output).summary()
 
 
 def _cmd_prepare(config: JobConfig, args) -> str:
     from pipelines.data_steps import run_prepare
 
-    return run_prepare(config, args.input, _default_prepared(config, args.output)).summary()
+    return run_prepare(config, args.input, check_output_dir(_default_prepared(config, args.output))).summary()
 
 
 def _cmd_train(config: JobConfig, args) -> str:
     from pipelines.train import run_train
 
+    check_output_dir(config.output, "output (checkpoints)")
     result = run_train(config, _default_prepared(config, args.prepared), progress=not args.quiet)
     if result.rank != 0:  # another training process: rank 0 prints the run
         return ""
@@ -133,16 +144,18 @@ def _cmd_evaluate(config: JobConfig, args) -> str:
     from pipelines.evaluate import run_evaluate
     from recsys_alibi.evaluation.report import format_metrics_table
 
+    output = check_output_dir(args.output or Path(config.output) / "report")
     job = run_evaluate(config, _default_prepared(config, args.prepared), model_uri=args.model_uri,
-                       baseline=args.baseline, output_dir=args.output)
+                       baseline=args.baseline, output_dir=output)
     return f"{format_metrics_table({job.name: job.result}, config.evaluate.ks)}\n{job.summary()}"
 
 
 def _cmd_score(config: JobConfig, args) -> str:
     from serving.score import run_score
 
-    result = run_score(config, args.model_uri, args.input or _default_prepared(config, None),
-                       args.output or Path(config.output) / "rankings", progress=not args.quiet)
+    output = check_output_dir(args.output or Path(config.output) / "rankings")
+    result = run_score(config, args.model_uri, args.input or _default_prepared(config, None), output,
+                       progress=not args.quiet)
     return result.summary()
 
 
@@ -151,6 +164,7 @@ def _cmd_pipeline(config: JobConfig, args) -> str:
     from recsys_alibi.training.launch import launch_rank
 
     check_pipeline_launch(config)
+    check_output_dir(config.output)
     if launch_rank(config.train.devices) != 0:  # a training process started by Lightning: train only
         from pipelines.train import run_train
 
@@ -161,7 +175,8 @@ def _cmd_pipeline(config: JobConfig, args) -> str:
 def _cmd_diagnose(config: JobConfig, args) -> str:
     from pipelines.diagnose import run_diagnose
 
-    return run_diagnose(config, dtype=args.dtype, model_uri=args.model_uri, output=args.output).summary()
+    output = None if args.output is None else check_output_file(args.output, example="diagnosis.json")
+    return run_diagnose(config, dtype=args.dtype, model_uri=args.model_uri, output=output).summary()
 
 
 COMMANDS: dict[str, Callable[[JobConfig, argparse.Namespace], str]] = {
@@ -197,34 +212,54 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from recsys_alibi.data.ingest import DataError
     from recsys_alibi.tracking import ModelUriError
 
-    return (ConfigError, DataError, ModelUriError, FileNotFoundError, ValueError)
+    return (ConfigError, DataError, ModelUriError, OutputPathError, FileNotFoundError, ValueError)
+
+
+def _one_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run one subcommand; returns the process exit code (0 ok, 2 user error).
+    """Run one subcommand; returns the process exit code (0 ok, 2 user error, 1 failure).
 
-    ``pipeline`` is a scheduled job: 0 when the new model was promoted or the champion kept,
-    2 on a user error, 1 on any other failure (logged with its traceback) instead of raising.
+    Every command: a user error (bad config, input, model URI or output path; a permission or
+    read-only error on a path) is one ``error: ...`` line and code 2; a full disk is one line and
+    code 1 (:func:`pipelines.outputs.describe_os_error`). ``pipeline`` is a scheduled job: 0 when the
+    new model was promoted or the champion kept, 2 on a user error, 1 on any other failure (logged
+    with its traceback) instead of raising.
     """
     args = build_parser().parse_args(argv)
     configure_logging()
     try:
-        config = load_config(args.config, [*args.overrides, *_flag_overrides(args)])
+        config = load_config(args.config, args.overrides, _flag_values(args))
         summary = COMMANDS[args.command](config, args)
     except _user_errors() as err:
-        message = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        print(f"error: {message}", file=sys.stderr)
+        print(f"error: {_one_line(err)}", file=sys.stderr)
         return EXIT_USER_ERROR
-    except Exception as err:  # a scheduled pipeline reports any failure by its exit code
-        if args.command != "pipeline":
-            raise
-        log.exception("pipeline failed")
-        message = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        print(f"error: pipeline failed: {type(err).__name__}: {message}", file=sys.stderr)
-        return EXIT_FAILURE
+    except Exception as err:  # noqa: BLE001 - a path problem is one line; a pipeline reports any failure by its code
+        found = as_os_error(err)
+        described = None if found is None else describe_os_error(found, getattr(args, "output", None))
+        if described is None:
+            return _failure(args.command, err)
+        code, line = described
+        if code == EXIT_FAILURE and args.command == "pipeline":
+            log.error("pipeline failed: %s", line)
+            line = f"pipeline failed: {line}"
+        print(f"error: {line}", file=sys.stderr)
+        return code
     if summary:  # training processes other than rank 0 have nothing to say
         print(summary)
     return 0
+
+
+def _failure(command: str, err: BaseException) -> int:
+    """Any other error: ``pipeline`` logs the traceback and returns 1; the other commands raise."""
+    if command != "pipeline":
+        raise err
+    log.exception("pipeline failed")
+    print(f"error: pipeline failed: {type(err).__name__}: {_one_line(err)}", file=sys.stderr)
+    return EXIT_FAILURE
 
 
 if __name__ == "__main__":

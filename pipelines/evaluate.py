@@ -13,11 +13,12 @@ import polars as pl
 
 from recsys_alibi.config import JobConfig
 from recsys_alibi.data.prepare import read_items, read_sequences
+from recsys_alibi.data.sequences import vocabulary_difference
 from recsys_alibi.data.splits import fit_prefix, leave_one_out, resolve_cutoff, temporal_split
 from recsys_alibi.data.time_gaps import check_real_timestamps, sequences_for
 from recsys_alibi.evaluation.baselines import BASELINES
 from recsys_alibi.evaluation.evaluator import EvaluationResult, evaluate
-from recsys_alibi.evaluation.report import write_report
+from recsys_alibi.evaluation.report import headline_k, write_report
 from recsys_alibi.tracking import metric_key
 
 @dataclass(frozen=True)
@@ -29,10 +30,10 @@ class EvaluateJobResult:
     report_dir: Path
 
     def summary(self) -> str:
-        m = self.result.metrics
+        """One line: HR and NDCG at the headline K (10 when evaluated) and MRR, as evaluated."""
         return (
-            f"{self.name}: {self.result.protocol} on {self.result.n_users} users, HR@10 {m.get('HR@10', float('nan')):.4f} "
-            f"NDCG@10 {m.get('NDCG@10', float('nan')):.4f} MRR {m.get('MRR', float('nan')):.4f}; report {self.report_dir}"
+            f"{self.name}: {self.result.protocol} on {self.result.n_users} users, "
+            f"{headline_metrics(self.result.metrics)}; report {self.report_dir}"
         )
 
 
@@ -41,6 +42,18 @@ def protocol_cutoff(config: JobConfig, sequences: pl.DataFrame) -> int | None:
     if config.evaluate.protocol != "temporal":
         return None
     return resolve_cutoff(sequences, config.evaluate.temporal_cutoff)
+
+
+def headline_metrics(metrics: dict[str, float]) -> str:
+    """``"HR@10 0.1234 NDCG@10 0.0567 MRR 0.0456"`` from the metrics that exist.
+
+    K is the report's headline K (:func:`recsys_alibi.evaluation.report.headline_k`: 10 when
+    evaluated, else the middle one); a metric that was not evaluated is left out, never shown as nan.
+    """
+    ks = sorted({int(name.split("@")[1]) for name in metrics if name.startswith("HR@")})
+    k = headline_k(ks) if ks else None
+    names = ([f"HR@{k}", f"NDCG@{k}"] if k is not None else []) + ["MRR"]
+    return " ".join(f"{name} {metrics[name]:.4f}" for name in names if name in metrics)
 
 
 def test_examples(config: JobConfig, sequences: pl.DataFrame) -> pl.DataFrame:
@@ -87,10 +100,11 @@ def evaluate_scorer(
 
 def check_same_vocabulary(model_items: pl.DataFrame, items: pl.DataFrame, model_uri: str, prepared_dir: Path) -> None:
     """Raise ValueError unless the model's item vocabulary equals the prepared one (same ids, same order)."""
-    if not model_items.get_column("item_id").equals(items.get_column("item_id")):
+    model_ids, data_ids = model_items.get_column("item_id"), items.get_column("item_id")
+    if not model_ids.equals(data_ids):
         raise ValueError(
-            f"model '{model_uri}' was trained on another item vocabulary ({model_items.height} items) than "
-            f"{prepared_dir} ({items.height} items): evaluate on the prepared data the model was trained on"
+            f"model '{model_uri}' was trained on another item vocabulary than {prepared_dir} "
+            f"({vocabulary_difference(model_ids, data_ids)}): evaluate on the prepared data the model was trained on"
         )
 
 

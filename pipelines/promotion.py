@@ -4,7 +4,8 @@ Gate: the new model and the model holding the registry alias ``tracking.champion
 evaluated on the same prepared data with the same protocol (the "valid" examples of
 ``evaluate.protocol``, full catalog) and compared on ``tracking.promotion_metric``. The alias moves to the new version only
 when ``new - champion > tracking.promotion_margin`` (a tie keeps the champion); otherwise the new
-version is tagged ``rejected`` with the reason. No champion yet: the new version is promoted. A
+version is tagged ``rejected`` with the reason. The champion is read again under a lock just before
+the alias moves, and the decision made again if it changed (overlapping pipelines). No champion yet: the new version is promoted. A
 champion trained on another item vocabulary cannot be scored on this data: it is not compared, the
 reason is logged and tagged, and the new version is promoted.
 
@@ -27,8 +28,10 @@ import polars as pl
 
 from recsys_alibi.config import JobConfig
 from recsys_alibi.data import schema
+from recsys_alibi.data.sequences import vocabulary_difference
 from recsys_alibi.data.time_gaps import sequences_for
-from recsys_alibi.tracking import metric_key
+from pipelines.registry_lock import promotion_lock
+from recsys_alibi.tracking import metric_key, tracking_uri
 
 log = logging.getLogger(__name__)
 
@@ -220,13 +223,17 @@ def run_gate(
     ``real_timestamps`` is False, i.e. the data's time came from line order) is not comparable:
     the new version is promoted with that reason.
 
+    Compare-and-set: the champion is evaluated first, then, under the registry's promotion lock
+    (:mod:`pipelines.registry_lock`), read again; when another gate moved the alias meanwhile, the
+    decision is made again against the champion now holding it. Tags and the alias move happen
+    under the lock, so overlapping pipelines leave the alias on the best of them.
+
     Raises:
         ValueError: the promotion metric is not among the evaluated metrics (check ``evaluate.ks``).
         ModelUriError: the champion's model cannot be loaded.
+        PromotionLockTimeout: another gate held the lock for too long (the alias is untouched).
     """
     import mlflow
-
-    from recsys_alibi.tracking import load_ranker
 
     tracking = config.tracking
     name, alias, metric = tracking.registered_model, tracking.champion_alias, tracking.promotion_metric
@@ -238,31 +245,71 @@ def run_gate(
             f"tracking.promotion_metric={metric} is not evaluated; choose one of {sorted(new_metrics)} or change evaluate.ks"
         )
     held = current_champion(name, alias)
-    held_version = None if held is None else str(held.version)  # an int on some stores
-    champion_value: float | None = None
-    if held is None:
-        decision = Decision(True, "no champion yet")
-    else:
-        champion = load_ranker(f"models:/{name}/{held_version}")
-        if not champion.items.get_column(schema.ITEM_ID).equals(items.get_column(schema.ITEM_ID)):
-            decision = Decision(
-                True,
-                f"champion v{held_version} has another item vocabulary ({champion.items.height} items, "
-                f"data has {n_items}): not comparable, new version promoted",
-            )
-            log.warning("promotion: %s", decision.reason)
-        elif champion.model.uses_time_gaps and not real_timestamps:
-            decision = Decision(
-                True,
-                f"champion v{held_version} reads time gaps and this data has no timestamps (time from line "
-                "order): not comparable, new version promoted",
-            )
-            log.warning("promotion: %s", decision.reason)
-        else:
-            examples = validation_examples(sequences_for(champion.model, sequences), config)
-            champion_value = validation_metrics(config, champion.model, examples, n_items)[metric]
-            decision = decide(new_metrics[metric], champion_value, tracking.promotion_margin, metric)
+    decision, champion_value = _against(config, held, new_metrics[metric], items, sequences, real_timestamps)
+    # compare-and-set: re-read the champion under the lock and decide again if another gate moved it meanwhile
+    with promotion_lock(tracking_uri(tracking), name):
+        now = current_champion(name, alias)
+        if _version(now) != _version(held):
+            log.warning("promotion: the champion moved from v%s to v%s while this gate ran; deciding again against v%s",
+                        _version(held), _version(now), _version(now))  # fmt: skip
+            held = now
+            decision, champion_value = _against(config, held, new_metrics[metric], items, sequences, real_timestamps)
+        held_version = _version(held)
+        _record(client, config, new_version, new_metrics, held_version, champion_value, decision)
+    return GateResult(
+        decision=decision,
+        metric=metric,
+        new_value=new_metrics[metric],
+        new_metrics=new_metrics,
+        version=new_version,
+        champion_version=held_version,
+        champion_value=champion_value,
+        champion_uri=f"models:/{name}@{alias}",
+    )
 
+
+def _version(model_version) -> str | None:
+    """The version number of a registry entry as a string (an int on some stores), or None."""
+    return None if model_version is None else str(model_version.version)
+
+
+def _against(config: JobConfig, held, new_value: float, items: pl.DataFrame, sequences: pl.DataFrame,
+             real_timestamps: bool) -> tuple[Decision, float | None]:  # fmt: skip
+    """The decision against the champion ``held`` (a model version or None) and its metric value."""
+    from recsys_alibi.tracking import load_ranker
+
+    tracking = config.tracking
+    metric, held_version = tracking.promotion_metric, _version(held)
+    if held is None:
+        return Decision(True, "no champion yet"), None
+    champion = load_ranker(f"models:/{tracking.registered_model}/{held_version}")
+    champion_ids, data_ids = champion.items.get_column(schema.ITEM_ID), items.get_column(schema.ITEM_ID)
+    if not champion_ids.equals(data_ids):
+        decision = Decision(
+            True,
+            f"champion v{held_version} has another item vocabulary ({vocabulary_difference(champion_ids, data_ids)}): "
+            "not comparable, new version promoted",
+        )
+        log.warning("promotion: %s", decision.reason)
+        return decision, None
+    if champion.model.uses_time_gaps and not real_timestamps:
+        decision = Decision(
+            True,
+            f"champion v{held_version} reads time gaps and this data has no timestamps (time from line "
+            "order): not comparable, new version promoted",
+        )
+        log.warning("promotion: %s", decision.reason)
+        return decision, None
+    examples = validation_examples(sequences_for(champion.model, sequences), config)
+    champion_value = validation_metrics(config, champion.model, examples, items.height)[metric]
+    return decide(new_value, champion_value, tracking.promotion_margin, metric), champion_value
+
+
+def _record(client, config: JobConfig, new_version: str, new_metrics: dict[str, float], held_version: str | None,
+            champion_value: float | None, decision: Decision) -> None:  # fmt: skip
+    """Tag the new version with what the gate saw, and move the alias to it when it won."""
+    tracking = config.tracking
+    name, alias, metric = tracking.registered_model, tracking.champion_alias, tracking.promotion_metric
     tags = {f"{VALID_PREFIX}.{metric_key(k)}": f"{v:.6f}" for k, v in new_metrics.items()}
     tags["promotion.metric"] = metric
     tags["promotion.champion_version"] = held_version or "none"
@@ -276,16 +323,6 @@ def run_gate(
     else:
         client.set_model_version_tag(name, new_version, REJECTED_TAG, decision.reason)
     log.info("promotion: version %s %s (%s)", new_version, tags[DECISION_TAG], decision.reason)
-    return GateResult(
-        decision=decision,
-        metric=metric,
-        new_value=new_metrics[metric],
-        new_metrics=new_metrics,
-        version=new_version,
-        champion_version=held_version,
-        champion_value=champion_value,
-        champion_uri=f"models:/{name}@{alias}",
-    )
 
 
 def log_gate_to_run(run_id: str, gate: GateResult) -> None:

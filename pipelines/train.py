@@ -31,7 +31,7 @@ from recsys_alibi.data.prepared import data_sha256
 from recsys_alibi.tracking import LoggedModel, log_config, log_ranker, param_values, setup_tracking, tracking_uri
 from recsys_alibi.training.datamodule import SequenceDataModule
 from recsys_alibi.training.fit import check_sharding, fit_ranker
-from recsys_alibi.training.launch import launch_rank, mark_complete, resumable_checkpoint
+from recsys_alibi.training.launch import check_accelerator, launch_rank, mark_complete, resumable_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -95,10 +95,12 @@ def run_train(config: JobConfig, prepared_dir: str | Path, *, progress: bool = T
 
     Raises:
         DataError: the prepared directory is missing or malformed.
-        ConfigError: ``model.shard_embeddings`` with the full softmax, the global batch does not divide over
-            the processes, or the MLflow run of the checkpoint to resume is not in the store.
+        ConfigError: ``model.shard_embeddings`` with the full softmax, an accelerator this machine lacks, the
+            global batch does not divide over the processes, or the MLflow run of the checkpoint to resume is
+            not in the store.
     """
     check_sharding(config)
+    check_accelerator(config.train)
     prepared_dir = Path(prepared_dir)
     datamodule = SequenceDataModule(
         prepared_dir, config.model, config.train, config.seed,

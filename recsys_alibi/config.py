@@ -2,19 +2,35 @@
 
 One section per component; each component receives its section whole. Unknown keys are an
 error (pydantic ``extra="forbid"``), so a typo in a config fails loudly instead of being ignored.
+Values are checked when the config is loaded, never later by the library that uses them: types
+are strict (``true`` is not a number, ``2.5`` is not an integer), floats are finite, and every
+key handed to Lightning or torch (``train.accelerator``, ``train.devices``, ``train.precision``,
+``train.strategy``, ``train.limit_train_batches``, ``score.device``) takes only values they accept.
+YAML is read with the safe loader (tags such as ``!!python/object`` are refused, never run) and
+a key given twice in one mapping is an error. Every problem is one :class:`ConfigError` line
+naming the key (or the file, line and column) and the fix. A section written with no keys
+(``model:`` alone, i.e. YAML null) means that section's defaults.
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps")  # Lightning's, less tpu (needs torch_xla, not installed)
+STRATEGIES = (
+    "auto", "ddp", "ddp_spawn", "ddp_fork", "ddp_find_unused_parameters_true", "ddp_find_unused_parameters_false",
+    "fsdp",
+)  # Lightning built-ins that need no extra package (deepspeed and xla do)
+PRECISIONS = ("16-mixed", "bf16-mixed", "32-true", "64-true", "16-true", "bf16-true", "16", "bf16", "32", "64")
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
 
 class ConfigError(ValueError):
@@ -31,6 +47,12 @@ class GenerateConfig(_Section):
     distance: int = Field(64, ge=1)  # long-range probe: an answer comes exactly D events after its cue (D >= 3)
     min_events: int = Field(20, ge=3)  # shortest history generated, events
     max_events: int = Field(3000, ge=3)  # longest history generated, events
+
+    @model_validator(mode="after")
+    def _events_range(self) -> "GenerateConfig":
+        if self.min_events > self.max_events:
+            raise ValueError(f"generate.min_events={self.min_events} is above generate.max_events={self.max_events}")
+        return self
 
 
 class ColumnMap(_Section):
@@ -73,7 +95,7 @@ class ModelConfig(_Section):
     ffn_mult: int = Field(4, ge=1)
     max_bias: float = Field(8.0, gt=0.0)
     learnable_slopes: bool = False
-    bias_clamp: float | None = None  # |bias| clamped to this value (avoids exp underflow)
+    bias_clamp: float | None = Field(None, gt=0)  # |bias| clamped to this value (avoids exp underflow)
     window: int | None = Field(None, ge=1)  # sliding attention window, items
     sinks: int = Field(0, ge=0)  # first events always visible (StreamingLLM)
     shard_embeddings: bool = False  # row-wise torchrec sharding of the item table (docs/scaling.md)
@@ -106,30 +128,37 @@ class TrainConfig(_Section):
     lr: float = Field(1e-3, gt=0)
     weight_decay: float = Field(0.0, ge=0)
     warmup_steps: int = Field(100, ge=0)
-    grad_clip: float | None = 1.0
+    grad_clip: float | None = Field(1.0, gt=0)  # max gradient norm; None: no clipping
     patience: int = Field(5, ge=1)  # early stopping on validation NDCG@10, epochs
     num_negatives: int = Field(256, ge=1)  # sampled softmax / gBCE
     gbce_t: float = Field(0.75, ge=0, le=1)
-    precision: str = "32-true"
-    accelerator: str = "auto"
-    devices: int | str = 1  # processes per node (CPU: e.g. 2 with strategy ddp; docs/scaling.md)
-    num_nodes: int = 1
-    strategy: str = "auto"  # "ddp" for several processes (gloo on CPU, NCCL on GPU)
+    precision: Literal[PRECISIONS] | Literal[16, 32, 64] = "32-true"  # Lightning's names
+    accelerator: Literal[ACCELERATORS] = "auto"  # gpu/cuda/mps also need that device (checked by train)
+    devices: Annotated[int, Field(ge=1)] | Literal["auto"] = 1  # processes per node (CPU: e.g. 2 with strategy ddp; docs/scaling.md)
+    num_nodes: int = Field(1, ge=1)
+    strategy: Literal[STRATEGIES] = "auto"  # "ddp" for several processes (gloo on CPU, NCCL on GPU)
     resume: bool = False  # continue the newest unfinished <output>/checkpoints/<run_id>/last.ckpt (CLI --resume)
-    limit_train_batches: float | int | None = None
+    limit_train_batches: int | float | None = None  # batches per epoch (int >= 1) or a fraction in (0, 1]
     val_batch_size: int = Field(256, ge=1)
-    val_users: int | None = None  # validate on a fixed random subset of users (None: all)
+    val_users: int | None = Field(None, ge=1)  # validate on a fixed random subset of users (None: all)
     packing: bool = False  # pack several users' windows into rows of model.max_len (no padding compute)
     windows: Literal["last", "all"] = "last"  # train on each history's last max_len + 1 events, or on all of it
     num_workers: int = Field(0, ge=0)  # training-batch worker processes (a GPU outruns one collating process)
     attention_health: bool = True  # log per-head entropy / zero-weight share at each validation (ALiBi)
     zero_share_threshold: float = Field(0.05, ge=0, le=1)  # warn when a head has more exactly-zero weights
 
+    @field_validator("limit_train_batches")
+    @classmethod
+    def _batches_or_fraction(cls, value: int | float | None) -> int | float | None:
+        if value is None or (isinstance(value, int) and value >= 1) or (isinstance(value, float) and 0 < value <= 1):
+            return value
+        raise ValueError("must be a number of batches (an integer >= 1) or a fraction in (0, 1]")
+
 
 class EvaluateConfig(_Section):
     """Offline ranking evaluation."""
 
-    ks: list[int] = [1, 5, 10, 20, 50, 100]
+    ks: list[int] = Field([1, 5, 10, 20, 50, 100], min_length=1)  # cut-offs K >= 1, each once
     protocol: Literal["leave_one_out", "temporal"] = "leave_one_out"
     temporal_cutoff: int | None = None  # seconds since epoch; None: the 90% quantile of timestamps
     exclude_seen: bool = True
@@ -137,6 +166,20 @@ class EvaluateConfig(_Section):
     context_lengths: list[int] = []  # extra context-length sweep (items); empty: none
     history_buckets: list[int] = [20, 50, 200, 1000]  # bucket upper edges, items
     ties: Literal["optimistic", "pessimistic"] = "optimistic"  # target tied with items: ahead of / behind them
+
+    @field_validator("ks", "context_lengths", "history_buckets")
+    @classmethod
+    def _positive_and_distinct(cls, values: list[int]) -> list[int]:
+        if any(v < 1 for v in values) or len(set(values)) != len(values):
+            raise ValueError("must be distinct integers >= 1")
+        return values
+
+    @field_validator("history_buckets")
+    @classmethod
+    def _ascending(cls, values: list[int]) -> list[int]:
+        if values != sorted(values):
+            raise ValueError("bucket upper edges must be ascending")
+        return values
 
 
 class ScoreConfig(_Section):
@@ -151,8 +194,15 @@ class ScoreConfig(_Section):
     sinks: int | None = Field(None, ge=0)  # longer histories: first events kept (None: model.sinks)
     batch_tokens: int = Field(131_072, ge=1)  # history events per batch (bounds activation memory)
     attention_backend: Literal["auto", "model", "flex", "sdpa", "eager"] = "auto"  # auto: sdpa on CPU, flex on GPU
-    device: str = "auto"  # "auto": cuda when available, else cpu
+    device: str = "auto"  # auto: cuda when available, else cpu; or cpu, cuda, cuda:N, mps
     overwrite: bool = False  # replace another job's rankings in --output instead of refusing (same job: resumed)
+
+    @field_validator("device")
+    @classmethod
+    def _torch_device(cls, device: str) -> str:
+        if re.fullmatch(r"auto|cpu|mps|cuda(:[0-9]+)?", device):
+            return device
+        raise ValueError("must be auto, cpu, cuda, cuda:N or mps")
 
 
 class TrackingConfig(_Section):
@@ -165,11 +215,20 @@ class TrackingConfig(_Section):
     promotion_metric: str = "NDCG@10"  # compared on leave-one-out validation examples (a name in evaluate.ks)
     promotion_margin: float = 0.0  # promote only when new - champion > margin (a tie keeps the champion)
 
+    @field_validator("champion_alias")
+    @classmethod
+    def _alias_not_reserved(cls, alias: str) -> str:
+        if not re.fullmatch(r"[A-Za-z0-9_\-]+", alias):
+            raise ValueError("a registry alias has only letters, digits, '_' and '-'")
+        if alias.lower() == "latest" or (alias[:1] in "vV" and alias[1:].isdigit()):
+            raise ValueError(f"'{alias}' is reserved by the MLflow registry (latest, v1, v2 ...); choose another name")
+        return alias
+
 
 class JobConfig(_Section):
     """The whole job: one YAML file, every section optional."""
 
-    seed: int = 42
+    seed: int = Field(42, ge=0, le=2**32 - 1)  # numpy and Lightning take seeds in [0, 2^32)
     output: str = "runs/default"
     generate: GenerateConfig = GenerateConfig()
     data: DataConfig = DataConfig()
@@ -180,13 +239,79 @@ class JobConfig(_Section):
     tracking: TrackingConfig = TrackingConfig()
 
 
-def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
+class _StrictLoader(yaml.SafeLoader):
+    """The safe loader, refusing a key given twice in one mapping (the safe loader keeps the last).
+
+    Also reads ``1e-3`` as a float, as YAML 1.2 does (PyYAML's YAML 1.1 rules want ``1.0e-3`` and
+    would give the string ``"1e-3"``, which the strict config then refuses).
+    """
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: set = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key '{key}' is given twice in one mapping", key_node.start_mark
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+_StrictLoader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:float"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}  # a copy: the safe loader's own table is left as it is
+_StrictLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+                    |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
+                    |[-+]?\.[0-9_]+(?:[eE][-+]?[0-9]+)?
+                    |[-+]?\.(?:inf|Inf|INF)
+                    |\.(?:nan|NaN|NAN))$""", re.X),
+    list("-+0123456789."),
+)
+
+
+def _yaml_error(where: str, err: yaml.YAMLError) -> ConfigError:
+    """One line: where, the line/column of the problem and what it is (no YAML traceback)."""
+    mark = getattr(err, "problem_mark", None) or getattr(err, "context_mark", None)
+    at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+    if "block" in problem:
+        problem += " (check the indentation)"
+    if "could not determine a constructor for the tag" in problem:
+        problem += " (only plain YAML is read: tags that build Python objects are refused, never run)"
+    return ConfigError(f"{where}: invalid YAML{at}: {problem}")
+
+
+def read_yaml(text: str, where: str) -> Any:
+    """Parse ``text`` as plain YAML (safe loader, duplicate keys refused).
+
+    Raises:
+        ConfigError: the text is not valid YAML (``where`` names the file or the override).
+    """
+    try:
+        return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as err:
+        raise _yaml_error(where, err) from None
+
+
+def _set_dotted(tree: dict[str, Any], dotted: str, value: Any, origin: str) -> None:
     keys = dotted.split(".")
+    if not all(k.strip() for k in keys):
+        raise ConfigError(f"{origin}: '{dotted}' is not a dotted key (e.g. model.n_layers)")
     node = tree
-    for key in keys[:-1]:
-        child = node.setdefault(key, {})
+    for depth, key in enumerate(keys[:-1]):
+        child = node.get(key)
+        if child is None:  # absent, or a section written with no keys (YAML null): its defaults
+            child = node[key] = {}
         if not isinstance(child, dict):
-            raise ConfigError(f"--set {dotted}: '{key}' is a value, not a section")
+            where = ".".join(keys[: depth + 1])
+            raise ConfigError(
+                f"{origin}: cannot set {dotted} because '{where}' holds the value {child!r} in the config, not a "
+                "section of keys"
+            )
         node = child
     node[keys[-1]] = value
 
@@ -195,37 +320,116 @@ def parse_override(text: str) -> tuple[str, Any]:
     """Split ``"a.b=value"`` into ``("a.b", parsed value)``; the value is read as YAML.
 
     Raises:
-        ConfigError: when there is no ``=`` or the key is empty.
+        ConfigError: when there is no ``=``, the key is empty, or the value is not valid YAML.
     """
     key, sep, raw = text.partition("=")
     if not sep or not key.strip():
         raise ConfigError(f"--set expects dotted.key=value, got '{text}'")
-    return key.strip(), yaml.safe_load(raw) if raw.strip() else None
+    return key.strip(), read_yaml(raw, f"--set {text}") if raw.strip() else None
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> JobConfig:
-    """Read a YAML job config, apply ``dotted.key=value`` overrides and validate.
+def _read_file(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise ConfigError(f"config {path} is a directory, not a YAML file" if path.is_dir() else f"config file not found: {path}")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {err.start}); save the config as UTF-8") from None
+    except OSError as err:
+        raise ConfigError(f"cannot read config {path}: {err.strerror or err}") from None
+    loaded = read_yaml(text, str(path))
+    if loaded is not None and not isinstance(loaded, dict):
+        raise ConfigError(f"{path}: expected a YAML mapping at the top level")
+    return loaded or {}
 
-    Raises:
-        ConfigError: missing file, YAML that is not a mapping, unknown keys or invalid values.
-    """
-    tree: dict[str, Any] = {}
-    if path is not None:
-        path = Path(path)
-        if not path.is_file():
-            raise ConfigError(f"config file not found: {path}")
-        loaded = yaml.safe_load(path.read_text())
-        if loaded is not None and not isinstance(loaded, dict):
-            raise ConfigError(f"{path}: expected a YAML mapping at the top level")
-        tree = loaded or {}
-    for text in overrides:
-        _set_dotted(tree, *parse_override(text))
+
+def _section_type(model: type[BaseModel], name: Any) -> type[_Section] | None:
+    field = model.model_fields.get(name) if isinstance(name, str) else None
+    annotation = field.annotation if field is not None else None
+    return annotation if isinstance(annotation, type) and issubclass(annotation, _Section) else None
+
+
+def _empty_sections(tree: dict[str, Any], model: type[BaseModel]) -> None:
+    """A section written with no keys (YAML null, e.g. ``model:`` with its keys commented out) is ``{}``."""
+    for name, value in tree.items():
+        section = _section_type(model, name)
+        if section is None:
+            continue
+        if value is None:
+            tree[name] = {}
+        elif isinstance(value, dict):
+            _empty_sections(value, section)
+
+
+def _key_path(loc: tuple) -> str:
+    """The config key of a pydantic error location (drops union-branch names such as ``int``)."""
+    keys, model = [], JobConfig
+    for part in loc:
+        if model is None or not isinstance(part, str):  # past a value: union branches, list indices
+            break
+        keys.append(part)
+        if part not in model.model_fields:  # an unknown key (extra_forbidden)
+            break
+        model = _section_type(model, part)
+    return ".".join(keys) or "config"
+
+
+def _known_keys(dotted: str) -> list[str]:
+    """The keys of the section that holds ``dotted`` (the top level for a top-level key)."""
+    model: type[BaseModel] | None = JobConfig
+    for part in dotted.split(".")[:-1]:
+        model = _section_type(model, part) if model is not None else None
+    return sorted(model.model_fields) if model is not None else []
+
+
+def _validate(tree: dict[str, Any]) -> JobConfig:
+    _empty_sections(tree, JobConfig)
     try:
         return JobConfig.model_validate(tree)
     except ValidationError as err:
-        first = err.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "config"
-        raise ConfigError(f"invalid config at '{where}': {first['msg']}") from None
+        errors = err.errors()
+        where = _key_path(errors[0]["loc"])
+        same = [e for e in errors if _key_path(e["loc"]) == where]  # one per branch of a union
+        messages = list(dict.fromkeys(e["msg"].removeprefix("Value error, ") for e in same))
+        message = " or ".join([messages[0], *(m.removeprefix("Input should be ") for m in messages[1:])])
+        if errors[0]["type"] == "extra_forbidden":
+            message = f"unknown key; the keys there are {', '.join(_known_keys(where))}"
+        value = errors[0]["input"]
+        shown = errors[0]["type"] in {"missing", "extra_forbidden"} or isinstance(value, dict)  # a section: named above
+        given = "" if shown else f" (got {value!r:.80})"
+        raise ConfigError(f"invalid config at '{where}': {message}{given}") from None
+
+
+def load_config(
+    path: str | Path | None = None,
+    overrides: list[str] | tuple[str, ...] = (),
+    flags: dict[str, tuple[str, Any]] | None = None,
+) -> JobConfig:
+    """Read a YAML job config, apply ``dotted.key=value`` overrides and flags, and validate.
+
+    Args:
+        path: the YAML file (None: every default).
+        overrides: ``--set`` texts, values read as YAML, applied in order.
+        flags: ``{dotted.key: (flag, value)}`` from command-line flags (``{"model.n_heads":
+            ("--heads", 4)}``), applied last, values as given (not read as YAML: ``--output 2024``
+            stays a path); errors name the flag.
+
+    Raises:
+        ConfigError: missing/unreadable file, invalid YAML, YAML that is not a mapping, unknown
+            keys or invalid values; one line naming the key (or file, line, column) and the fix.
+    """
+    tree = _read_file(Path(path)) if path is not None else {}
+    for text in overrides:
+        _set_dotted(tree, *parse_override(text), origin=f"--set {text}")
+    for key, (flag, value) in (flags or {}).items():
+        _set_dotted(tree, key, value, origin=f"{flag} (sets {key})")
+    try:
+        return _validate(tree)
+    except ConfigError as err:
+        named = [flag for key, (flag, _) in (flags or {}).items() if str(err).startswith(f"invalid config at '{key}'")]
+        if named:
+            raise ConfigError(f"{err}; it was given by {named[0]}") from None
+        raise
 
 
 def with_overrides(config: JobConfig, **sections: dict[str, Any]) -> JobConfig:

@@ -39,12 +39,15 @@ from recsys_alibi.data import schema
 from recsys_alibi.data.ingest import DataError, resolve_paths
 from recsys_alibi.data.loader import FlatSequences
 from recsys_alibi.data.prepared import check_file, check_prepared, read_consistent
+from recsys_alibi.data.sequences import vocabulary_difference
 from recsys_alibi.data.time_gaps import checked_timestamps, gap_buckets, has_real_timestamps
 
 log = logging.getLogger(__name__)
 
 STAGED_MARKER = "_staged.json"
 STAGED_KEEP = (schema.STATS_FILE, schema.REJECTS_FILE, STAGED_MARKER)  # kept when the job completes
+SKIP_NO_KNOWN_ITEM = "no_known_item"  # reasons a user is not ranked (Shard.skipped)
+SKIP_NO_EVENTS = "no_events"
 
 
 @dataclass(frozen=True)
@@ -59,12 +62,31 @@ class Shard:
         gaps: time-gap buckets of the kept events, aligned with ``histories`` (time-gap models
             only; computed on the whole input history, so dropping an unknown event keeps each
             other event's true gap), else None.
+        input_lengths: (U,) int64 events of each user in the input, before unknown items were
+            dropped (None: equal to the history lengths).
     """
 
     user_ids: pl.Series
     histories: FlatSequences
     unknown_events: int
     gaps: FlatSequences | None = None
+    input_lengths: np.ndarray | None = None
+
+    def skipped(self) -> pl.DataFrame:
+        """The users that cannot be ranked, with why: ``user_id``, ``reason``, ``input_events`` Int64.
+
+        ``reason`` is ``no_known_item`` (every event's item is unknown to the model) or
+        ``no_events`` (an empty or null history in the input).
+        """
+        lengths = self.histories.lengths()
+        given = lengths if self.input_lengths is None else self.input_lengths
+        rows = np.flatnonzero(lengths == 0)
+        reasons = np.where(given[rows] > 0, SKIP_NO_KNOWN_ITEM, SKIP_NO_EVENTS)
+        return pl.DataFrame({
+            schema.USER_ID: self.user_ids.gather(rows),
+            "reason": pl.Series(reasons.tolist(), dtype=pl.String),
+            "input_events": pl.Series(given[rows], dtype=pl.Int64),
+        })  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -107,7 +129,8 @@ class ScoreInput:
             except ValueError as err:
                 raise DataError(f"{self.sequences}, users {start}..{start + frame.height - 1}: {err}") from None
             gaps = select_events(gap_buckets(timestamps, self.time_gap_buckets), known_events(histories, self.remap))
-        return Shard(user_ids=frame.get_column(schema.USER_ID), histories=mapped, unknown_events=unknown, gaps=gaps)
+        return Shard(user_ids=frame.get_column(schema.USER_ID), histories=mapped, unknown_events=unknown, gaps=gaps,
+                     input_lengths=histories.lengths())  # fmt: skip
 
 
 def map_histories(histories: FlatSequences, remap: np.ndarray | None) -> tuple[FlatSequences, int]:
@@ -119,20 +142,21 @@ def map_histories(histories: FlatSequences, remap: np.ndarray | None) -> tuple[F
 
     Returns:
         The sequences in model indices, order kept, and the number of dropped unknown events
-        (padding zeros are not counted).
+        (every entry but padding zeros that maps to no model item, negative indices included).
     """
     mapped = FlatSequences(values=_mapped(histories.values, remap), offsets=histories.offsets)
     keep = mapped.values > 0
-    unknown = int(((histories.values > 0) & ~keep).sum())
+    unknown = int(((histories.values != 0) & ~keep).sum())
     return select_events(mapped, keep), unknown
 
 
 def _mapped(values: np.ndarray, remap: np.ndarray | None) -> np.ndarray:
     """(E,) input indices -> (E,) int64 model indices (0: unknown or padding)."""
     if remap is None:
-        return values.astype(np.int64)
-    # indices beyond the input vocabulary cannot occur in prepared data; treat them as unknown
-    return np.where(values < remap.shape[0], remap[np.minimum(values, remap.shape[0] - 1)], 0).astype(np.int64)
+        return np.where(values > 0, values, 0).astype(np.int64)
+    # indices outside the input vocabulary (above it, or negative: never a wrapped-around lookup) are unknown
+    inside = (values > 0) & (values < remap.shape[0])
+    return np.where(inside, remap[np.where(inside, values, 0)], 0).astype(np.int64)
 
 
 def known_events(histories: FlatSequences, remap: np.ndarray | None) -> np.ndarray:
@@ -224,12 +248,61 @@ def _check_timestamps(sequences: Path) -> None:
 
 
 def _check_sequences(path: Path) -> None:
+    """DataError unless ``path`` holds one row per user with integer item indices >= 0.
+
+    Checked (one scan of the file): ``user_id`` is an integer or string column (a float id is not
+    one raw id: ``1.0`` and ``1`` would merge) with no null and no id in two rows (the rankings are
+    keyed by user); ``item_idx`` is a list of integers with no null entry and none below 0 (0 is
+    padding). An empty or null history is allowed: that user is skipped and listed.
+    """
     found = pl.read_parquet_schema(path)
     if schema.USER_ID not in found or not isinstance(found.get(schema.ITEM_IDX), pl.List):
         raise DataError(
             f"{path} lacks user_id / item_idx list columns; "
             "give a prepared dir, a sequences Parquet or raw events as --input"
         )
+    user_type, item_type = found[schema.USER_ID], found[schema.ITEM_IDX].inner
+    if not (user_type.is_integer() or user_type == pl.String):
+        raise DataError(
+            f"{path}: user_id is {user_type}, but user ids must be integers or strings (a float id such as 1.5 is "
+            "not one raw id); cast the column"
+        )
+    if not item_type.is_integer():
+        raise DataError(f"{path}: item_idx holds {item_type}, but item indices are integers (1..N, 0 = padding)")
+    user, item = pl.col(schema.USER_ID), pl.col(schema.ITEM_IDX)
+    facts = pl.scan_parquet(path).select(
+        null_users=user.null_count(), distinct=user.n_unique(), rows=pl.len(),
+        null_items=item.list.eval(pl.element().is_null().sum()).explode().sum(),
+        negative=item.list.eval((pl.element() < 0).sum()).explode().sum(),
+    ).collect().row(0, named=True)  # fmt: skip
+    if facts["null_users"]:
+        first = _first_row(path, user.is_null())
+        raise DataError(f"{path}: {facts['null_users']} rows have a null user_id (first: row {first}); give every row its user's id")
+    if facts["distinct"] != facts["rows"]:
+        top = (pl.scan_parquet(path).group_by(schema.USER_ID).len().filter(pl.col("len") > 1)
+               .sort("len", schema.USER_ID, descending=[True, False]).first().collect().row(0))  # fmt: skip
+        raise DataError(
+            f"{path}: {facts['rows'] - facts['distinct']} rows repeat a user_id (e.g. {top[0]!r} in {top[1]} rows); "
+            "give one row per user with its whole history"
+        )
+    if facts["null_items"]:
+        first = _first_row(path, item.list.eval(pl.element().is_null().any()).list.first())
+        raise DataError(f"{path}: {facts['null_items']} null entries in item_idx (first: row {first}); indices are 1..N")
+    if facts["negative"]:
+        first = _first_row(path, item.list.eval((pl.element() < 0).any()).list.first())
+        raise DataError(
+            f"{path}: {facts['negative']} negative entries in item_idx (first: row {first}); indices are 1..N, 0 = padding"
+        )
+
+
+def _ids(items: pl.DataFrame) -> pl.Series:
+    """(N,) raw item ids of a vocabulary by ``item_idx``."""
+    return items.sort(schema.ITEM_IDX).get_column(schema.ITEM_ID)
+
+
+def _first_row(path: Path, condition: pl.Expr) -> int:
+    """The 0-based row of the first row of ``path`` where ``condition`` holds."""
+    return int(pl.scan_parquet(path).with_row_index("_row").filter(condition).select("_row").first().collect().item())
 
 
 def stage_events(data: DataConfig, input_path: str | Path, staged_dir: Path) -> dict[str, int]:
@@ -313,6 +386,12 @@ def open_input(
     if items_path is not None and items_path.is_file():
         input_items = read_consistent(items_path.parent, items_path.name, pl.read_parquet, prepare_id)
         remap, unknown_items = vocabulary_remap(input_items, model_items)
+        if remap is not None and not (remap > 0).any():
+            raise DataError(
+                f"none of the {input_items.height} items of {input_path} is in the model's vocabulary "
+                f"({vocabulary_difference(_ids(model_items), _ids(input_items))}): the model was trained on another "
+                "catalog; score with a model trained on this data"
+            )
     else:
         n_items = model_items.height
         top = pl.scan_parquet(sequences).select(pl.col(schema.ITEM_IDX).list.max().max()).collect().item()
@@ -323,6 +402,7 @@ def open_input(
             )
     stats["unknown_items"] = unknown_items
     if unknown_items:
-        log.info("%d items of the input are not in the model's vocabulary; their events are skipped", unknown_items)
+        log.warning("%d of the input's %d items are not in the model's vocabulary of %d; their events are skipped",
+                    unknown_items, input_items.height, model_items.height)  # fmt: skip
     return ScoreInput(kind=kind, sequences=sequences, n_users=n_users, remap=remap, stats=stats,
                       time_gap_buckets=time_gap_buckets, prepare_id=prepare_id)  # fmt: skip

@@ -7,6 +7,9 @@ Layout of ``output_dir``::
     _manifest.rank-R.json         while a multi-process job runs: shards done by rank R > 0
     _input/                       raw-event input only: the events prepared for scoring (removed
                                   when the job completes, except ``stats.json`` and rejects)
+    _skipped/part-NNNNN.parquet   the users of shard NNNNN that were not ranked (``user_id``,
+                                  ``reason``: no_known_item | no_events, ``input_events``); only
+                                  for shards that have such users, written before the part file
 
 The rules that make a job killed at any moment and started again end with exactly the output of
 an uninterrupted run:
@@ -40,6 +43,7 @@ MANIFEST = "_manifest.json"
 RANK_MANIFEST = "_manifest.rank-{rank}.json"
 PART = "part-{shard:05d}.parquet"
 STAGED_INPUT = "_input"
+SKIPPED_DIR = "_skipped"
 
 
 class OutputDirError(ValueError):
@@ -61,8 +65,8 @@ def write_atomic(path: Path, write) -> None:
 
 
 def remove_stale_temporaries(output_dir: Path) -> int:
-    """Delete hidden ``.*.tmp`` files left by a killed job; returns how many."""
-    stale = [p for p in output_dir.glob(".*.tmp") if p.is_file()]
+    """Delete hidden ``.*.tmp`` files left by a killed job (also in ``_skipped/``); returns how many."""
+    stale = [p for p in [*output_dir.glob(".*.tmp"), *output_dir.glob(f"{SKIPPED_DIR}/.*.tmp")] if p.is_file()]
     for p in stale:
         p.unlink(missing_ok=True)
     return len(stale)
@@ -123,13 +127,14 @@ def rank_manifest_path(output_dir: Path, rank: int) -> Path:
 
 
 def clear_output(output_dir: Path) -> None:
-    """Delete what a scoring job writes in ``output_dir`` (part files, manifests, staged input, temporaries)."""
+    """Delete what a scoring job writes in ``output_dir`` (parts, manifests, staged input, skipped users, temporaries)."""
     import shutil
 
     for pattern in ("part-*.parquet", "_manifest*.json", ".*.tmp"):
         for path in output_dir.glob(pattern):
             path.unlink(missing_ok=True)
     shutil.rmtree(output_dir / STAGED_INPUT, ignore_errors=True)
+    shutil.rmtree(output_dir / SKIPPED_DIR, ignore_errors=True)
 
 
 def open_manifest(output_dir: Path, identity: dict[str, Any], *, overwrite: bool = False) -> Manifest:

@@ -30,7 +30,7 @@ import numpy as np
 import polars as pl
 import torch
 
-from recsys_alibi.config import ScoreConfig
+from recsys_alibi.config import ConfigError, ScoreConfig
 from recsys_alibi.data import schema
 from recsys_alibi.data.ingest import DataError
 from recsys_alibi.data.loader import FlatSequences, pad_right
@@ -40,10 +40,21 @@ log = logging.getLogger(__name__)
 
 
 def resolve_device(name: str) -> torch.device:
-    """``"auto"``: cuda when available, else cpu; any other torch device string as is."""
+    """``"auto"``: cuda when available, else cpu; any other torch device string as is.
+
+    Raises:
+        ConfigError: ``score.device`` names a CUDA device this machine does not have, or mps
+            where Apple's Metal backend is missing.
+    """
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
+    device = torch.device(name)
+    visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if device.type == "cuda" and (device.index or 0) >= visible:
+        raise ConfigError(f"score.device={name} but this machine has {visible} CUDA device(s); use score.device=auto or cpu")
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        raise ConfigError("score.device=mps needs Apple's Metal backend, not available here; use auto or cpu")
+    return device
 
 
 def resolve_backend(name: str, device: torch.device) -> str | None:

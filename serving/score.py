@@ -33,10 +33,12 @@ from pathlib import Path
 import polars as pl
 
 from recsys_alibi.config import JobConfig
+from recsys_alibi.data.ingest import DataError
 from serving.distributed import World, scoring_world
 from serving.inputs import ScoreInput, fingerprint, input_kind, open_input, release_staged
 from serving.manifest import (
     MANIFEST,
+    SKIPPED_DIR,
     STAGED_INPUT,
     Manifest,
     OutputDirError,
@@ -69,7 +71,8 @@ class ScoreJobResult:
         users: users in the input; shards: shards of the job; shards_skipped: shards already
             done by an earlier run; rows: ranking rows in all part files; seconds: wall time of
             this run; users_scored: users of the shards scored by this run (all processes);
-            skipped_users: users with no event the model knows (not ranked); unknown_items /
+            skipped_users: users with no event the model knows (not ranked; listed with the
+            reason in ``output_dir/_skipped/``); unknown_items /
             unknown_events: input items the model does not know and their dropped events;
             rejected_rows: malformed raw-event rows (in ``_input/rejects.parquet``);
             world_size: processes that shared the job.
@@ -93,14 +96,21 @@ class ScoreJobResult:
         """Throughput of this run: users scored / seconds (nan when nothing was scored)."""
         return self.users_scored / self.seconds if self.seconds > 0 and self.users_scored else float("nan")
 
+    @property
+    def users_ranked(self) -> int:
+        """Users with rankings in the output (every user but the skipped ones)."""
+        return self.users - self.skipped_users
+
     def summary(self) -> str:
         procs = f" by {self.world_size} processes" if self.world_size > 1 else ""
+        speed = f" ({self.users_per_second:.0f} users/s)" if self.users_scored else ""
+        skipped = f" (listed in {self.output_dir / SKIPPED_DIR})" if self.skipped_users else ""
         lines = [
-            f"scored {self.users_scored} of {self.users} users in {self.shards} shards "
-            f"({self.shards_skipped} already done){procs} in {self.seconds:.1f} s "
-            f"({self.users_per_second:.0f} users/s); {self.rows} rows -> {self.output_dir}",
+            f"ranked {self.users_ranked} of {self.users} users: {self.rows} rows in {self.shards} shards "
+            f"({self.shards_skipped} already done) -> {self.output_dir}; this run scored {self.users_scored} users"
+            f"{procs} in {self.seconds:.1f} s{speed}",
             f"unknown items: {self.unknown_items} ({self.unknown_events} events skipped); "
-            f"users without a known item: {self.skipped_users}; rejected rows: {self.rejected_rows}",
+            f"users without a known item: {self.skipped_users}{skipped}; rejected rows: {self.rejected_rows}",
         ]
         return "\n".join(lines)
 
@@ -124,9 +134,14 @@ def run_score(
         k: items per user (default ``score.k``).
         progress: show a progress bar (rank 0).
 
+    A user with no event the model knows is not ranked; such users are counted, warned about
+    and listed with the reason in ``output_dir/_skipped/``.
+
     Raises:
         ModelUriError: the model URI does not resolve.
-        DataError: bad input (missing, unreadable, empty, wrong columns, indices beyond the model).
+        DataError: bad input (missing, unreadable, empty, wrong columns, null or repeated user ids,
+            negative or null item indices, indices beyond the model); no input item is in the
+            model's vocabulary (checked before scoring), or no user at all could be ranked.
         OutputDirError: ``output_dir`` holds another job's rankings.
     """
     from recsys_alibi.tracking import load_ranker, setup_tracking
@@ -165,7 +180,21 @@ def score_with_model(
     with scoring_world() as world:
         job = _ScoreJob(config, ranker, items, Path(input_path), Path(output_dir), model_ref or {"model": "in-memory"},
                         world, progress, hook)  # fmt: skip
-        return job.run()
+        return _checked(job.run(), world.is_main)
+
+
+def _checked(result: ScoreJobResult, main: bool) -> ScoreJobResult:
+    """Warn about users that were not ranked; raise when no user at all was (nothing to serve)."""
+    if result.users and not result.users_ranked:
+        raise DataError(
+            f"no user was ranked: none of the {result.users} users has an event whose item the model knows "
+            f"({result.unknown_items} unknown items, {result.unknown_events} events skipped; users listed in "
+            f"{result.output_dir / SKIPPED_DIR}); score with a model trained on this data"
+        )
+    if result.skipped_users and main:
+        log.warning("%d of %d users have no item the model knows and were not ranked; listed with the reason in %s",
+                    result.skipped_users, result.users, result.output_dir / SKIPPED_DIR)  # fmt: skip
+    return result
 
 
 class _ScoreJob:
@@ -251,6 +280,9 @@ class _ScoreJob:
         batch = source.read_shard(shard * shard_users, shard_users)
         rankings, skipped = self.ranker.rank(batch.user_ids, batch.histories, batch.gaps)
         name = part_name(shard)
+        if skipped:  # before the part file: a shard whose part file is in place has its list too
+            (self.output_dir / SKIPPED_DIR).mkdir(exist_ok=True)
+            write_atomic(self.output_dir / SKIPPED_DIR / name, lambda tmp: batch.skipped().write_parquet(tmp))
         write_atomic(self.output_dir / name, lambda tmp: rankings.write_parquet(tmp))
         self.hook("written", shard)
         stats = {"users": batch.user_ids.len(), "rows": rankings.height, "skipped_users": skipped,

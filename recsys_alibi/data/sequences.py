@@ -111,3 +111,41 @@ def read_items(prepared_dir: str | Path, prepare_id: str | None = None) -> pl.Da
         DataError: as :func:`read_sequences`.
     """
     return _read(prepared_dir, ITEMS_FILE, ITEMS_SCHEMA, prepare_id)
+
+
+def vocabulary_difference(model_ids: pl.Series, data_ids: pl.Series) -> str:
+    """What differs between two item vocabularies, as one phrase with counts and an example.
+
+    Args:
+        model_ids: (N,) raw ``item_id`` of a model's vocabulary, by ``item_idx`` (1..N).
+        data_ids: (M,) raw ``item_id`` of the data's vocabulary, by ``item_idx``.
+
+    Returns:
+        e.g. ``"3 of the model's 100 ids are not in the data (e.g. 'i7') and 3 of the data's 100
+        are new (e.g. 'x1')"``, ``"the same 100 ids, 98 of them at other indices (e.g. 'i1' is 1
+        in the model, 3 in the data)"``, prefixed by the id types when they differ; ``"none"``
+        when both are equal.
+    """
+    prefix = ""
+    if model_ids.dtype != data_ids.dtype:
+        prefix = f"ids are {model_ids.dtype} in the model and {data_ids.dtype} in the data; "
+        model_ids, data_ids = model_ids.cast(pl.String), data_ids.cast(pl.String)
+    model_set, data_set = set(model_ids.to_list()), set(data_ids.to_list())
+    gone = sorted(model_set - data_set, key=str)
+    new = sorted(data_set - model_set, key=str)
+    if gone or new:
+        return (
+            f"{prefix}{len(gone)} of the model's {len(model_set)} ids are not in the data"
+            + (f" (e.g. {gone[0]!r})" if gone else "")
+            + f" and {len(new)} of the data's {len(data_set)} are new"
+            + (f" (e.g. {new[0]!r})" if new else "")
+        )
+    index = {value: i + 1 for i, value in enumerate(data_ids.to_list())}
+    moved = [(value, i + 1, index[value]) for i, value in enumerate(model_ids.to_list()) if index[value] != i + 1]
+    if not moved:
+        return prefix.removesuffix("; ") or "none"
+    value, old, now = moved[0]
+    return (
+        f"{prefix}the same {len(model_set)} ids, {len(moved)} of them at other indices "
+        f"(e.g. {value!r} is {old} in the model, {now} in the data)"
+    )

@@ -1,13 +1,18 @@
 """Evaluation report files: report.json (CONTRACT shape), report.md and PNG plots.
 
-Every file is written to a temporary name in the output directory and moved into place with
-``os.replace``, so a reader never sees a half-written report.
+The report changes as a whole: every file is first written into a hidden staging folder inside
+the output directory, and only when all of them are written are they moved into place with
+``os.replace`` (renames, which a full disk cannot stop); a plot the new report does not have
+(no context sweep this time, say) is removed, so an old plot never sits beside a new report.
+A failed write leaves the previous report as it was. Other files in the directory are left alone.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
+import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -179,16 +184,28 @@ def write_report(
         results[name if name not in results else f"{name} (baseline)"] = r
     metric = f"NDCG@{headline_k(_ks(result))}"
 
-    paths = {
-        "json": _write_text(out_dir / REPORT_JSON, json.dumps(result.to_json(), indent=2) + "\n"),
-        "markdown": _write_text(out_dir / REPORT_MD, _markdown(results, title)),
-    }
-    fig = _context_figure(results, metric)
-    if fig is not None:
-        paths["context_plot"] = _write_figure(out_dir / CONTEXT_PLOT, fig)
-    fig = _history_figure(results, metric)
-    if fig is not None:
-        paths["history_plot"] = _write_figure(out_dir / HISTORY_PLOT, fig)
+    for stale in out_dir.glob(".report-*.tmp"):  # left by a killed run
+        shutil.rmtree(stale, ignore_errors=True)
+    staging = Path(tempfile.mkdtemp(prefix=".report-", suffix=".tmp", dir=out_dir))
+    try:
+        staged = {
+            "json": _write_text(staging / REPORT_JSON, json.dumps(result.to_json(), indent=2) + "\n"),
+            "markdown": _write_text(staging / REPORT_MD, _markdown(results, title)),
+        }
+        fig = _context_figure(results, metric)
+        if fig is not None:
+            staged["context_plot"] = _write_figure(staging / CONTEXT_PLOT, fig)
+        fig = _history_figure(results, metric)
+        if fig is not None:
+            staged["history_plot"] = _write_figure(staging / HISTORY_PLOT, fig)
+        paths = {key: out_dir / path.name for key, path in staged.items()}
+        for key, path in staged.items():
+            os.replace(path, paths[key])
+        for name in (CONTEXT_PLOT, HISTORY_PLOT):  # a plot of an earlier report that this one does not have
+            if out_dir / name not in paths.values():
+                (out_dir / name).unlink(missing_ok=True)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
     return paths
 
 

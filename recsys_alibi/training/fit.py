@@ -30,6 +30,7 @@ from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 
 from recsys_alibi.config import ConfigError, JobConfig
 from recsys_alibi.training.datamodule import SequenceDataModule
+from recsys_alibi.training.launch import check_accelerator
 from recsys_alibi.training.module import VAL_MONITOR, RankerModule
 from recsys_alibi.training.sharding import ROW_LOOKUP_LOSSES
 
@@ -81,9 +82,11 @@ def fit_ranker(
         (also after sharded training); on other ranks the module as trained.
 
     Raises:
-        ConfigError: ``model.shard_embeddings`` with a loss over the whole table (``check_sharding``).
+        ConfigError: ``model.shard_embeddings`` with a loss over the whole table (``check_sharding``);
+            an accelerator this machine does not have (``check_accelerator``).
     """
     check_sharding(config)
+    check_accelerator(config.train)
     L.seed_everything(config.seed, workers=True, verbose=False)
     torch.set_float32_matmul_precision("high")
     module = RankerModule(

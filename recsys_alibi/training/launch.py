@@ -19,6 +19,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from recsys_alibi.config import ConfigError, TrainConfig
+
 COMPLETE_MARKER = "COMPLETE"
 LAST_CHECKPOINT = "last.ckpt"
 
@@ -40,6 +42,30 @@ def launch_rank(devices_per_node: int | str = 1, env: dict[str, str] | None = No
     if "SLURM_PROCID" in env and int(env.get("SLURM_NTASKS", "1")) > 1:
         return int(env["SLURM_PROCID"])
     return node * per_node
+
+
+def check_accelerator(train: TrainConfig) -> None:
+    """Refuse ``train.accelerator`` / ``train.devices`` that this machine cannot run, before training starts.
+
+    The config already holds only values Lightning accepts; this checks the hardware:
+    ``gpu``/``cuda`` need CUDA devices (at least ``train.devices`` of them), ``mps`` Apple's
+    Metal backend.
+
+    Raises:
+        ConfigError: naming the setting and the fix (``train.accelerator=auto`` or ``cpu``).
+    """
+    import torch
+
+    if train.accelerator in ("gpu", "cuda"):
+        visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        wanted = train.devices if isinstance(train.devices, int) else 1
+        if visible < wanted:
+            raise ConfigError(
+                f"train.accelerator={train.accelerator} with train.devices={train.devices} needs {wanted} CUDA "
+                f"device(s), this machine has {visible}; use train.accelerator=auto or cpu"
+            )
+    if train.accelerator == "mps" and not torch.backends.mps.is_available():
+        raise ConfigError("train.accelerator=mps needs Apple's Metal backend, not available here; use auto or cpu")
 
 
 def resumable_checkpoint(checkpoints_root: str | Path) -> Path | None:

@@ -111,3 +111,31 @@ def test_terminal_table(results):
     assert lines[0].split() == ["scorer", "HR@10", "NDCG@10", "MRR"]
     assert [line.split()[0] for line in lines[2:]] == ["alibi", "sasrec", "popularity"]
     assert f"{results['alibi'].metrics['NDCG@10']:.4f}" in lines[2]
+
+
+def test_report_changes_as_a_whole_no_old_plot_beside_a_new_report(tmp_path, results):
+    r = results["alibi"]
+    write_report(r, tmp_path)
+    assert (tmp_path / "context_length.png").is_file()
+    bare = EvaluationResult(r.protocol, r.n_users, r.metrics, {}, r.by_history_length, scorer="bare", ks=r.ks)
+    write_report(bare, tmp_path)
+    assert not (tmp_path / "context_length.png").exists()  # the new report has no sweep: the old plot is gone
+    assert json.loads((tmp_path / "report.json").read_text())["by_context_length"] == {}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["history_length.png", "report.json", "report.md"]
+
+
+def test_a_failed_report_write_leaves_the_previous_report(tmp_path, results, monkeypatch):
+    import errno
+
+    from recsys_alibi.evaluation import report
+
+    write_report(results["alibi"], tmp_path)
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+
+    def full_disk(path, fig):
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(report, "_write_figure", full_disk)
+    with pytest.raises(OSError):
+        write_report(results["sasrec"], tmp_path)
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before  # report.json too: nothing half-new

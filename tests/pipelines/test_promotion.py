@@ -191,3 +191,75 @@ def test_time_gap_champion_on_data_without_timestamps_is_not_compared(tmp_path, 
     # with real timestamps a time-gap challenger is compared with the champion as usual (and kept out)
     newer, v3 = _register(config, 0.05, items, tmp_path, time_gap_buckets=8)
     assert not promotion.run_gate(config, newer, v3, items, sequences).decision.promote
+
+
+def test_champion_with_another_vocabulary_is_told_what_differs(tmp_path, mlflow_store, fake_metrics):
+    config, sequences = _config(), _sequences()
+    renamed = _items().with_columns(
+        pl.when(pl.col(schema.ITEM_IDX) <= 3).then(pl.format("x{}", pl.col(schema.ITEM_IDX))).otherwise(pl.col(schema.ITEM_ID))
+        .alias(schema.ITEM_ID)
+    )  # the same 12 items but 3 ids replaced
+    old, v1 = _register(config, 0.90, _items(), tmp_path)
+    promotion.run_gate(config, old, v1, _items(), sequences)
+    new, v2 = _register(config, 0.10, renamed, tmp_path)
+    reason = promotion.run_gate(config, new, v2, renamed, sequences).decision.reason
+    assert reason == (
+        f"champion v{v1} has another item vocabulary (3 of the model's 12 ids are not in the data (e.g. 'i1') and 3 "
+        "of the data's 12 are new (e.g. 'x1')): not comparable, new version promoted"
+    )
+    shuffled = _items().with_columns(pl.col(schema.ITEM_ID).reverse())
+    newer, v3 = _register(config, 0.10, shuffled, tmp_path)
+    reason = promotion.run_gate(config, newer, v3, shuffled, sequences).decision.reason
+    assert f"champion v{v2} has another item vocabulary (3 of the model's 12 ids" in reason
+    newest, v4 = _register(config, 0.10, _items(), tmp_path)
+    reason = promotion.run_gate(config, newest, v4, _items(), sequences).decision.reason
+    assert "(the same 12 ids, 12 of them at other indices (e.g. 'i12' is 1 in the model, 12 in the data))" in reason
+
+
+def test_overlapping_gates_leave_the_alias_on_the_better_model(tmp_path, mlflow_store, monkeypatch):
+    """Two gates read the same old champion; the worse one finishes last and must not take the alias."""
+    import threading
+
+    config, items, sequences = _config(), _items(), _sequences()
+    monkeypatch.setattr(promotion, "validation_metrics", lambda config, model, examples, n: {"NDCG@10": model.fake_ndcg})
+    base, v1 = _register(config, 0.30, items, tmp_path)
+    promotion.run_gate(config, base, v1, items, sequences)
+    better, v2 = _register(config, 0.50, items, tmp_path)
+    worse, v3 = _register(config, 0.40, items, tmp_path)
+
+    worse_read_v1, better_done = threading.Event(), threading.Event()
+
+    def metrics(config, model, examples, n):
+        if model.fake_ndcg == 0.30 and threading.current_thread().name == "worse":
+            worse_read_v1.set()  # the worse gate has read v1 as the champion and is evaluating it ...
+            assert better_done.wait(timeout=120)  # ... slowly: the better gate runs to its end meanwhile
+        return {"NDCG@10": model.fake_ndcg}
+
+    monkeypatch.setattr(promotion, "validation_metrics", metrics)
+    results, errors = {}, []
+
+    def gate(label, model, version, after=None):
+        try:
+            if after is not None:
+                assert after.wait(timeout=120)
+            results[label] = promotion.run_gate(config, model, version, items, sequences)
+        except BaseException as err:  # noqa: BLE001 - surfaced below
+            errors.append(err)
+        finally:
+            if label == "better":
+                better_done.set()
+
+    threads = [threading.Thread(target=gate, args=("worse", worse, v3), name="worse"),
+               threading.Thread(target=gate, args=("better", better, v2, worse_read_v1), name="better")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert not errors, errors
+    assert results["better"].decision.promote and results["better"].champion_version == v1
+    assert _champion_version() == v2
+    late = results["worse"]
+    assert not late.decision.promote and late.champion_version == v2 and late.champion_value == pytest.approx(0.50)
+    assert late.decision.reason == "NDCG@10 0.4000 does not beat champion 0.5000 by more than margin 0.0000"
+    tags = mlflow.MlflowClient().get_model_version(NAME, v3).tags
+    assert tags["promotion.decision"] == "rejected" and tags["promotion.champion_version"] == v2

@@ -159,3 +159,18 @@ def test_non_utf8_raw_events_are_a_data_error(tmp_path):
     events.write_bytes("user_id,item_id,timestamp\nu1,1005,1\nu1,caf\xe9,2\n".encode("latin-1"))
     with pytest.raises(DataError, match=r"is not UTF-8 text: byte 0xe9 at line 3"):
         score_with_model(score_config(k=5), tiny_model(), vocabulary(), events, tmp_path / "out", progress=False)
+
+
+def test_negative_indices_never_wrap_around_the_remap_and_are_counted_unknown():
+    import numpy as np
+
+    from recsys_alibi.data.loader import FlatSequences
+    from serving.inputs import map_histories
+
+    remap = np.array([0, 7, 8, 9])  # input indices 1..3 -> model 7..9
+    histories = FlatSequences(values=np.array([-1, 2, 0, -3, 5, 3]), offsets=np.array([0, 3, 6]))
+    mapped, unknown = map_histories(histories, remap)
+    assert mapped.values.tolist() == [8, 9] and mapped.offsets.tolist() == [0, 1, 2]
+    assert unknown == 3  # -1, -3 and 5 (beyond the input vocabulary); the padding 0 is not counted
+    identity, unknown = map_histories(histories, None)
+    assert identity.values.tolist() == [2, 5, 3] and unknown == 2

@@ -97,3 +97,13 @@ def test_batching_does_not_change_the_rankings(prepared, tmp_path):
     left, right = read_rankings(a), read_rankings(b)
     assert left.drop(schema.SCORE).equals(right.drop(schema.SCORE))
     np.testing.assert_allclose(left[schema.SCORE].to_numpy(), right[schema.SCORE].to_numpy(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() > 3, reason="needs a machine with at most 3 CUDA devices")
+def test_a_device_this_machine_lacks_is_a_config_error_before_scoring():
+    from recsys_alibi.config import ConfigError
+    from serving.rank import resolve_device
+
+    with pytest.raises(ConfigError, match=r"score.device=cuda:3 but this machine has \d CUDA device"):
+        resolve_device("cuda:3")
+    assert resolve_device("cpu") == torch.device("cpu")

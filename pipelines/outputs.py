@@ -1,0 +1,136 @@
+"""Where a command writes: checks made before any work, and one-line messages for write failures.
+
+Every command checks its output path before it reads or trains anything
+(:func:`check_output_dir`, :func:`check_output_file`): a path of the wrong kind (``--output``
+naming an existing file where a directory is written, or a directory where a file is written),
+a parent that is a file, or a folder that is not writable is an :class:`OutputPathError` (exit
+code 2) naming the flag and the fix, so a long job never fails at its last step for a reason known
+at its first.
+
+Failures that only show while writing (a disk that fills up, a folder made read-only meanwhile)
+reach the command as ``OSError``; :func:`describe_os_error` turns the ones about the output into
+one line and an exit code. Every writer of the project writes a temporary file (or directory)
+beside its target and renames it into place (:mod:`recsys_alibi.atomic`), so such a failure
+leaves each output as it was before the write: old or new, never half of it.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+from pathlib import Path
+
+EXIT_USER_ERROR = 2
+EXIT_FAILURE = 1
+
+USER_FIXABLE = {errno.EACCES, errno.EPERM, errno.EROFS, errno.EISDIR, errno.ENOTDIR, errno.EEXIST, errno.ENAMETOOLONG}
+OUT_OF_SPACE = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
+
+
+class OutputPathError(ValueError):
+    """An output path that cannot be written (wrong kind, parent is a file, not writable); names the fix."""
+
+
+def _writable_ancestor(path: Path, flag: str) -> Path:
+    """The nearest existing folder at or above ``path``'s parent, checked to be a writable directory."""
+    ancestor = path.parent
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise OutputPathError(f"{flag} {path}: {ancestor} is a file, not a directory; choose another path")
+    _check_writable(ancestor, path, flag)
+    return ancestor
+
+
+def _check_writable(folder: Path, path: Path, flag: str) -> None:
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise OutputPathError(
+            f"{flag} {path}: cannot write in {folder} (permission denied or read-only); choose another path "
+            "or make that folder writable"
+        )
+
+
+def check_output_dir(path: str | Path, flag: str = "--output") -> Path:
+    """Check that ``path`` can become (or be replaced as) an output directory; nothing is created.
+
+    Args:
+        path: the directory a command will write (created when missing).
+        flag: the flag or config key that named it, for the message.
+
+    Returns:
+        ``path`` as a ``Path``.
+
+    Raises:
+        OutputPathError: ``path`` is an existing file, a parent is a file, or the directory (or
+            the nearest existing parent) is not writable.
+    """
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise OutputPathError(
+            f"{flag} {path} is a file, but a directory is written there; give a directory path (new or existing)"
+        )
+    _writable_ancestor(path, flag)
+    if path.is_dir():
+        _check_writable(path, path, flag)
+    return path
+
+
+def check_output_file(path: str | Path, flag: str = "--output", example: str = "out.json") -> Path:
+    """Check that ``path`` can be written as a file (replaced atomically when it exists).
+
+    ``example`` is the file name the message suggests inside a directory given by mistake.
+
+    Raises:
+        OutputPathError: ``path`` is an existing directory, a parent is a file, or the folder it
+            goes in is not writable.
+    """
+    path = Path(path)
+    if path.is_dir():
+        raise OutputPathError(
+            f"{flag} {path} is a directory, but a file is written there; give a file path, e.g. {path / example}"
+        )
+    _writable_ancestor(path, flag)
+    return path
+
+
+def _shown_path(filename: str | os.PathLike | None) -> str:
+    """The path of an ``OSError``; a hidden temporary beside a target (``.NAME.xyz.tmp``) names its folder."""
+    if filename is None:
+        return "the output"
+    path = Path(os.fsdecode(filename))
+    return str(path.parent) if path.name.startswith(".") and path.name.endswith(".tmp") else str(path)
+
+
+def as_os_error(err: BaseException) -> OSError | None:
+    """``err`` itself when an ``OSError``; for a library error that wraps one in its message
+    (Polars writers: ``... No space left on device (os error 28)``), an ``OSError`` of that errno
+    when it is a full disk or quota; else None."""
+    if isinstance(err, OSError):
+        return err
+    found = re.search(r"\(os error (\d+)\)", str(err))
+    if found is None:
+        return None
+    number = int(found.group(1))  # only a full disk: a wrapped error names no path, and reads fail that way too
+    return OSError(number, os.strerror(number)) if number in OUT_OF_SPACE else None
+
+
+def describe_os_error(err: OSError, where: str | os.PathLike | None = None) -> tuple[int, str] | None:
+    """``(exit code, one line)`` for an ``OSError`` about a path, or None for any other.
+
+    ``where`` names the path when the error does not (``err.filename`` is None).
+
+    A full disk or quota is exit code 1 (the environment failed; the same command succeeds once
+    there is space, a stopped ``score`` resuming its finished shards); a path the user can fix
+    (permission, read-only file system, a file where a directory is needed or the reverse) is 2.
+    """
+    where = _shown_path(err.filename if err.filename is not None else where)
+    reason = err.strerror or str(err) or type(err).__name__
+    if err.errno in OUT_OF_SPACE:
+        return EXIT_FAILURE, (
+            f"cannot write {where}: {reason}; what was being written was discarded and every output is as it "
+            "was before that write; free space and run the same command again"
+        )
+    if err.errno in USER_FIXABLE:
+        return EXIT_USER_ERROR, f"{reason}: {where}; choose another path or fix its permissions"
+    return None

@@ -1,0 +1,149 @@
+"""The command line: config and output-path problems are one ``error:`` line and the right exit code."""
+
+from __future__ import annotations
+
+import errno
+import os
+
+import pytest
+import torch
+
+from pipelines.cli import main
+from recsys_alibi import atomic
+
+
+def _one_error_line(capsys) -> str:
+    err = [line for line in capsys.readouterr().err.strip().splitlines() if line]
+    assert len(err) == 1, err
+    assert err[0].startswith("error: ")
+    return err[0]
+
+
+@pytest.fixture
+def yaml_files(tmp_path):
+    files = {
+        "indent": "model:\n  d_model: 8\n n_heads: 2\n",
+        "tag": f"model: !!python/object/apply:os.system ['touch {tmp_path / 'ran'}']\n",
+        "twice": "train:\n  max_epochs: 1\n  max_epochs: 2\n",
+    }
+    for name, text in files.items():
+        (tmp_path / f"{name}.yaml").write_text(text)
+    return tmp_path
+
+
+@pytest.mark.parametrize("command", [
+    ["pipeline"], ["train"], ["prepare", "--input", "x.csv"], ["generate"], ["diagnose", "--heads", "4"],
+    ["evaluate", "--baseline", "popularity"], ["score", "--model-uri", "runs:/x/model"],
+])  # fmt: skip
+@pytest.mark.parametrize("name", ["indent", "tag", "twice"])
+def test_yaml_errors_are_user_errors_in_every_command(yaml_files, monkeypatch, capsys, command, name):
+    monkeypatch.chdir(yaml_files)
+    assert main([*command, "--config", f"{name}.yaml"]) == 2
+    line = _one_error_line(capsys)
+    assert line.startswith(f"error: {name}.yaml: invalid YAML at line ")
+    assert not (yaml_files / "ran").exists() and not (yaml_files / "runs").exists()
+
+
+def test_bad_yaml_in_a_set_override_is_a_user_error_in_the_pipeline(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(["pipeline", "--set", "model.d_model=["]) == 2
+    assert _one_error_line(capsys).startswith("error: --set model.d_model=[: invalid YAML at line 1, column 2")
+
+
+@pytest.mark.parametrize("override", ["train.devices=abc", "train.accelerator=tpu", "train.limit_train_batches=-1"])
+def test_trainer_settings_are_refused_before_training(tmp_path, monkeypatch, capsys, override):
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "--prepared", str(tmp_path / "none"), "--set", override]) == 2
+    assert _one_error_line(capsys).startswith(f"error: invalid config at '{override.split('=')[0]}'")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_a_gpu_accelerator_without_a_gpu_is_refused_before_training(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "--prepared", str(tmp_path / "none"), "--set", "train.accelerator=gpu"]) == 2
+    assert _one_error_line(capsys) == (
+        "error: train.accelerator=gpu with train.devices=1 needs 1 CUDA device(s), this machine has 0; use "
+        "train.accelerator=auto or cpu"
+    )
+
+
+def test_null_model_section_with_heads_flag_is_its_defaults(tmp_path, capsys):
+    (tmp_path / "job.yaml").write_text("model:\n")
+    assert main(["diagnose", "--config", str(tmp_path / "job.yaml"), "--heads", "4", "--max-len", "64",
+                 "--dtype", "float32"]) == 0  # fmt: skip
+    assert "0/4 heads blind" in capsys.readouterr().out
+    (tmp_path / "scalar.yaml").write_text("model: 5\n")
+    assert main(["diagnose", "--config", str(tmp_path / "scalar.yaml"), "--heads", "4"]) == 2
+    line = _one_error_line(capsys)
+    assert line.startswith("error: --heads (sets model.n_heads): cannot set model.n_heads because 'model' holds")
+    assert "--set" not in line
+
+
+@pytest.mark.parametrize("command", [
+    ["generate", "--users", "5", "--items", "5"], ["diagnose", "--heads", "2", "--max-len", "8"],
+])  # fmt: skip
+def test_file_output_naming_a_folder_is_refused(tmp_path, capsys, command):
+    folder = tmp_path / "out"
+    (folder / "keep").mkdir(parents=True)
+    assert main([*command, "--output", str(folder)]) == 2
+    assert _one_error_line(capsys).startswith(f"error: --output {folder} is a directory, but a file is written there")
+    assert [p.name for p in folder.iterdir()] == ["keep"]
+
+
+@pytest.mark.parametrize("command", [
+    ["prepare", "--input", "events.csv"], ["evaluate", "--baseline", "popularity"], ["pipeline"],
+    ["score", "--model-uri", "runs:/x/model"],
+])  # fmt: skip
+def test_folder_output_naming_an_existing_file_is_refused_and_the_file_kept(tmp_path, monkeypatch, capsys, command):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "events.csv").write_text("user_id,item_id,timestamp\nu,i,1\n")
+    target = tmp_path / "taken.parquet"
+    target.write_bytes(b"precious")
+    assert main([*command, "--output", str(target)]) == 2
+    assert _one_error_line(capsys).startswith(f"error: --output {target} is a file, but a directory is written there")
+    assert target.read_bytes() == b"precious"
+
+
+def test_output_below_a_file_is_refused(tmp_path, capsys):
+    (tmp_path / "plain").write_text("x")
+    assert main(["generate", "--users", "5", "--items", "5", "--output", str(tmp_path / "plain" / "e.parquet")]) == 2
+    assert _one_error_line(capsys) == f"error: --output {tmp_path / 'plain' / 'e.parquet'}: {tmp_path / 'plain'} is a " \
+        "file, not a directory; choose another path"
+
+
+def test_read_only_output_folder_is_refused_before_any_work(tmp_path, monkeypatch, capsys):
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode: False if str(path) == str(folder) else real_access(path, mode))
+    assert main(["generate", "--users", "5", "--items", "5", "--output", str(folder / "events.parquet")]) == 2
+    assert "cannot write in" in _one_error_line(capsys) and list(folder.iterdir()) == []
+
+
+def _failing_temp(err_no: int):
+    def fail(path):
+        raise OSError(err_no, os.strerror(err_no), str(path.parent / f".{path.name}.abc.tmp"))
+
+    return fail
+
+
+@pytest.mark.parametrize(
+    ("command", "name", "err_no", "code", "expected"),
+    [  # a folder made read-only (or a read-only file system) after the checks; a disk that fills up
+        (["generate", "--users", "5", "--items", "5"], "events.parquet", errno.EACCES, 2,
+         "error: Permission denied: {dir}; choose another path or fix its permissions"),
+        (["diagnose", "--heads", "2", "--max-len", "8"], "diagnosis.json", errno.ENOSPC, 1,
+         "error: cannot write {dir}: No space left on device; what was being written was discarded and every output "
+         "is as it was before that write; free space and run the same command again"),
+    ],
+)  # fmt: skip
+def test_a_failed_write_is_one_line_and_keeps_the_old_file(tmp_path, monkeypatch, capsys, command, name, err_no, code,
+                                                          expected):  # fmt: skip
+    target = tmp_path / name
+    assert main([*command, "--output", str(target)]) == 0
+    before = target.read_bytes()
+    capsys.readouterr()
+    monkeypatch.setattr(atomic, "_temp_beside", _failing_temp(err_no))
+    assert main([*command, "--output", str(target)]) == code
+    assert _one_error_line(capsys) == expected.format(dir=tmp_path)
+    assert target.read_bytes() == before

@@ -1,0 +1,133 @@
+"""The scoring job's outcome: users it cannot rank are listed and counted; nothing ranked is an error; a full disk."""
+
+from __future__ import annotations
+
+import os
+
+import mlflow
+import polars as pl
+import pytest
+from serving_fixtures import read_rankings, score_config, snapshot, tiny_model, vocabulary, write_prepared
+
+from recsys_alibi.data import schema
+from recsys_alibi.data.ingest import DataError
+from serving import score as score_module
+from serving.score import score_with_model
+
+
+def _run(input_path, out, items=None, **score):
+    return score_with_model(score_config(**score), tiny_model(), vocabulary() if items is None else items, input_path,
+                            out, progress=False)  # fmt: skip
+
+
+def test_model_of_another_catalog_is_refused_before_anything_is_scored(tmp_path):
+    prepared = write_prepared(tmp_path / "prepared")
+    other = vocabulary().with_columns((pl.col(schema.ITEM_ID) + 500_000).alias(schema.ITEM_ID))  # no id in common
+    with pytest.raises(DataError) as caught:
+        _run(prepared, tmp_path / "out", items=other)
+    message = str(caught.value)
+    assert message.startswith(f"none of the 30 items of {prepared} is in the model's vocabulary (30 of the model's 30 ids")
+    assert "the model was trained on another catalog" in message
+    assert not list((tmp_path / "out").glob("part-*.parquet"))
+
+
+def test_users_without_a_known_item_are_listed_with_the_reason_and_counted(tmp_path):
+    prepared = write_prepared(tmp_path / "prepared", n_users=10)
+    sequences = pl.read_parquet(prepared / schema.SEQUENCES_FILE)
+    # the model lacks items 1..5; users 3 and 7 saw only those; user 8 has an empty history
+    only_unknown = {3: [1, 2, 2], 7: [5]}
+    rows = sequences.to_dicts()
+    for user, history in only_unknown.items():
+        rows[user][schema.ITEM_IDX], rows[user][schema.TIMESTAMP] = history, list(range(len(history)))
+    rows[8][schema.ITEM_IDX], rows[8][schema.TIMESTAMP] = [], []
+    pl.DataFrame(rows, schema=sequences.schema).write_parquet(prepared / schema.SEQUENCES_FILE)
+    model_items = vocabulary().with_columns(
+        pl.when(pl.col(schema.ITEM_IDX) <= 5).then(pl.col(schema.ITEM_ID) + 500_000).otherwise(pl.col(schema.ITEM_ID))
+    )  # the same indices, but ids 1001..1005 are others: the input's items 1..5 are unknown
+    result = _run(prepared, tmp_path / "out", items=model_items)
+    assert (result.users, result.skipped_users, result.users_ranked, result.unknown_items) == (10, 3, 7, 5)
+    skipped = pl.read_parquet(tmp_path / "out" / "_skipped" / "*.parquet").sort(schema.USER_ID)
+    assert skipped.to_dicts() == [
+        {schema.USER_ID: "u003", "reason": "no_known_item", "input_events": 3},
+        {schema.USER_ID: "u007", "reason": "no_known_item", "input_events": 1},
+        {schema.USER_ID: "u008", "reason": "no_events", "input_events": 0},
+    ]
+    assert set(read_rankings(tmp_path / "out")[schema.USER_ID]) == {f"u{u:03d}" for u in range(10)} - {"u003", "u007", "u008"}
+    summary = result.summary()
+    assert summary.startswith("ranked 7 of 10 users: ")
+    assert f"users without a known item: 3 (listed in {tmp_path / 'out' / '_skipped'})" in summary
+
+
+def test_nothing_ranked_at_all_is_an_error(tmp_path):
+    path = tmp_path / "users.parquet"
+    pl.DataFrame({schema.USER_ID: ["a", "b"], schema.ITEM_IDX: pl.Series([[], None], dtype=pl.List(pl.Int32))}).write_parquet(path)
+    with pytest.raises(DataError, match="no user was ranked: none of the 2 users has an event whose item the model knows"):
+        _run(path, tmp_path / "out")
+    assert pl.read_parquet(tmp_path / "out" / "_skipped" / "*.parquet")["reason"].to_list() == ["no_events", "no_events"]
+
+
+@pytest.mark.parametrize(
+    ("users", "histories", "message"),
+    [
+        (pl.Series(["a", None, "c"]), [[1], [2], [3]], "1 rows have a null user_id (first: row 1)"),
+        (pl.Series([1.0, 2.5, 3.0]), [[1], [2], [3]], "user_id is Float64, but user ids must be integers or strings"),
+        (pl.Series(["a", "b", "a"]), [[1], [2], [3]], "1 rows repeat a user_id (e.g. 'a' in 2 rows)"),
+        (pl.Series(["a", "b", "c"]), [[1], [2, -4], [3]], "1 negative entries in item_idx (first: row 1)"),
+        (pl.Series(["a", "b", "c"]), [[1], [2], [None, 3]], "1 null entries in item_idx (first: row 2)"),
+    ],
+)
+def test_bare_sequences_with_bad_keys_or_indices_are_refused(tmp_path, users, histories, message):
+    path = tmp_path / "users.parquet"
+    pl.DataFrame({schema.USER_ID: users, schema.ITEM_IDX: pl.Series(histories, dtype=pl.List(pl.Int32))}).write_parquet(path)
+    with pytest.raises(DataError, match=f"^{path}: .*") as caught:
+        _run(path, tmp_path / "out")
+    assert message in str(caught.value)
+    assert not list((tmp_path / "out").glob("part-*.parquet"))
+
+
+def test_float_item_indices_are_refused(tmp_path):
+    path = tmp_path / "users.parquet"
+    pl.DataFrame({schema.USER_ID: ["a"], schema.ITEM_IDX: pl.Series([[1.7]], dtype=pl.List(pl.Float64))}).write_parquet(path)
+    with pytest.raises(DataError, match="item_idx holds Float64, but item indices are integers"):
+        _run(path, tmp_path / "out")
+
+
+FULL_DEVICE = "/dev/full"  # Linux: every write fails with ENOSPC
+
+
+@pytest.mark.skipif(not os.path.exists(FULL_DEVICE), reason="needs /dev/full (Linux)")
+def test_full_disk_while_scoring_is_one_line_and_a_rerun_completes(tmp_path, mlflow_store, monkeypatch, capsys):
+    from pipelines.cli import main
+    from recsys_alibi.config import load_config
+    from recsys_alibi.tracking import log_ranker, setup_tracking
+
+    prepared = write_prepared(tmp_path / "prepared")
+    setup_tracking(load_config().tracking)
+    with mlflow.start_run() as run:
+        log_ranker(tiny_model(), vocabulary(), None, tmp_path / "model")
+    args = ["score", "--model-uri", f"runs:/{run.info.run_id}/model", "--input", str(prepared), "--quiet",
+            "--set", "score.shard_users=5", "--set", "score.attention_backend=sdpa", "--set", "score.device=cpu"]
+    assert main([*args, "--output", str(tmp_path / "clean")]) == 0
+    capsys.readouterr()
+
+    real = score_module.write_atomic
+    calls = []
+
+    def fill_disk(path, write):
+        calls.append(path.name)
+        if path.name == "part-00002.parquet":  # the disk is full from this shard on: a real Polars write error
+            real(path, lambda tmp: pl.DataFrame({"a": list(range(100_000))}).write_parquet(FULL_DEVICE))
+        real(path, write)
+
+    monkeypatch.setattr(score_module, "write_atomic", fill_disk)
+    out = tmp_path / "full"
+    assert main([*args, "--output", str(out)]) == 1
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error")]
+    assert err == [f"error: cannot write {out}: No space left on device; what was being written was discarded and every "
+                   "output is as it was before that write; free space and run the same command again"]
+    assert sorted(p.name for p in out.glob("part-*.parquet")) == ["part-00000.parquet", "part-00001.parquet"]
+    assert not list(out.glob(".*.tmp"))
+    monkeypatch.setattr(score_module, "write_atomic", real)
+    assert main([*args, "--output", str(out)]) == 0
+    assert "(2 already done)" in capsys.readouterr().out
+    assert snapshot(out) == snapshot(tmp_path / "clean")

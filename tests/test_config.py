@@ -1,0 +1,141 @@
+"""Config loading: YAML problems and invalid values are one ConfigError line at load, never later."""
+
+from __future__ import annotations
+
+import pytest
+
+from recsys_alibi.config import ConfigError, load_config
+
+
+def _error(tmp_path, text: str | None = None, overrides: tuple[str, ...] = (), flags=None) -> str:
+    path = None
+    if text is not None:
+        path = tmp_path / "job.yaml"
+        path.write_text(text)
+    with pytest.raises(ConfigError) as caught:
+        load_config(path, list(overrides), flags)
+    message = str(caught.value)
+    assert "\n" not in message and "Traceback" not in message
+    return message
+
+
+def test_yaml_syntax_errors_name_the_file_line_and_column(tmp_path):
+    message = _error(tmp_path, "model:\n  d_model: 8\n n_heads: 2\n")
+    assert message.startswith(f"{tmp_path / 'job.yaml'}: invalid YAML at line 3, column 2:")
+    assert "indentation" in message
+    assert _error(tmp_path, None, ("model.d_model=[",)).startswith("--set model.d_model=[: invalid YAML at line 1")
+
+
+def test_python_object_tags_are_refused_and_never_run(tmp_path):
+    marker = tmp_path / "ran"
+    text = f"model: !!python/object/apply:os.system ['touch {marker}']\n"
+    assert "tags that build Python objects are refused" in _error(tmp_path, text)
+    assert "refused" in _error(tmp_path, None, (f"seed=!!python/object/apply:os.system ['touch {marker}']",))
+    assert not marker.exists()
+
+
+def test_a_key_given_twice_is_an_error_not_the_last_one_silently(tmp_path):
+    message = _error(tmp_path, "model:\n  d_model: 8\n  d_model: 16\n")
+    assert "line 3, column 3: key 'd_model' is given twice" in message
+
+
+def test_a_config_that_is_not_utf8_or_is_a_directory_is_one_line(tmp_path):
+    (tmp_path / "job.yaml").write_bytes("model:\n  position: caf\xe9\n".encode("latin-1"))
+    with pytest.raises(ConfigError, match="not UTF-8 text"):
+        load_config(tmp_path / "job.yaml")
+    with pytest.raises(ConfigError, match="is a directory, not a YAML file"):
+        load_config(tmp_path)
+
+
+def test_section_written_without_keys_means_its_defaults_and_flags_still_apply(tmp_path):
+    path = tmp_path / "job.yaml"
+    path.write_text("model:\ndata:\n  columns:\n")
+    config = load_config(path, [], {"model.n_heads": ("--heads", 4)})
+    assert config.model.n_heads == 4 and config.model.d_model == 64 and config.data.columns.user_id == "user_id"
+    config = load_config(path, ["model.n_layers=3"])
+    assert config.model.n_layers == 3
+
+
+def test_a_flag_into_a_scalar_names_the_flag_not_a_set(tmp_path):
+    message = _error(tmp_path, "model: 5\n", flags={"model.n_heads": ("--heads", 4)})
+    assert message == "--heads (sets model.n_heads): cannot set model.n_heads because 'model' holds the value 5 in " \
+        "the config, not a section of keys"
+    assert "--set" not in message
+
+
+def test_flag_values_are_not_read_as_yaml(tmp_path):
+    assert load_config(None, [], {"output": ("--output", "2024")}).output == "2024"
+
+
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        ("train.devices=abc", "invalid config at 'train.devices': Input should be a valid integer or 'auto' (got 'abc')"),
+        ("train.devices=0", "invalid config at 'train.devices'"),
+        ("train.accelerator=tpu", "invalid config at 'train.accelerator': Input should be 'auto', 'cpu', 'gpu', 'cuda' or 'mps'"),
+        ("train.limit_train_batches=-1", "'train.limit_train_batches': must be a number of batches (an integer >= 1) or a fraction in (0, 1] (got -1)"),
+        ("train.limit_train_batches=0", "'train.limit_train_batches': must be a number of batches"),
+        ("train.limit_train_batches=1.5", "'train.limit_train_batches': must be a number of batches"),
+        ("train.precision=half", "invalid config at 'train.precision'"),
+        ("train.strategy=deepspeed", "invalid config at 'train.strategy'"),
+        ("train.num_nodes=0", "invalid config at 'train.num_nodes'"),
+        ("train.grad_clip=-1", "invalid config at 'train.grad_clip'"),
+        ("train.val_users=0", "invalid config at 'train.val_users'"),
+        ("train.lr=.inf", "invalid config at 'train.lr': Input should be a finite number (got inf)"),
+        ("train.max_epochs=2.5", "invalid config at 'train.max_epochs': Input should be a valid integer (got 2.5)"),
+        ("train.max_epochs=true", "invalid config at 'train.max_epochs': Input should be a valid integer (got True)"),
+        ("model.bias_clamp=0", "invalid config at 'model.bias_clamp'"),
+        ("model.max_bias=.nan", "invalid config at 'model.max_bias': Input should be a finite number"),
+        ("score.device=gpu0", "invalid config at 'score.device': must be auto, cpu, cuda, cuda:N or mps (got 'gpu0')"),
+        ("score.k=true", "invalid config at 'score.k'"),
+        ("evaluate.ks=[10,0]", "invalid config at 'evaluate.ks': must be distinct integers >= 1"),
+        ("evaluate.ks=[10,10]", "invalid config at 'evaluate.ks': must be distinct integers >= 1"),
+        ("evaluate.ks=[]", "invalid config at 'evaluate.ks'"),
+        ("evaluate.context_lengths=[0]", "invalid config at 'evaluate.context_lengths'"),
+        ("evaluate.history_buckets=[50,20]", "invalid config at 'evaluate.history_buckets': bucket upper edges must be ascending"),
+        ("seed=-1", "invalid config at 'seed'"),
+        ("tracking.champion_alias=latest", "'latest' is reserved by the MLflow registry"),
+        ("tracking.promotion_margin=.nan", "invalid config at 'tracking.promotion_margin'"),
+    ],
+)
+def test_values_that_lightning_or_torch_would_refuse_later_are_refused_at_load(tmp_path, override, expected):
+    assert expected in _error(tmp_path, None, (override,))
+
+
+@pytest.mark.parametrize(
+    "override",
+    ["train.devices=2", "train.devices=auto", "train.accelerator=cpu", "train.limit_train_batches=3",
+     "train.limit_train_batches=0.25", "train.precision=bf16-mixed", "train.precision=32", "train.strategy=ddp",
+     "score.device=cuda:1", "train.grad_clip=null", "evaluate.ks=[1,10]"],
+)
+def test_values_lightning_accepts_still_load(override):
+    load_config(None, [override])
+
+
+def test_generate_range_is_checked():
+    with pytest.raises(ConfigError, match="generate.min_events=50 is above generate.max_events=10"):
+        load_config(None, ["generate.min_events=50", "generate.max_events=10"])
+
+
+def test_exponent_floats_without_a_dot_are_numbers(tmp_path):
+    (tmp_path / "job.yaml").write_text("train:\n  lr: 1e-3\n  weight_decay: 5E-2\n")
+    config = load_config(tmp_path / "job.yaml", ["model.max_bias=+8e0"])
+    assert (config.train.lr, config.train.weight_decay, config.model.max_bias) == (0.001, 0.05, 8.0)
+
+
+def test_every_shipped_config_loads():
+    from pathlib import Path
+
+    for path in sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.yaml")):
+        load_config(path)
+
+
+def test_an_unknown_key_is_named_with_the_keys_of_its_section(tmp_path):
+    message = _error(tmp_path, None, ("train.max_epoch=3",))
+    assert message.startswith("invalid config at 'train.max_epoch': unknown key; the keys there are ")
+    assert "max_epochs" in message
+
+
+def test_an_invalid_flag_value_names_the_flag(tmp_path):
+    message = _error(tmp_path, None, (), {"score.k": ("--k", 0)})
+    assert message == "invalid config at 'score.k': Input should be greater than or equal to 1 (got 0); it was given by --k"
