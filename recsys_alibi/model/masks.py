@@ -1,8 +1,9 @@
 """Which keys each query may see, and the additive ALiBi mask built from it.
 
 One definition of visibility shared by the eager and SDPA backends and by the flex block-mask
-builder (the flex ``mask_mod`` in :mod:`recsys_alibi.model.flex` restates it element-wise;
-tests hold the two against an independent reference).
+builder (:mod:`recsys_alibi.model.block_mask`; the flex ``mask_mod`` in
+:mod:`recsys_alibi.model.score_mods` restates it element-wise; tests hold each against an
+independent reference).
 
 Positions: keys sit at ``0 .. Lk - 1`` and the queries are the LAST ``Lq`` of them (KV-cache
 decoding). Query at position ``i`` sees key ``j`` when all of these hold:
@@ -24,7 +25,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-__all__ = ["MaskSpec", "positions_in_sequence", "zero_rows_of"]
+__all__ = ["MaskSpec", "check_call", "positions_in_sequence", "zero_rows_of"]
 
 
 def positions_in_sequence(seq_ids: Tensor) -> Tensor:
@@ -42,6 +43,27 @@ def positions_in_sequence(seq_ids: Tensor) -> Tensor:
     start[:, 1:] = seq_ids[:, 1:] != seq_ids[:, :-1]
     run_start = torch.where(start, idx, torch.zeros_like(idx)).cummax(dim=1).values
     return idx - run_start
+
+
+def check_call(q: Tensor, k: Tensor, v: Tensor, slopes: Tensor, bias_clamp: float | None) -> None:
+    """Validate the tensors of an attention call: q (B, H, Lq, D), k and v (B, H, Lk, D),
+    slopes (H,), ``bias_clamp`` > 0 or None.
+
+    Raises:
+        ValueError: naming the argument that does not fit.
+    """
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        shapes = f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
+        raise ValueError(f"q, k, v must be (B, H, L, D); got {shapes}")
+    b, h, lq, d = q.shape
+    lk = k.shape[2]
+    if k.shape != (b, h, lk, d) or v.shape[:3] != (b, h, lk):
+        shapes = f"{tuple(k.shape)}, {tuple(v.shape)}"
+        raise ValueError(f"k, v must be (B, H, Lk, D) matching q {tuple(q.shape)}; got {shapes}")
+    if slopes.shape != (h,):
+        raise ValueError(f"slopes must be (H,) = ({h},), got {tuple(slopes.shape)}")
+    if bias_clamp is not None and not bias_clamp > 0:
+        raise ValueError(f"bias_clamp must be > 0 or None, got {bias_clamp}")
 
 
 @dataclass(frozen=True)
@@ -88,41 +110,69 @@ class MaskSpec:
                 lengths outside [0, Lk] (checked on CPU only: no device sync), window < 1,
                 sinks < 0, bias_clamp <= 0, seq_ids not (B, Lk).
         """
-        if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
-            shapes = f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
-            raise ValueError(f"q, k, v must be (B, H, L, D); got {shapes}")
-        b, h, lq, d = q.shape
+        check_call(q, k, v, slopes, bias_clamp)
+        b, _, lq, _ = q.shape
         lk = k.shape[2]
-        if k.shape != (b, h, lk, d) or v.shape[:3] != (b, h, lk):
-            shapes = f"{tuple(k.shape)}, {tuple(v.shape)}"
-            raise ValueError(f"k, v must be (B, H, Lk, D) matching q {tuple(q.shape)}; got {shapes}")
-        if lq < 1 or lk < lq:
-            raise ValueError(f"need 1 <= Lq <= Lk (queries are the last Lq positions); got Lq={lq}, Lk={lk}")
-        if slopes.shape != (h,):
-            raise ValueError(f"slopes must be (H,) = ({h},), got {tuple(slopes.shape)}")
+        return cls.build(
+            b, lq, lk, q.device, causal=causal, lengths=lengths, window=window, seq_ids=seq_ids, sinks=sinks
+        )
+
+    @classmethod
+    def build(
+        cls,
+        batch: int,
+        q_len: int,
+        k_len: int,
+        device: torch.device,
+        *,
+        causal: bool = True,
+        lengths: Tensor | None = None,
+        window: int | None = None,
+        seq_ids: Tensor | None = None,
+        sinks: int = 0,
+        check_lengths: bool = True,
+    ) -> MaskSpec:
+        """The visibility rules of a batch of B rows, Lq queries and Lk keys, before q, k, v exist
+        (one spec, and one block mask, per batch: :func:`recsys_alibi.model.attention.batch_mask`).
+
+        ``check_lengths=False`` skips reading ``lengths`` on the host (the range check), for a
+        caller whose lengths are valid by construction and whose step must not read tensors
+        on the host (the ranker's ``encode``; the sdpa and eager backends still check per call).
+
+        Raises:
+            ValueError: window < 1, sinks < 0, lengths not (B,) or outside [0, Lk] (checked on
+                CPU only: no device sync), seq_ids not (B, Lk).
+        """
+        if q_len < 1 or k_len < q_len:
+            raise ValueError(f"need 1 <= Lq <= Lk (queries are the last Lq positions); got Lq={q_len}, Lk={k_len}")
         if window is not None and window < 1:
             raise ValueError(f"window must be >= 1 or None, got {window}")
         if sinks < 0:
             raise ValueError(f"sinks must be >= 0, got {sinks}")
-        if bias_clamp is not None and not bias_clamp > 0:
-            raise ValueError(f"bias_clamp must be > 0 or None, got {bias_clamp}")
         if lengths is not None:
-            lengths = torch.as_tensor(lengths, device=q.device).to(torch.int64)
-            if lengths.shape != (b,):
-                raise ValueError(f"lengths must be (B,) = ({b},), got {tuple(lengths.shape)}")
-            on_cpu = lengths.device.type == "cpu" and lengths.numel() > 0
-            if on_cpu and (int(lengths.min()) < 0 or int(lengths.max()) > lk):
-                raise ValueError(f"lengths must lie in [0, Lk={lk}]")
+            lengths = torch.as_tensor(lengths, device=device).to(torch.int64)
+            if lengths.shape != (batch,):
+                raise ValueError(f"lengths must be (B,) = ({batch},), got {tuple(lengths.shape)}")
+            on_cpu = check_lengths and lengths.device.type == "cpu" and lengths.numel() > 0
+            if on_cpu and (int(lengths.min()) < 0 or int(lengths.max()) > k_len):
+                raise ValueError(f"lengths must lie in [0, Lk={k_len}]")
         pos_in_seq = None
         if seq_ids is not None:
-            seq_ids = torch.as_tensor(seq_ids, device=q.device).to(torch.int64)
-            if seq_ids.shape != (b, lk):
-                raise ValueError(f"seq_ids must be (B, Lk) = ({b}, {lk}), got {tuple(seq_ids.shape)}")
+            seq_ids = torch.as_tensor(seq_ids, device=device).to(torch.int64)
+            if seq_ids.shape != (batch, k_len):
+                raise ValueError(f"seq_ids must be (B, Lk) = ({batch}, {k_len}), got {tuple(seq_ids.shape)}")
             pos_in_seq = positions_in_sequence(seq_ids)
         return cls(
-            q_len=lq, k_len=lk, causal=causal, window=window, sinks=sinks,
+            q_len=q_len, k_len=k_len, causal=causal, window=window, sinks=sinks,
             lengths=lengths, seq_ids=seq_ids, pos_in_seq=pos_in_seq,
         )  # fmt: skip
+
+    def rules(self) -> dict:
+        """The visibility arguments of :func:`recsys_alibi.model.attention.alibi_attention` that
+        this spec was built from: causal, lengths, window, seq_ids, sinks."""
+        return dict(
+            causal=self.causal, lengths=self.lengths, window=self.window, seq_ids=self.seq_ids, sinks=self.sinks
+        )
 
     @property
     def q_offset(self) -> int:

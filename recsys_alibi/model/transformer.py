@@ -16,8 +16,9 @@ from torch import nn
 
 from recsys_alibi.config import ModelConfig
 from recsys_alibi.model.alibi import AlibiSlopes
-from recsys_alibi.model.attention import alibi_attention, eager_attention
+from recsys_alibi.model.attention import BatchMask, alibi_attention, batch_mask, eager_attention, needs_grad
 from recsys_alibi.model.embeddings import ItemEmbeddings
+from recsys_alibi.model.masks import MaskSpec
 
 
 class CausalSelfAttention(nn.Module):
@@ -46,9 +47,18 @@ class CausalSelfAttention(nn.Module):
         lengths: torch.Tensor | None,
         seq_ids: torch.Tensor | None = None,
         backend: str | None = None,
+        mask: BatchMask | None = None,
     ) -> torch.Tensor:
-        """(B, L, D) float -> (B, L, D); ``slopes`` (H,) float32 (zeros: no bias)."""
+        """(B, L, D) float -> (B, L, D); ``slopes`` (H,) float32 (zeros: no bias).
+
+        ``mask``: the batch's :class:`BatchMask` (built once by :meth:`AlibiRanker.encode`);
+        when given, ``lengths``, ``seq_ids`` and ``backend`` are not read.
+        """
         q, k, v = self._heads(x)
+        if mask is not None:
+            attended = alibi_attention(q, k, v, slopes, bias_clamp=self.cfg.bias_clamp, mask=mask)  # (B, H, L, D/H)
+            batch, _, length, _ = attended.shape
+            return self.out(attended.transpose(1, 2).reshape(batch, length, -1))
         attended = alibi_attention(
             q, k, v, slopes,
             causal=True,
@@ -88,9 +98,9 @@ class TransformerBlock(nn.Module):
         )
         self.dropout = nn.Dropout(cfg.dropout)
 
-    def forward(self, x, slopes, lengths, seq_ids=None, backend=None) -> torch.Tensor:
-        """(B, L, D) -> (B, L, D)."""
-        x = x + self.dropout(self.attn(self.attn_norm(x), slopes, lengths, seq_ids, backend))
+    def forward(self, x, slopes, lengths, seq_ids=None, backend=None, mask=None) -> torch.Tensor:
+        """(B, L, D) -> (B, L, D); ``mask`` as in :meth:`CausalSelfAttention.forward`."""
+        x = x + self.dropout(self.attn(self.attn_norm(x), slopes, lengths, seq_ids, backend, mask))
         return x + self.dropout(self.ffn(self.ffn_norm(x)))
 
 
@@ -180,9 +190,29 @@ class AlibiRanker(nn.Module):
         """
         slopes = self._head_slopes()
         x = self._embed(item_idx, lengths, embedded, gaps)
+        mask = self.batch_mask(x, slopes, lengths, seq_ids, backend)
         for block in self.blocks:
-            x = block(x, slopes, lengths, seq_ids, backend)
+            x = block(x, slopes, lengths, seq_ids, backend, mask)
         return self.final_norm(x)
+
+    def batch_mask(
+        self,
+        x: torch.Tensor,
+        slopes: torch.Tensor,
+        lengths: torch.Tensor,
+        seq_ids: torch.Tensor | None = None,
+        backend: str | None = None,
+    ) -> BatchMask:
+        """The attention visibility of a batch, built once and shared by every layer (and the
+        backward pass): for flex the BlockMask on the device. ``x`` (B, L, D) is the embedded
+        input (its device, and whether it needs a gradient, decide the "auto" backend)."""
+        batch, length, _ = x.shape
+        spec = MaskSpec.build(
+            batch, length, length, x.device, causal=True, lengths=lengths if seq_ids is None else None,
+            seq_ids=seq_ids, window=self.cfg.window, sinks=self.cfg.sinks, check_lengths=False,
+        )  # fmt: skip  (no host read in the step: the sdpa/eager backends check lengths per call)
+        backend = backend or self.cfg.attention_backend
+        return batch_mask(spec, batch, x.device, backend=backend, grad=needs_grad(x, slopes, *self.parameters()))
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """(..., D) hidden states -> (..., N + 1) float32 scores against the tied item table.

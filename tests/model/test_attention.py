@@ -8,6 +8,7 @@ shapes: (B=2, H=3, L=130 -> 256), decoding (Lq <= 5 -> 128, Lk=130 -> 256) and
 from __future__ import annotations
 
 import functools
+import inspect
 import logging
 import math
 
@@ -15,10 +16,18 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from recsys_alibi.model import attention as attention_module
+from recsys_alibi.model import sdpa as sdpa_module
 from recsys_alibi.model.alibi import AlibiSlopes, alibi_slopes
-from recsys_alibi.model.attention import alibi_attention, eager_attention, resolve_backend, sdpa_attention
-from recsys_alibi.model.flex import flex_runner
+from recsys_alibi.model.attention import (
+    alibi_attention,
+    batch_mask,
+    choose_backend,
+    eager_attention,
+    resolve_backend,
+    sdpa_attention,
+)
+from recsys_alibi.model.flex import FlexAlibi, flex_runner, pinned_kernel_options
+from recsys_alibi.model.masks import MaskSpec
 from recsys_alibi.model.packing import pack_sequences
 
 B, H, L, D = 2, 3, 130, 16
@@ -236,7 +245,7 @@ def test_sdpa_training_path_shares_one_mask(monkeypatch):
         seen.append(tuple(attn_mask.shape))
         return real(q, k, v, attn_mask=attn_mask, **kw)
 
-    monkeypatch.setattr(attention_module.F, "scaled_dot_product_attention", spy)
+    monkeypatch.setattr(sdpa_module.F, "scaled_dot_product_attention", spy)
     q, k, v = (t.requires_grad_() for t in _inputs())
     sdpa_attention(q, k, v, alibi_slopes(H), lengths=torch.tensor([130, 37]), window=16, sinks=2)
     assert seen == [(1, H, L, L)]  # one bias broadcast over the batch, never (B, H, L, L)
@@ -255,8 +264,8 @@ def test_sdpa_chunks_large_masks_without_grad(monkeypatch):
         seen.append(tuple(attn_mask.shape))
         return real(q, k, v, attn_mask=attn_mask, **kw)
 
-    monkeypatch.setattr(attention_module.F, "scaled_dot_product_attention", spy)
-    monkeypatch.setattr(attention_module, "_CHUNK_MASK_BYTES", 64 * 130 * H * 4)
+    monkeypatch.setattr(sdpa_module.F, "scaled_dot_product_attention", spy)
+    monkeypatch.setattr(sdpa_module, "_CHUNK_MASK_BYTES", 64 * 130 * H * 4)
     q, k, v = _inputs(b=1)
     with torch.no_grad():
         chunked = sdpa_attention(q, k, v, alibi_slopes(H))
@@ -295,6 +304,67 @@ def test_auto_backend_and_fallback(caplog):
     out1.sum().backward()
     assert sum("no backward on CPU" in r.message for r in caplog.records) == 1
     torch.testing.assert_close(out2, sdpa_attention(q, k, v, alibi_slopes(H)))
+
+
+@pytest.mark.parametrize(
+    "length,packed,window,want",
+    [
+        (1024, False, None, "sdpa"),  # H200 fwd+bwd: sdpa 1.61 ms, flex 2.69 ms
+        (4096, False, None, "sdpa"),  # sdpa 4.78 ms, flex 5.16 ms
+        (4097, False, None, "flex"),
+        (16384, False, None, "flex"),  # flex 14.66 ms, sdpa 23.3 ms
+        (1024, True, None, "flex"),  # packed rows: the block mask skips other users' blocks
+        (1024, False, 256, "flex"),  # sliding window: skips the blocks beyond it
+    ],
+)
+def test_auto_rule_follows_the_gpu_table(length, packed, window, want):
+    for grad in (False, True):
+        got = choose_backend("auto", "cuda", k_len=length, grad=grad, window=window, packed=packed)
+        assert got == want
+    assert choose_backend("sdpa", "cuda", k_len=16384, grad=True) == "sdpa"  # explicit names stay
+    # CPU: sdpa always for training, flex only for long windowed no-grad calls
+    assert choose_backend("auto", "cpu", k_len=length, grad=True, window=window, packed=packed) == "sdpa"
+
+
+def test_kernel_options_pinned_and_overridable(monkeypatch):
+    assert pinned_kernel_options(torch.device("cpu"), 64, torch.bfloat16) == {}  # CPU: torch's own
+    calls = []
+    runner = FlexAlibi(kernel_options={"BLOCK_M": 64, "BLOCK_N": 64}, compiled=False)
+    real = runner._compiled
+
+    def spy(*a, kernel_options=None, **kw):
+        calls.append(kernel_options)
+        return real(*a, **kw)
+
+    runner._compiled = spy
+    q, k, v = _inputs()
+    spec = MaskSpec.build(B, L, L, q.device)
+    fm = runner.mask_for(spec, B, q.device)
+    assert runner.mask_for(spec, B, q.device) is fm  # shape-only masks are cached
+    with torch.no_grad():
+        runner(q, k, v, alibi_slopes(H), fm)
+        runner(q, k, v, alibi_slopes(H), fm, kernel_options={"BLOCK_M": 32})
+    assert calls == [{"BLOCK_M": 64, "BLOCK_N": 64}, {"BLOCK_M": 32}]
+
+
+def test_fixed_slopes_are_constants_and_learnable_slopes_keep_their_gradient():
+    captured = []
+    runner = FlexAlibi(compiled=False)
+
+    def spy(q, k, v, score_mod=None, **kw):
+        captured.append(inspect.getclosurevars(score_mod).nonlocals["slopes"])
+        return torch.zeros_like(q)
+
+    runner._compiled = spy
+    q, k, v = _inputs()
+    fm = runner.mask_for(MaskSpec.build(B, L, L, q.device), B, q.device)
+    learnable = AlibiSlopes(H, learnable=True)
+    runner(q, k, v, alibi_slopes(H), fm)  # fixed
+    runner(q, k, v, learnable(), fm)  # learnable, autograd on
+    with torch.no_grad():
+        runner(q, k, v, learnable(), fm)  # learnable under no_grad: nothing to differentiate
+    assert [t.requires_grad for t in captured] == [False, True, False]
+    assert captured[1].grad_fn is not None  # the score_mod reads the graph's slopes, not a copy
 
 
 def test_bad_inputs():
@@ -338,6 +408,64 @@ def test_flex_cuda_forward_backward(case):
         torch.testing.assert_close(out.double().cpu(), want_out, atol=2e-5, rtol=2e-5)
         for got, want in zip((q.grad, k.grad, v.grad, slopes.raw.grad), want_grads):
             torch.testing.assert_close(got.double().cpu(), want, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.gpu
+@cuda
+@pytest.mark.parametrize(
+    "case,slopes_kind",
+    [("packed_window_sinks", "fixed"), ("packed_window_sinks", "learnable"), ("clamp", "learnable")],
+)
+def test_flex_cuda_batch_mask_shared_by_layers_forward_backward(case, slopes_kind):
+    """Two layers under one BatchMask, fixed or learnable slopes, against the float64 reference."""
+    dev = torch.device("cuda")
+    kw = {n: (x.to(dev) if torch.is_tensor(x) else x) for n, x in _kwargs(case).items()}
+    clamp = kw.pop("bias_clamp", None)
+    spec = MaskSpec.build(B, L, L, dev, **kw)
+    mask = batch_mask(spec, B, dev, backend="flex", grad=True)
+    assert mask.backend == "flex" and mask.flex is not None
+    learnable = slopes_kind == "learnable"
+    slopes_mod = AlibiSlopes(H, learnable=learnable).to(dev)
+    q, k, v = (t.to(dev).requires_grad_() for t in _inputs())
+    slopes = slopes_mod()
+    mid = alibi_attention(q, k, v, slopes, bias_clamp=clamp, mask=mask)  # layer 1
+    out = alibi_attention(mid, k, v, slopes, bias_clamp=clamp, mask=mask)  # layer 2, same mask
+    g = torch.randn(out.shape, generator=torch.Generator().manual_seed(2)).to(dev)
+    (out * g).sum().backward()
+    q64, k64, v64 = (t.detach().double().cpu().requires_grad_() for t in (q, k, v))
+    ref_mod = AlibiSlopes(H, learnable=learnable).double()
+    cpu_kw = {n: (x.cpu() if torch.is_tensor(x) else x) for n, x in _kwargs(case).items()}
+    mid64 = reference(q64, k64, v64, ref_mod(), **cpu_kw)
+    want = reference(mid64, k64, v64, ref_mod(), **cpu_kw)
+    (want * g.double().cpu()).sum().backward()
+    torch.testing.assert_close(out.double().cpu(), want, atol=5e-5, rtol=5e-5)
+    pairs = [(q.grad, q64.grad), (k.grad, k64.grad), (v.grad, v64.grad)]
+    if learnable:
+        pairs.append((slopes_mod.raw.grad, ref_mod.raw.grad))
+    else:
+        assert not slopes.requires_grad  # fixed slopes: no gradient path at all
+    for got, ref in pairs:
+        torch.testing.assert_close(got.double().cpu(), ref, atol=2e-4, rtol=2e-4)
+
+
+@pytest.mark.gpu
+@cuda
+@pytest.mark.parametrize("kw", [{"window": 20, "sinks": 2}], ids=["window_sinks"])
+def test_flex_cuda_decoding_forward_backward(kw):
+    dev = torch.device("cuda")
+    q, k, v = (t.to(dev) for t in _inputs())
+    q = q[:, :, -5:].clone().requires_grad_()
+    k, v = k.requires_grad_(), v.requires_grad_()
+    slopes_mod = AlibiSlopes(H, learnable=True).to(dev)
+    out = alibi_attention(q, k, v, slopes_mod(), backend="flex", **kw)
+    out.sum().backward()
+    q64, k64, v64 = (t.detach().double().cpu().requires_grad_() for t in (q, k, v))
+    ref_mod = AlibiSlopes(H, learnable=True).double()
+    want = reference(q64, k64, v64, ref_mod(), **kw)
+    want.sum().backward()
+    torch.testing.assert_close(out.double().cpu(), want, atol=2e-5, rtol=2e-5)
+    for got, ref in zip((q.grad, k.grad, v.grad, slopes_mod.raw.grad), (q64.grad, k64.grad, v64.grad, ref_mod.raw.grad)):
+        torch.testing.assert_close(got.double().cpu(), ref, atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.gpu
