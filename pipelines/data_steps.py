@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from recsys_alibi.atomic import atomic_path
+from recsys_alibi.atomic import atomic_path, stale_temps
 from recsys_alibi.config import JobConfig
 
 
@@ -23,12 +23,15 @@ class GenerateJobResult:
 
 
 def run_generate(config: JobConfig, output: str | Path) -> GenerateJobResult:
-    """Write the seeded synthetic behaviour log of ``config.generate`` to ``output`` (Parquet, atomic)."""
+    """Write the seeded synthetic behaviour log of ``config.generate`` to ``output`` (Parquet, atomic;
+    temporary files a killed run left beside ``output`` are removed first)."""
     from recsys_alibi.data.synthetic import generate_events
 
     events = generate_events(config.generate, config.seed)
     output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
+    for stale in stale_temps(output):  # what a killed generate left
+        stale.unlink()
     with atomic_path(output) as tmp:
         events.write_parquet(tmp)
     return GenerateJobResult(

@@ -14,7 +14,7 @@ import polars as pl
 from recsys_alibi.config import JobConfig
 from recsys_alibi.data.prepare import read_items, read_sequences
 from recsys_alibi.data.sequences import vocabulary_difference
-from recsys_alibi.data.splits import default_cutoff, leave_one_out, temporal_split
+from recsys_alibi.data.splits import fit_prefix, leave_one_out, resolve_cutoff, temporal_split
 from recsys_alibi.data.time_gaps import check_real_timestamps, sequences_for
 from recsys_alibi.evaluation.baselines import BASELINES
 from recsys_alibi.evaluation.evaluator import EvaluationResult, evaluate
@@ -37,6 +37,13 @@ class EvaluateJobResult:
         )
 
 
+def protocol_cutoff(config: JobConfig, sequences: pl.DataFrame) -> int | None:
+    """The temporal cutoff in use (``evaluate.temporal_cutoff``, 0 included, or the data's default); None for leave-one-out."""
+    if config.evaluate.protocol != "temporal":
+        return None
+    return resolve_cutoff(sequences, config.evaluate.temporal_cutoff)
+
+
 def headline_metrics(metrics: dict[str, float]) -> str:
     """``"HR@10 0.1234 NDCG@10 0.0567 MRR 0.0456"`` from the metrics that exist.
 
@@ -52,20 +59,24 @@ def headline_metrics(metrics: dict[str, float]) -> str:
 def test_examples(config: JobConfig, sequences: pl.DataFrame) -> pl.DataFrame:
     """The held-out examples of the configured protocol: ``user_id``, ``history``, ``targets``."""
     if config.evaluate.protocol == "temporal":
-        cutoff = config.evaluate.temporal_cutoff or default_cutoff(sequences)
-        return temporal_split(sequences, cutoff)
+        return temporal_split(sequences, protocol_cutoff(config, sequences))  # type: ignore[arg-type]
     return leave_one_out(sequences, "test")
 
 
-def baseline_scorer(name: str, examples: pl.DataFrame, n_items: int):
-    """A fitted baseline scorer by name (``BASELINES``), fitted on the examples' histories.
+def baseline_scorer(name: str, config: JobConfig, sequences: pl.DataFrame, items: pl.DataFrame):
+    """A baseline scorer by name (``BASELINES``), fitted on the training information of the protocol.
+
+    It counts every user's fit prefix (:func:`recsys_alibi.data.splits.fit_prefix`: all events
+    but the held-out one under leave-one-out, the events before the cutoff under temporal), and
+    breaks ties by those events' times and the raw item ids, never by anything held out.
 
     Raises:
         ValueError: unknown baseline name.
     """
     if name not in BASELINES:
         raise ValueError(f"unknown baseline '{name}'; choose one of {sorted(BASELINES)}")
-    return BASELINES[name]().fit(examples.get_column("history"), n_items)
+    seen = fit_prefix(sequences, config.evaluate.protocol, protocol_cutoff(config, sequences))
+    return BASELINES[name]().fit(seen, items.height, item_ids=items.sort("item_idx").get_column("item_id"))
 
 
 def evaluate_scorer(
@@ -131,7 +142,7 @@ def run_evaluate(
     output_dir = Path(output_dir or Path(config.output) / "report")
     if baseline is not None:
         examples = test_examples(config, sequences)
-        return evaluate_scorer(config, baseline_scorer(baseline, examples, n_items), examples, n_items, output_dir)
+        return evaluate_scorer(config, baseline_scorer(baseline, config, sequences, items), examples, n_items, output_dir)
 
     from recsys_alibi.model.scorer import RankerScorer
     from recsys_alibi.tracking import load_ranker, setup_tracking

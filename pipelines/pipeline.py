@@ -133,7 +133,7 @@ def run_pipeline(config: JobConfig, *, progress: bool = True) -> PipelineResult:
     examples = test_examples(config, sequences_for(model, sequences))  # with time gaps if the model reads them
     n_items = items.height
     popularity = evaluate_scorer(
-        config, baseline_scorer("popularity", examples, n_items), examples, n_items, out / "report" / "popularity"
+        config, baseline_scorer("popularity", config, sequences, items), examples, n_items, out / "report" / "popularity"
     )
     from recsys_alibi.model.scorer import RankerScorer
 

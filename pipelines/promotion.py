@@ -1,8 +1,8 @@
 """The promotion gate of the scheduled pipeline, and the lineage tags of every training run.
 
 Gate: the new model and the model holding the registry alias ``tracking.champion_alias`` are
-evaluated on the same prepared data with the same protocol (leave-one-out "valid" examples, full
-catalog) and compared on ``tracking.promotion_metric``. The alias moves to the new version only
+evaluated on the same prepared data with the same protocol (the "valid" examples of
+``evaluate.protocol``, full catalog) and compared on ``tracking.promotion_metric``. The alias moves to the new version only
 when ``new - champion > tracking.promotion_margin`` (a tie keeps the champion); otherwise the new
 version is tagged ``rejected`` with the reason. The champion is read again under a lock just before
 the alias moves, and the decision made again if it changed (overlapping pipelines). No champion yet: the new version is promoted. A
@@ -40,23 +40,9 @@ REJECTED_TAG = "rejected"
 DECISION_TAG = "promotion.decision"
 DATA_HASH_TAG = "lineage.data.sha256"
 CONFIG_HASH_TAG = "lineage.config_sha256"
-_CHUNK = 1 << 20
 
 
 # --- lineage -------------------------------------------------------------------------------------
-
-
-def file_sha256(path: Path) -> str:
-    """sha256 of a file's bytes (a directory: of its files' relative names and bytes, sorted)."""
-    digest = hashlib.sha256()
-    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
-    for file in files:
-        if path.is_dir():
-            digest.update(str(file.relative_to(path)).encode())
-        with file.open("rb") as handle:
-            while chunk := handle.read(_CHUNK):
-                digest.update(chunk)
-    return digest.hexdigest()
 
 
 def config_sha256(config: JobConfig) -> str:
@@ -85,14 +71,18 @@ def lineage_tags(config: JobConfig, prepared_dir: Path) -> dict[str, str]:
     """The ``lineage.*`` tags of a training run on ``prepared_dir`` with ``config``."""
     from recsys_alibi import __version__
 
-    sequences_path = prepared_dir / schema.SEQUENCES_FILE
-    lengths = pl.read_parquet(sequences_path, columns=[schema.LENGTH]).get_column(schema.LENGTH)
-    n_items = pl.scan_parquet(prepared_dir / schema.ITEMS_FILE).select(pl.len()).collect().item()
+    from recsys_alibi.data.partition import read_lengths
+    from recsys_alibi.data.prepared import check_prepared, data_sha256
+    from recsys_alibi.data.sequences import read_items
+
+    prepare_id = check_prepared(prepared_dir)
+    lengths = read_lengths(prepared_dir, prepare_id)
+    n_items = read_items(prepared_dir, prepare_id).height
     return {
         "lineage.data.events": str(int(lengths.sum())),
-        "lineage.data.users": str(lengths.len()),
+        "lineage.data.users": str(lengths.size),
         "lineage.data.items": str(n_items),
-        DATA_HASH_TAG: file_sha256(sequences_path),
+        DATA_HASH_TAG: data_sha256(prepared_dir),
         CONFIG_HASH_TAG: config_sha256(config),
         "lineage.project_version": __version__,
         "lineage.git_commit": git_commit(),
@@ -167,11 +157,17 @@ class GateResult:
         )
 
 
-def validation_examples(sequences: pl.DataFrame) -> pl.DataFrame:
-    """The gate's examples: leave-one-out "valid" (history up to the second-to-last event)."""
-    from recsys_alibi.data.splits import leave_one_out
+def validation_examples(sequences: pl.DataFrame, config: JobConfig | None = None) -> pl.DataFrame:
+    """The gate's examples: the "valid" stage of ``evaluate.protocol`` (what training validated on).
 
-    return leave_one_out(sequences, "valid")
+    Leave-one-out: the second-to-last event from the events before it; temporal: each user's last
+    event before the cutoff. Never a test target (:func:`recsys_alibi.data.splits.fit_split`).
+    """
+    from recsys_alibi.data.splits import fit_split, resolve_cutoff
+
+    if config is None or config.evaluate.protocol == "leave_one_out":
+        return fit_split(sequences, "valid")
+    return fit_split(sequences, "valid", "temporal", resolve_cutoff(sequences, config.evaluate.temporal_cutoff))
 
 
 def validation_metrics(config: JobConfig, model, examples: pl.DataFrame, n_items: int) -> dict[str, float]:
@@ -180,7 +176,7 @@ def validation_metrics(config: JobConfig, model, examples: pl.DataFrame, n_items
     from recsys_alibi.model.scorer import RankerScorer
 
     cfg = config.evaluate.model_copy(update={"context_lengths": []})
-    result = evaluate(RankerScorer(model, name="gate"), examples, n_items, cfg, protocol_name="leave_one_out/valid")
+    result = evaluate(RankerScorer(model, name="gate"), examples, n_items, cfg, protocol_name=f"{config.evaluate.protocol}/valid")
     return {name: float(value) for name, value in result.metrics.items()}
 
 
@@ -243,7 +239,7 @@ def run_gate(
     name, alias, metric = tracking.registered_model, tracking.champion_alias, tracking.promotion_metric
     client = mlflow.MlflowClient()
     n_items = items.height
-    new_metrics = validation_metrics(config, new_model, validation_examples(sequences_for(new_model, sequences)), n_items)
+    new_metrics = validation_metrics(config, new_model, validation_examples(sequences_for(new_model, sequences), config), n_items)
     if metric not in new_metrics:
         raise ValueError(
             f"tracking.promotion_metric={metric} is not evaluated; choose one of {sorted(new_metrics)} or change evaluate.ks"
@@ -304,7 +300,7 @@ def _against(config: JobConfig, held, new_value: float, items: pl.DataFrame, seq
         )
         log.warning("promotion: %s", decision.reason)
         return decision, None
-    examples = validation_examples(sequences_for(champion.model, sequences))
+    examples = validation_examples(sequences_for(champion.model, sequences), config)
     champion_value = validation_metrics(config, champion.model, examples, items.height)[metric]
     return decide(new_value, champion_value, tracking.promotion_margin, metric), champion_value
 

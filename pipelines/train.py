@@ -9,7 +9,14 @@ registers the model. The other ranks return a result with ``rank > 0`` and no ru
 
 Resuming (``train.resume`` / ``--resume``): the newest unfinished
 ``<output>/checkpoints/<run_id>/last.ckpt`` is continued (on any number of processes) inside
-the same MLflow run; when there is none a new run starts.
+the same MLflow run; when there is none a new run starts. It is refused (ConfigError, one line)
+when the run trained another model (``model.*``) or on other data: another content fingerprint
+of the prepared data (tag ``recsys_alibi.data_sha256``, the same for a copy of the directory),
+another split (protocol and temporal cutoff, tag ``recsys_alibi.train_split``), or other counts of
+users, items and training events (``data.*`` metrics; the only record of runs made before the tags).
+
+Training and validation follow ``evaluate.protocol``: under ``temporal`` they use only the events
+before the cutoff (:func:`recsys_alibi.data.splits.fit_split`), so no test target is trained on.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from pathlib import Path
 
 from recsys_alibi.config import ConfigError, JobConfig, ModelConfig
 from recsys_alibi.data.prepare import read_items
+from recsys_alibi.data.prepared import data_sha256
 from recsys_alibi.tracking import LoggedModel, log_config, log_ranker, param_values, setup_tracking, tracking_uri
 from recsys_alibi.training.datamodule import SequenceDataModule
 from recsys_alibi.training.fit import check_sharding, fit_ranker
@@ -27,6 +35,9 @@ from recsys_alibi.training.launch import check_accelerator, launch_rank, mark_co
 from serving.pyfunc import pyfunc_flavour
 
 log = logging.getLogger(__name__)
+
+DATA_TAG = "recsys_alibi.data_sha256"  # content fingerprint of the prepared data (sequences + vocabulary)
+SPLIT_TAG = "recsys_alibi.train_split"  # "leave_one_out" or "temporal<cutoff"
 
 
 @dataclass(frozen=True)
@@ -64,6 +75,11 @@ def data_fingerprint(datamodule: SequenceDataModule) -> dict[str, float]:
     }
 
 
+def split_tag(datamodule: SequenceDataModule) -> str:
+    """What the model was trained on inside the data: ``leave_one_out`` or ``temporal<CUTOFF``."""
+    return "leave_one_out" if datamodule.cutoff is None else f"temporal<{datamodule.cutoff}"
+
+
 def training_callbacks(config: JobConfig) -> list:
     """Extra Lightning callbacks of the job: attention health for ALiBi models (when enabled)."""
     from recsys_alibi.training.attention_health import AttentionHealth
@@ -87,7 +103,10 @@ def run_train(config: JobConfig, prepared_dir: str | Path, *, progress: bool = T
     check_sharding(config)
     check_accelerator(config.train)
     prepared_dir = Path(prepared_dir)
-    datamodule = SequenceDataModule(prepared_dir, config.model, config.train, config.seed)
+    datamodule = SequenceDataModule(
+        prepared_dir, config.model, config.train, config.seed,
+        protocol=config.evaluate.protocol, cutoff=config.evaluate.temporal_cutoff,
+    )  # fmt: skip
     checkpoints = Path(config.output) / "checkpoints"
     resume = resumable_checkpoint(checkpoints) if config.train.resume else None
     rank = launch_rank(config.train.devices)
@@ -135,23 +154,28 @@ def _train_and_track(
     from lightning.pytorch.loggers import MLFlowLogger
 
     resumed_run = resume.parent.name if resume else None
+    fingerprint = data_sha256(prepared_dir)
     if resumed_run is not None:
         try:
-            logged = mlflow.get_run(resumed_run).data.params
+            before = mlflow.get_run(resumed_run).data
         except Exception as err:  # MlflowException: the run is not in this store
             raise ConfigError(
                 f"cannot resume {resume}: MLflow run {resumed_run} is not in {tracking_uri(config.tracking)} "
                 f"({str(err).splitlines()[0]}); use the same tracking store or remove that checkpoint directory"
             ) from None
-        _check_same_model(config, logged, resume)
+        _check_same_model(config, before.params, resume)
+        _check_same_data(before, datamodule, fingerprint, resume)
         log.info("resuming MLflow run %s from %s", resumed_run, resume)
     with mlflow.start_run(run_id=resumed_run) as run:
         run_id = run.info.run_id
         if resume is None:
             log_config(config)
-            mlflow.set_tags({"recsys_alibi.position": config.model.position, "recsys_alibi.prepared": str(prepared_dir)})
+            mlflow.set_tags({
+                "recsys_alibi.position": config.model.position, "recsys_alibi.prepared": str(prepared_dir),
+                DATA_TAG: fingerprint, SPLIT_TAG: split_tag(datamodule),
+            })  # fmt: skip
         else:
-            mlflow.set_tag("recsys_alibi.resumed_from", str(resume))
+            mlflow.set_tags({"recsys_alibi.resumed_from": str(resume), "recsys_alibi.resumed_prepared": str(prepared_dir)})
         mlflow.log_metrics(data_fingerprint(datamodule))
         logger = MLFlowLogger(tracking_uri=tracking_uri(config.tracking), run_id=run_id)
         checkpoint_dir = checkpoints / run_id
@@ -199,4 +223,30 @@ def _check_same_model(config: JobConfig, logged: dict[str, str], resume: Path) -
         raise ConfigError(
             f"cannot resume {resume}: its run trained another model ({', '.join(differ)}); resume with the "
             "same model.* settings, or remove that checkpoint directory to start a new run"
+        )
+
+
+def _check_same_data(before, datamodule: SequenceDataModule, fingerprint: str, resume: Path) -> None:
+    """ConfigError when the data of the resumed run (its MLflow ``RunData``) is not the data now.
+
+    Compared: the content fingerprint and the split (tags, when the run has them) and the counts
+    of users, items and training events (metrics ``data.*``, logged by every run).
+    """
+    tags, metrics = before.tags, before.metrics
+    now_counts = data_fingerprint(datamodule)
+    differ = []
+    if DATA_TAG in tags and tags[DATA_TAG] != fingerprint:
+        differ.append(f"data sha256 {tags[DATA_TAG][:12]} (now {fingerprint[:12]})")
+    if SPLIT_TAG in tags and tags[SPLIT_TAG] != split_tag(datamodule):
+        differ.append(f"split {tags[SPLIT_TAG]} (now {split_tag(datamodule)})")
+    differ += [
+        f"{key}={metrics[key]:.0f} (now {value:.0f})"
+        for key, value in now_counts.items()
+        if key in metrics and metrics[key] != value
+    ]
+    if differ:
+        then = tags.get("recsys_alibi.prepared", "another directory")
+        raise ConfigError(
+            f"cannot resume {resume}: its run trained on other data ({then}: {', '.join(differ)}); resume with "
+            f"the --prepared directory and evaluate.protocol of that run, or remove that checkpoint directory to start a new run"
         )

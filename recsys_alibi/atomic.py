@@ -1,7 +1,9 @@
 """Atomic file writes: write a temporary file beside the target, then rename it into place.
 
 A reader (or a job started again after a kill) sees either the old file or the complete new
-one, never half of it. ``os.replace`` is atomic on POSIX within one directory.
+one, never half of it. ``os.replace`` is atomic on POSIX within one directory. Several files
+that belong together are written into a staging directory and moved into place together, the
+commit file last (:func:`publish_files`).
 """
 
 from __future__ import annotations
@@ -24,12 +26,18 @@ def _temp_beside(path: Path) -> Path:
     return Path(tmp)
 
 
+def stale_temps(path: str | Path) -> list[Path]:
+    """The hidden ``.NAME.*.tmp`` files that killed writers of ``path`` left beside it."""
+    path = Path(path)
+    return [p for p in path.parent.glob(f".{path.name}.*.tmp") if p.is_file()]
+
+
 @contextmanager
 def atomic_path(path: str | Path) -> Iterator[Path]:
     """A temporary path beside ``path``; moved onto ``path`` only when the block succeeds.
 
     The temporary file is removed when the block raises; only a hard kill can leave a hidden
-    ``.NAME.*.tmp`` behind.
+    ``.NAME.*.tmp`` behind (:func:`stale_temps` finds them for a writer that owns ``path``).
     """
     path = Path(path)
     tmp = _temp_beside(path)
@@ -45,3 +53,24 @@ def write_json_atomic(path: str | Path, payload: dict) -> None:
     """Write ``payload`` as indented JSON to ``path`` atomically."""
     with atomic_path(path) as tmp:
         tmp.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
+
+
+def publish_files(staging: Path, directory: Path, owned: tuple[str, ...], last: str | None = None) -> list[str]:
+    """Move the staged files named in ``owned`` into ``directory`` (``last`` moved last); remove
+    the ``owned`` files of an earlier writer that this one did not stage.
+
+    A reader that trusts ``last`` as the commit point never pairs it with an older sibling;
+    nothing of an earlier run is left to be taken for this one's (e.g. a plot not drawn this time).
+
+    Returns:
+        The names moved, in order.
+    """
+    names = [n for n in owned if n != last and (staging / n).is_file()]
+    if last is not None and (staging / last).is_file():
+        names.append(last)
+    for name in owned:
+        if name not in names and (directory / name).exists():
+            (directory / name).unlink()
+    for name in names:
+        os.replace(staging / name, directory / name)
+    return names

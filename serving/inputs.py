@@ -38,6 +38,7 @@ from recsys_alibi.config import DataConfig
 from recsys_alibi.data import schema
 from recsys_alibi.data.ingest import DataError, resolve_paths
 from recsys_alibi.data.loader import FlatSequences
+from recsys_alibi.data.prepared import check_file, check_prepared, read_consistent
 from recsys_alibi.data.sequences import vocabulary_difference
 from recsys_alibi.data.time_gaps import checked_timestamps, gap_buckets, has_real_timestamps
 
@@ -102,6 +103,8 @@ class ScoreInput:
             ``duplicate_rows``, ``filtered_rows``.
         time_gap_buckets: G > 0 when the model reads time gaps: shards then carry ``gaps``
             from the input's ``timestamp`` lists (``recsys_alibi.data.time_gaps``).
+        prepare_id: the prepare of the directory holding ``sequences`` (None: no manifest);
+            every shard read checks the file still carries it (``recsys_alibi.data.prepared``).
     """
 
     kind: str
@@ -110,11 +113,13 @@ class ScoreInput:
     remap: np.ndarray | None = None
     stats: dict[str, int] = field(default_factory=dict)
     time_gap_buckets: int = 0
+    prepare_id: str | None = None
 
     def read_shard(self, start: int, n: int) -> Shard:
         """Users ``start .. start + n - 1`` with their histories in model indices (bounded memory)."""
         columns = [schema.USER_ID, schema.ITEM_IDX] + ([schema.TIMESTAMP] if self.time_gap_buckets else [])
         frame = pl.scan_parquet(self.sequences).select(columns).slice(start, n).collect()
+        check_file(self.sequences, self.prepare_id)  # not replaced by another prepare since open_input
         histories = FlatSequences.from_series(frame.get_column(schema.ITEM_IDX))
         mapped, unknown = map_histories(histories, self.remap)
         gaps = None
@@ -368,6 +373,9 @@ def open_input(
     else:
         stats = stage_events(data, input_path, staged_dir)
         sequences, items_path = staged_dir / schema.SEQUENCES_FILE, staged_dir / schema.ITEMS_FILE
+    # a prepared (or staged) directory must be whole: its files from the prepare its manifest names
+    prepare_id = check_prepared(sequences.parent) if sequences.name == schema.SEQUENCES_FILE else None
+    check_file(sequences, prepare_id)
     _check_sequences(sequences)
     if time_gap_buckets:
         _check_timestamps(sequences)
@@ -376,7 +384,7 @@ def open_input(
         raise DataError(f"no users to score in {sequences}; check --input")
     remap, unknown_items = None, 0
     if items_path is not None and items_path.is_file():
-        input_items = pl.read_parquet(items_path)
+        input_items = read_consistent(items_path.parent, items_path.name, pl.read_parquet, prepare_id)
         remap, unknown_items = vocabulary_remap(input_items, model_items)
         if remap is not None and not (remap > 0).any():
             raise DataError(
@@ -397,4 +405,4 @@ def open_input(
         log.warning("%d of the input's %d items are not in the model's vocabulary of %d; their events are skipped",
                     unknown_items, input_items.height, model_items.height)  # fmt: skip
     return ScoreInput(kind=kind, sequences=sequences, n_users=n_users, remap=remap, stats=stats,
-                      time_gap_buckets=time_gap_buckets)  # fmt: skip
+                      time_gap_buckets=time_gap_buckets, prepare_id=prepare_id)  # fmt: skip

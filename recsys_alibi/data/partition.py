@@ -17,6 +17,7 @@ Rules (R = eligible rows in file order, W = world size, r = rank):
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -24,8 +25,10 @@ import polars as pl
 import pyarrow.parquet as pq
 
 from recsys_alibi.data.ingest import DataError
-from recsys_alibi.data.schema import LENGTH, SEQUENCES_FILE
-from recsys_alibi.data.sequences import SEQUENCES_SCHEMA
+from recsys_alibi.data.prepared import PREPARE_ID_KEY, check_prepared, mixed_error, read_consistent
+from recsys_alibi.data.schema import LENGTH, SEQUENCES_FILE, TIMESTAMP
+from recsys_alibi.data.sequences import SEQUENCES_SCHEMA, read_parquet_file
+from recsys_alibi.data.splits import Protocol, fit_length
 
 
 def _check_world(rank: int, world_size: int) -> None:
@@ -70,22 +73,49 @@ def valid_part(rows: np.ndarray, rank: int, world_size: int) -> np.ndarray:
     return rows[bounds[rank] : bounds[rank + 1]]
 
 
-def read_lengths(prepared_dir: str | Path) -> np.ndarray:
+def read_lengths(prepared_dir: str | Path, prepare_id: str | None = None) -> np.ndarray:
     """(U,) int64: the ``length`` column of ``sequences.parquet`` (the only column read).
 
     Raises:
-        DataError: the file is missing, unreadable, or ``length`` is not Int32.
+        DataError: the file is missing, unreadable, ``length`` is not Int32, or the file is not
+            from the directory's (or the given ``prepare_id``) prepare.
     """
-    path = Path(prepared_dir) / SEQUENCES_FILE
-    if not path.is_file():
-        raise DataError(f"{path} not found; run `recsys-alibi prepare` to create the prepared directory")
-    try:
-        frame = pl.read_parquet(path, columns=[LENGTH])
-    except (pl.exceptions.PolarsError, OSError) as err:
-        raise DataError(f"cannot read {path}: {str(err).splitlines()[0]}; run `recsys-alibi prepare` again") from None
-    if frame.schema[LENGTH] != SEQUENCES_SCHEMA[LENGTH]:
-        raise DataError(f"{path} has the wrong schema (length should be Int32); run `recsys-alibi prepare` again")
+    frame = _read_columns(prepared_dir, [LENGTH], prepare_id)
     return frame.get_column(LENGTH).to_numpy().astype(np.int64)
+
+
+def read_fit_lengths(
+    prepared_dir: str | Path, protocol: Protocol, cutoff: int | None = None, prepare_id: str | None = None
+) -> np.ndarray:
+    """(U,) int64: every user's fit prefix ``m`` (:func:`recsys_alibi.data.splits.fit_length`).
+
+    Reads only ``length`` (leave-one-out) or ``timestamp`` (temporal; ``cutoff`` resolved).
+
+    Raises:
+        DataError: as :func:`read_lengths`.
+    """
+    if protocol == "leave_one_out":
+        return np.maximum(read_lengths(prepared_dir, prepare_id) - 1, 0)
+    frame = _read_columns(prepared_dir, [TIMESTAMP], prepare_id)
+    return frame.select(fit_length(protocol, cutoff)).to_series().to_numpy().astype(np.int64)
+
+
+def read_timestamps(prepared_dir: str | Path, prepare_id: str | None = None) -> pl.DataFrame:
+    """The ``timestamp`` list column of ``sequences.parquet`` alone (for :func:`resolve_cutoff`).
+
+    Raises:
+        DataError: as :func:`read_lengths` (``timestamp`` should be list<Int64>).
+    """
+    return _read_columns(prepared_dir, [TIMESTAMP], prepare_id)
+
+
+def _read_columns(prepared_dir: str | Path, columns: list[str], prepare_id: str | None) -> pl.DataFrame:
+    path = Path(prepared_dir) / SEQUENCES_FILE
+    frame = read_consistent(prepared_dir, SEQUENCES_FILE, partial(read_parquet_file, columns=columns), prepare_id)
+    wrong = [f"{c} should be {SEQUENCES_SCHEMA[c]}" for c in columns if frame.schema[c] != SEQUENCES_SCHEMA[c]]
+    if wrong:
+        raise DataError(f"{path} has the wrong schema ({'; '.join(wrong)}); run `recsys-alibi prepare` again")
+    return frame
 
 
 def row_groups_of(path: str | Path, rows: np.ndarray) -> np.ndarray:
@@ -98,28 +128,36 @@ def row_groups_of(path: str | Path, rows: np.ndarray) -> np.ndarray:
     return np.unique(np.searchsorted(starts, rows, side="right") - 1)
 
 
-def read_sequence_rows(prepared_dir: str | Path, rows: np.ndarray, columns: list[str]) -> pl.DataFrame:
+def read_sequence_rows(
+    prepared_dir: str | Path, rows: np.ndarray, columns: list[str], prepare_id: str | None = None
+) -> pl.DataFrame:
     """Rows ``rows`` of ``sequences.parquet``, in the given order, reading only their row groups.
 
     Args:
         prepared_dir: a prepared directory.
         rows: (B,) int64 row indices (repeats allowed).
         columns: columns to read (names from ``recsys_alibi.data.schema``).
+        prepare_id: the prepare an earlier read of this job saw (None: the directory's own).
 
     Returns:
         B rows of ``columns``.
 
     Raises:
-        DataError: the file is missing/unreadable or a column has another dtype than prepare writes.
+        DataError: the file is missing/unreadable, a column has another dtype than prepare
+            writes, or the file is not from the directory's (or the given) prepare.
     """
     path = Path(prepared_dir) / SEQUENCES_FILE
     rows = np.asarray(rows, dtype=np.int64)
+    expected = check_prepared(prepared_dir, prepare_id)
     try:
         parquet = pq.ParquetFile(path)
+        found = (parquet.metadata.metadata or {}).get(PREPARE_ID_KEY.encode())
         groups = row_groups_of(path, rows)
         table = parquet.read_row_groups(groups.tolist(), columns=columns)
     except (OSError, ValueError) as err:
         raise DataError(f"cannot read {path}: {str(err).splitlines()[0]}; run `recsys-alibi prepare` again") from None
+    if expected is not None and (found is None or found.decode() != expected):  # this open file's own id
+        raise mixed_error(path)
     frame = pl.from_arrow(table)
     assert isinstance(frame, pl.DataFrame)
     wrong = [c for c in columns if c in SEQUENCES_SCHEMA and frame.schema[c] != SEQUENCES_SCHEMA[c]]

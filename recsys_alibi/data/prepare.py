@@ -1,7 +1,7 @@
 """``prepare``: an event log -> a prepared directory.
 
-Output (``output_dir``; every file written to a temporary name in the same directory and moved
-into place with ``os.replace``):
+Output (``output_dir``; every file is written into a staging directory inside it, then all are
+published at once with ``manifest.json`` last, see :mod:`recsys_alibi.data.prepared`):
 
 ===================== =====================================================================
 ``events.parquet``    cleaned canonical events, grouped by user, in time order
@@ -10,6 +10,8 @@ into place with ``os.replace``):
 ``rejects.parquet``   rejected rows with ``reject_reason`` (only when a row was rejected)
 ``stats.json``        counts, rejects by reason, history-length quantiles, sparsity
 ``history_length.png`` histogram of events per user
+``manifest.json``     the run's ``prepare_id`` (also in every Parquet footer and stats.json),
+                      file sizes, data fingerprint; ``"state": "complete"`` once published
 ===================== =====================================================================
 
 How it runs within bounded memory (the input may be larger than memory):
@@ -47,10 +49,10 @@ import importlib
 import json
 import logging
 import math
-import os
 import shutil
 import tempfile
 import threading
+import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -61,7 +63,6 @@ import numpy as np
 import polars as pl
 from polars.io.plugins import register_io_source
 
-from recsys_alibi.atomic import atomic_path
 from recsys_alibi.config import DataConfig
 from recsys_alibi.data.cleaning import (
     dense_codes,
@@ -82,6 +83,7 @@ from recsys_alibi.data.ingest import (
     tag_rows,
     valid_events,
 )
+from recsys_alibi.data.prepared import PREPARE_ID_KEY, STAGING_PREFIX, clean_stale, keep_failed_rejects, prepare_lock, publish
 from recsys_alibi.data.schema import (
     COUNT,
     EVENT_TYPE,
@@ -163,27 +165,30 @@ def prepare(
     Args:
         cfg: the ``data`` section (format, column map, cleaning thresholds).
         input_path: file, directory or glob of any supported format (optionally ``.gz``).
-        output_dir: the prepared directory (created; files of a previous run are replaced).
+        output_dir: the prepared directory (created; a previous run's files are replaced as a
+            whole when this run succeeds, and left as they were when it fails or is killed).
         fmt: overrides ``cfg.format``.
 
     Raises:
         DataError: missing/unreadable/empty input, unknown format, missing column, or nothing
-            left after validation and cleaning.
+            left after validation and cleaning; another prepare is writing ``output_dir``.
     """
     out = Path(output_dir)
-    out.mkdir(parents=True, exist_ok=True)
     # matplotlib takes ~0.5 s to import: do it in the background while polars works
     threading.Thread(target=importlib.import_module, args=("matplotlib.backends.backend_agg",), daemon=True).start()
     source = scan_source(cfg, input_path, fmt)
-    try:
-        return _prepare_in_work_dir(cfg, source, out)
-    except QuotedLinesError:  # rows span lines: fields cannot be counted per line; read without the check
-        log.warning("%s: quoted fields span lines, so CSV rows are not checked for a wrong number of fields", source.paths[0])
-        return _prepare_in_work_dir(cfg, scan_source(cfg, input_path, fmt, count_fields=False), out)
+    with prepare_lock(out):
+        clean_stale(out)
+        try:
+            return _prepare_in_work_dir(cfg, source, out)
+        except QuotedLinesError:  # rows span lines: fields cannot be counted per line; read without the check
+            log.warning("%s: quoted fields span lines, so CSV rows are not checked for a wrong number of fields", source.paths[0])
+            return _prepare_in_work_dir(cfg, scan_source(cfg, input_path, fmt, count_fields=False), out)
 
 
 def _prepare_in_work_dir(cfg: DataConfig, source: Source, out: Path) -> PrepareResult:
-    work = Path(tempfile.mkdtemp(prefix=".prepare-", dir=out))
+    """``_prepare`` in a fresh staging directory inside ``out`` (removed afterwards; hold the lock)."""
+    work = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=out))
     try:
         return _prepare(cfg, source, out, work)
     finally:
@@ -214,6 +219,9 @@ def _rows(files: list[Path]) -> int:
 
 
 def _prepare(cfg: DataConfig, source: Source, out: Path, work: Path) -> PrepareResult:
+    """Every output into ``work`` (tagged with a new prepare id), then published into ``out``."""
+    prepare_id = uuid.uuid4().hex
+    tag = {PREPARE_ID_KEY: prepare_id}
     rows = _parquet_rows(source)
     n_parts = _n_partitions(cfg, source, rows)
     parts = _ingest(cfg, source, work, n_parts)  # A
@@ -221,7 +229,7 @@ def _prepare(cfg: DataConfig, source: Source, out: Path, work: Path) -> PrepareR
     int_ids = integer_id_columns(pl.scan_ipc([f for files in parts for f in files]), source.text_ids) if n_valid else []
     rejects_path = work / REJECTS_FILE
     if n_valid != rows:  # some rows are rejects, or the row count is unknown: a second pass
-        _sink_rejects(cfg, source, rejects_path)
+        _sink_rejects(cfg, source, rejects_path, tag)
     rejects_by_reason = (
         pl.scan_parquet(rejects_path).group_by(REJECT_REASON).len().sort(REJECT_REASON).collect()
         if rejects_path.exists()
@@ -232,15 +240,12 @@ def _prepare(cfg: DataConfig, source: Source, out: Path, work: Path) -> PrepareR
     input_rows = n_valid + n_rejected
     if input_rows == 0:
         raise DataError(f"empty input: '{source.paths[0]}' has no rows; point --input at the event log")
-    if n_rejected:
-        os.replace(rejects_path, out / REJECTS_FILE)
-    elif (out / REJECTS_FILE).exists():
-        os.unlink(out / REJECTS_FILE)  # a stale file from an earlier run would mislead
+    if not n_rejected:
+        rejects_path.unlink(missing_ok=True)  # an empty file: published as "no rejects" (an older one is removed)
     if n_valid == 0:
         reasons = ", ".join(f"{k}: {v}" for k, v in by_reason.items())
-        raise DataError(
-            f"all {n_rejected:,} rows were rejected ({reasons}); see {out / REJECTS_FILE} and check --format and data.columns"
-        )
+        kept_at = keep_failed_rejects(rejects_path, out)
+        raise DataError(f"all {n_rejected:,} rows were rejected ({reasons}); see {kept_at} and check --format and data.columns")
 
     # B: per partition, min_value filter, local codes, sort, duplicate removal (held slim in memory);
     # WORKERS partitions at a time (numpy and polars release the GIL), codes made global in order
@@ -300,10 +305,9 @@ def _prepare(cfg: DataConfig, source: Source, out: Path, work: Path) -> PrepareR
     # D: write events and sequences, partition after partition; the histogram is drawn meanwhile
     # (matplotlib holds the GIL, the polars writer mostly does not)
     with ThreadPoolExecutor(1) as plotter:
-        histogram = plotter.submit(_plot, lengths, out / HISTOGRAM_FILE)
-        t_min, t_max = _write_outputs(cleaned, item_ids, idx_of_code, out)
-        with atomic_path(out / ITEMS_FILE) as tmp:
-            vocab.write_parquet(tmp)
+        histogram = plotter.submit(plot_history_lengths, lengths, work / HISTOGRAM_FILE)
+        t_min, t_max = _write_outputs(cleaned, item_ids, idx_of_code, work, tag)
+        vocab.write_parquet(work / ITEMS_FILE, metadata=tag)
         histogram.result()
 
     n_users, n_items = int(lengths.shape[0]), int(vocab.height)
@@ -335,11 +339,11 @@ def _prepare(cfg: DataConfig, source: Source, out: Path, work: Path) -> PrepareR
         "timestamp_max": t_max,
         "time_from_line_order": TIMESTAMP not in source.columns,
         "partitions": n_parts,
+        PREPARE_ID_KEY: prepare_id,
     }
-    with atomic_path(out / STATS_FILE) as tmp:
-        tmp.write_text(json.dumps(stats, indent=2) + "\n")
-    result = PrepareResult(output_dir=out, counts=counts, stats=stats)
-    return result
+    (work / STATS_FILE).write_text(json.dumps(stats, indent=2) + "\n")
+    publish(work, out, prepare_id)
+    return PrepareResult(output_dir=out, counts=counts, stats=stats)
 
 
 def _ingest(cfg: DataConfig, source: Source, work: Path, n_parts: int) -> list[list[Path]]:
@@ -354,9 +358,9 @@ def _ingest(cfg: DataConfig, source: Source, work: Path, n_parts: int) -> list[l
     return [sorted((work / "valid" / f"{BUCKET}={p}").glob("*.ipc")) for p in range(n_parts)]
 
 
-def _sink_rejects(cfg: DataConfig, source: Source, path: Path) -> None:
+def _sink_rejects(cfg: DataConfig, source: Source, path: Path, tag: dict[str, str]) -> None:
     """A, second pass: rejected rows to Parquet (one pass for both sinks would cache the whole input)."""
-    _stream(source, rejected_rows(tag_rows(source, cfg), source.raw_columns).sink_parquet(path, lazy=True))
+    _stream(source, rejected_rows(tag_rows(source, cfg), source.raw_columns).sink_parquet(path, metadata=tag, lazy=True))
 
 
 def _stream(source: Source, sink: pl.LazyFrame) -> None:
@@ -493,13 +497,8 @@ def _clean_partition(
     return users, items, frame.drop(SUBSECOND, strict=False), df.height
 
 
-def _plot(lengths: np.ndarray, path: Path) -> None:
-    with atomic_path(path) as tmp:
-        plot_history_lengths(lengths, tmp)
-
-
 def _write_outputs(
-    parts: list[_Part], item_ids: pl.Series, idx_of_code: np.ndarray, out: Path
+    parts: list[_Part], item_ids: pl.Series, idx_of_code: np.ndarray, out: Path, tag: dict[str, str]
 ) -> tuple[int | None, int | None]:
     """D: events and sequences of every partition (after the k-core), each streamed into one file.
 
@@ -543,8 +542,8 @@ def _write_outputs(
         events_schema[VALUE] = pl.Float32
     seq_schema = {USER_ID: user_type, ITEM_IDX: pl.List(pl.Int32), TIMESTAMP: pl.List(pl.Int64), LENGTH: pl.Int32}
     for name, source, schema in ((EVENTS_FILE, events, events_schema), (SEQUENCES_FILE, sequences, seq_schema)):
-        with atomic_path(out / name) as tmp:
-            register_io_source(source, schema=schema).sink_parquet(tmp, compression="zstd", compression_level=1)
+        lazy = register_io_source(source, schema=schema)
+        lazy.sink_parquet(out / name, compression="zstd", compression_level=1, metadata=tag)
     t_min = min(lo for lo, _ in bounds) if bounds else None
     t_max = max(hi for _, hi in bounds) if bounds else None
     return t_min, t_max

@@ -30,3 +30,4 @@ REJECTS_FILE = "rejects.parquet"
 ITEMS_FILE = "items.parquet"
 SEQUENCES_FILE = "sequences.parquet"
 STATS_FILE = "stats.json"
+MANIFEST_FILE = "manifest.json"  # written last by prepare: its id, files, data fingerprint (recsys_alibi.data.prepared)

@@ -6,6 +6,10 @@ ties by ascending raw ``item_id``; ``item_id`` raw; ``count`` Int64.
 Sequences (``sequences.parquet``): one row per user, ``user_id`` raw, ``item_idx``
 list<Int32>, ``timestamp`` list<Int64>, ``length`` Int32; the events of the user in time
 order, equal timestamps in source order.
+
+The readers check that the file belongs to the directory's prepare
+(:func:`recsys_alibi.data.prepared.read_consistent`): a mixed or half-written directory is a
+``DataError``.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from pathlib import Path
 import polars as pl
 
 from recsys_alibi.data.ingest import DataError
+from recsys_alibi.data.prepared import read_consistent
 from recsys_alibi.data.schema import (
     COUNT,
     ITEM_ID,
@@ -63,14 +68,19 @@ def build_sequences(events: pl.LazyFrame) -> pl.LazyFrame:
     return group_sequences(events.sort(USER_ID, TIMESTAMP, SOURCE_ROW))
 
 
-def _read(prepared_dir: str | Path, name: str, expected: dict[str, pl.DataType]) -> pl.DataFrame:
-    path = Path(prepared_dir) / name
+def read_parquet_file(path: Path, columns: list[str] | None = None) -> pl.DataFrame:
+    """``pl.read_parquet(path, columns=columns)``; DataError (naming ``prepare``) when missing or unreadable."""
     if not path.is_file():
         raise DataError(f"{path} not found; run `recsys-alibi prepare` to create the prepared directory")
     try:
-        df = pl.read_parquet(path)
+        return pl.read_parquet(path, columns=columns)
     except (pl.exceptions.PolarsError, OSError) as err:
         raise DataError(f"cannot read {path}: {str(err).splitlines()[0]}; run `recsys-alibi prepare` again") from None
+
+
+def _read(prepared_dir: str | Path, name: str, expected: dict[str, pl.DataType], prepare_id: str | None) -> pl.DataFrame:
+    path = Path(prepared_dir) / name
+    df = read_consistent(prepared_dir, name, read_parquet_file, prepare_id)
     problems = [f"{col} should be {dtype}" for col, dtype in expected.items() if df.schema.get(col) != dtype]
     id_col = USER_ID if name == SEQUENCES_FILE else ITEM_ID
     if df.schema.get(id_col) not in ID_TYPES:
@@ -80,22 +90,27 @@ def _read(prepared_dir: str | Path, name: str, expected: dict[str, pl.DataType])
     return df
 
 
-def read_sequences(prepared_dir: str | Path) -> pl.DataFrame:
+def read_sequences(prepared_dir: str | Path, prepare_id: str | None = None) -> pl.DataFrame:
     """Read and check ``sequences.parquet`` of a prepared directory.
 
+    Args:
+        prepared_dir: output of ``prepare``.
+        prepare_id: the prepare an earlier read of this job saw (None: the directory's own).
+
     Raises:
-        DataError: the file is missing, unreadable or has another schema.
+        DataError: the file is missing, unreadable, has another schema, or is not from the
+            directory's (or the given) prepare.
     """
-    return _read(prepared_dir, SEQUENCES_FILE, SEQUENCES_SCHEMA)
+    return _read(prepared_dir, SEQUENCES_FILE, SEQUENCES_SCHEMA, prepare_id)
 
 
-def read_items(prepared_dir: str | Path) -> pl.DataFrame:
+def read_items(prepared_dir: str | Path, prepare_id: str | None = None) -> pl.DataFrame:
     """Read and check ``items.parquet`` (the vocabulary) of a prepared directory.
 
     Raises:
-        DataError: the file is missing, unreadable or has another schema.
+        DataError: as :func:`read_sequences`.
     """
-    return _read(prepared_dir, ITEMS_FILE, ITEMS_SCHEMA)
+    return _read(prepared_dir, ITEMS_FILE, ITEMS_SCHEMA, prepare_id)
 
 
 def vocabulary_difference(model_ids: pl.Series, data_ids: pl.Series) -> str:

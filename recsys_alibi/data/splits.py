@@ -19,7 +19,16 @@ Where the input has a ``time_gaps`` list column (``recsys_alibi.data.time_gaps``
 also return ``history_time_gaps``: the buckets of the history's events, cut the same way.
 
 Temporal (global cutoff ``c`` in seconds): history = the user's events with ``timestamp < c``,
-targets = those with ``timestamp >= c``; only users with both are kept.
+targets = those with ``timestamp >= c``; only users with both are kept. A cutoff of 0 is a
+cutoff (every event is at or after it), only None means "choose one" (:func:`resolve_cutoff`).
+
+Training and validation under either protocol (:func:`fit_split`): the "fit prefix" of a user is
+what the test may not hold out: the first ``m`` events, ``m = n - 1`` (leave-one-out: all but the
+test event) or ``m = #{timestamp < c}`` (temporal: everything before the cutoff). Training uses
+``items[: m - 1]`` (users with ``m >= 3``), validation predicts ``items[m - 1]`` from
+``items[: m - 1]`` (``m >= 2``). For leave-one-out this is exactly ``leave_one_out(.., "train" /
+"valid")``; for temporal no training input or target, and no validation target, is at or after
+the cutoff. Baselines count the whole fit prefix (:func:`fit_prefix`).
 """
 
 from __future__ import annotations
@@ -35,6 +44,9 @@ TARGETS = "targets"
 HISTORY_TIME_GAPS = "history_time_gaps"  # with a ``time_gaps`` input column: the history's gap buckets
 STAGES = ("train", "valid", "test")
 MIN_LENGTH = {"train": 4, "valid": 3, "test": 2}  # shortest sequence that takes part in a stage
+MIN_FIT = {"train": 3, "valid": 2}  # shortest fit prefix m that takes part in a stage
+PROTOCOLS = ("leave_one_out", "temporal")
+Protocol = Literal["leave_one_out", "temporal"]
 
 
 def _lazy(sequences: pl.DataFrame | pl.LazyFrame) -> pl.LazyFrame:
@@ -90,7 +102,7 @@ def temporal_split(sequences: pl.DataFrame | pl.LazyFrame, cutoff: int) -> pl.Da
     Returns:
         ``user_id``, ``history`` list<Int32>, ``targets`` list<Int32>; users with events on both sides.
     """
-    before = pl.col(TIMESTAMP).list.eval(pl.element() < cutoff).list.sum().cast(pl.Int64)
+    before = fit_length("temporal", cutoff)
     items = pl.col(ITEM_IDX)
     frame = _lazy(sequences)
     return (
@@ -119,3 +131,88 @@ def default_cutoff(sequences: pl.DataFrame | pl.LazyFrame, quantile: float = 0.9
     if value is None:
         raise ValueError("no events: cannot choose a temporal cutoff from empty sequences")
     return int(value)
+
+
+def resolve_cutoff(sequences: pl.DataFrame | pl.LazyFrame, cutoff: int | None) -> int:
+    """``cutoff`` itself when given (0 included: it is a cutoff, not "unset"), else :func:`default_cutoff`."""
+    return int(cutoff) if cutoff is not None else default_cutoff(sequences)
+
+
+def fit_length(protocol: Protocol, cutoff: int | None = None) -> pl.Expr:
+    """Per user, ``m``: how many of the first events training and validation may use (Int64).
+
+    ``n - 1`` for leave-one-out; for temporal, the events with ``timestamp < cutoff`` (a prefix:
+    events are in time order). Needs ``length`` (leave-one-out) or ``timestamp`` (temporal).
+
+    Raises:
+        ValueError: an unknown protocol, or temporal without a cutoff (resolve it first).
+    """
+    if protocol == "leave_one_out":
+        return (pl.col(LENGTH).cast(pl.Int64) - 1).clip(lower_bound=0)
+    if protocol == "temporal":
+        if cutoff is None:
+            raise ValueError("the temporal protocol needs a cutoff: resolve_cutoff(sequences, evaluate.temporal_cutoff)")
+        return pl.col(TIMESTAMP).list.eval(pl.element() < cutoff).list.sum().cast(pl.Int64)
+    raise ValueError(f"protocol must be one of {PROTOCOLS}, got {protocol!r}")
+
+
+def fit_split(
+    sequences: pl.DataFrame | pl.LazyFrame,
+    stage: Literal["train", "valid"],
+    protocol: Protocol = "leave_one_out",
+    cutoff: int | None = None,
+) -> pl.DataFrame:
+    """Training or validation examples of ``protocol`` (see the module docstring).
+
+    Args:
+        sequences: prepared sequences (``user_id``, ``item_idx``, ``length``; ``timestamp`` for
+            temporal; ``time_gaps`` optional).
+        stage: ``"train"`` (targets empty: all next-item pairs of the history) or ``"valid"``.
+        protocol: ``"leave_one_out"`` or ``"temporal"``.
+        cutoff: seconds since epoch (temporal only), already resolved.
+
+    Returns:
+        ``user_id``, ``history`` list<Int32>, ``targets`` list<Int32> (and ``history_time_gaps``),
+        users with a fit prefix of at least ``MIN_FIT[stage]`` events, in input order.
+
+    Raises:
+        ValueError: unknown stage or protocol; temporal without a cutoff.
+    """
+    if stage not in MIN_FIT:
+        raise ValueError(f"stage must be 'train' or 'valid', got {stage!r}")
+    m = pl.col("_m")
+    frame = _lazy(sequences)
+    targets = pl.col(ITEM_IDX).list.slice(m - 1, 1 if stage == "valid" else 0)
+    return (
+        frame.with_columns(fit_length(protocol, cutoff).alias("_m"))
+        .filter(m >= MIN_FIT[stage])
+        .select(
+            USER_ID,
+            pl.col(ITEM_IDX).list.head(m - 1).cast(pl.List(pl.Int32)).alias(HISTORY),
+            targets.cast(pl.List(pl.Int32)).alias(TARGETS),
+            *_history_time_gaps(frame, m - 1),
+        )
+        .collect()
+    )
+
+
+def fit_prefix(
+    sequences: pl.DataFrame | pl.LazyFrame, protocol: Protocol = "leave_one_out", cutoff: int | None = None
+) -> pl.DataFrame:
+    """Every user's fit prefix (all the test does not hold out): what a baseline may count.
+
+    Returns:
+        ``user_id``, ``history`` list<Int32> (first ``m`` items) and ``timestamp`` list<Int64>
+        (their times), every user in input order (an empty prefix stays, as empty lists).
+    """
+    m = fit_length(protocol, cutoff)
+    return (
+        _lazy(sequences)
+        .with_columns(m.alias("_m"))
+        .select(
+            USER_ID,
+            pl.col(ITEM_IDX).list.head(pl.col("_m")).cast(pl.List(pl.Int32)).alias(HISTORY),
+            pl.col(TIMESTAMP).list.head(pl.col("_m")).cast(pl.List(pl.Int64)).alias(TIMESTAMP),
+        )
+        .collect()
+    )

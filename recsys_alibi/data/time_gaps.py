@@ -28,6 +28,7 @@ import polars as pl
 import pyarrow as pa
 
 from recsys_alibi.data.loader import FlatSequences
+from recsys_alibi.data.prepared import read_consistent
 from recsys_alibi.data.schema import ITEM_IDX, STATS_FILE, TIME_GAPS, TIMESTAMP
 
 FIRST_EVENT = 1
@@ -101,9 +102,15 @@ def has_real_timestamps(data_dir: str | Path) -> bool:
 
     Such data (e.g. the SASRec ``user item`` format) has a gap of one "second" between all
     events, so time gaps would be made up; ``stats.json`` records it. True without a stats file.
+
+    Raises:
+        DataError: the stats file is not from the directory's prepare (a mixed directory).
     """
     path = Path(data_dir) / STATS_FILE
-    return not (path.exists() and json.loads(path.read_text()).get("time_from_line_order"))
+    if not path.exists():
+        return True
+    stats = read_consistent(data_dir, STATS_FILE, lambda p: json.loads(p.read_text()))
+    return not stats.get("time_from_line_order")
 
 
 def check_real_timestamps(data_dir: str | Path) -> None:

@@ -1,12 +1,15 @@
-"""LightningDataModule over a prepared directory, leave-one-out protocol, one part per process.
+"""LightningDataModule over a prepared directory, under the evaluation protocol, one part per process.
 
-Training histories are each user's events except the last two; validation ranks the second-last
-event from the events before it (the test event is never seen during training or model choice).
+Training and validation use only each user's fit prefix (:func:`recsys_alibi.data.splits.fit_split`):
+leave-one-out trains on each user's events except the last two and validates on the second-last
+from the events before it; temporal (``evaluate.protocol: temporal``) trains and validates only
+on events before the cutoff. The test events are never seen during training or model choice.
 
 Under data-parallel training (W processes) every rank reads only its own users
-(:mod:`recsys_alibi.data.partition`): the constructor reads the ``length`` column and the
-vocabulary size, which are the same on every rank; ``setup()`` (called by Lightning on each
-rank once the process group exists) reads this rank's training and validation users. The
+(:mod:`recsys_alibi.data.partition`): the constructor reads the ``length`` column (the
+``timestamp`` column under the temporal protocol) and the vocabulary size, which are the same
+on every rank; ``setup()`` (called by Lightning on each rank once the process group exists)
+reads this rank's training and validation users. The
 training batch ``train.batch_size`` is the global batch: each rank takes
 ``batch_size / W`` windows per step, so the steps per epoch and the learning-rate schedule do
 not depend on W, and a checkpoint resumes on another number of processes. Each epoch shuffles
@@ -37,14 +40,16 @@ from recsys_alibi.data.loader import (
     collate_packed_next_item,
 )
 from recsys_alibi.data.partition import (
-    read_lengths,
+    read_fit_lengths,
     read_sequence_rows,
+    read_timestamps,
     train_part,
     valid_part,
 )
 from recsys_alibi.data.prepare import read_items
+from recsys_alibi.data.prepared import check_prepared
 from recsys_alibi.data.schema import ITEM_IDX, LENGTH, TIMESTAMP, USER_ID
-from recsys_alibi.data.splits import HISTORY_TIME_GAPS, MIN_LENGTH, leave_one_out
+from recsys_alibi.data.splits import HISTORY_TIME_GAPS, MIN_FIT, Protocol, fit_split, resolve_cutoff
 from recsys_alibi.data.time_gaps import check_real_timestamps, with_time_gaps
 
 
@@ -83,10 +88,13 @@ class SequenceDataModule(L.LightningDataModule):
         model_cfg: gives ``max_len`` (training window, items).
         train_cfg: batch sizes (``batch_size`` is global, see the module doc), ``val_users``.
         seed: picks the fixed validation subset when ``val_users`` is set; shuffles each epoch.
+        protocol: ``evaluate.protocol``; training and validation stay inside its fit prefix.
+        cutoff: ``evaluate.temporal_cutoff`` (seconds; None: the default cutoff of the data).
 
     Attributes (set by the constructor): ``n_items`` N; ``n_train_users`` and
-    ``n_train_events`` over all ranks. Set by ``setup()`` / ``load()``: ``rank``,
-    ``world_size``, ``train_histories`` and ``valid_histories`` (this rank's
+    ``n_train_events`` over all ranks; ``protocol`` and ``cutoff`` (resolved, temporal only);
+    ``prepare_id`` of the directory (None without a manifest), which every later read checks.
+    Set by ``setup()`` / ``load()``: ``rank``, ``world_size``, ``train_histories`` and ``valid_histories`` (this rank's
     :class:`FlatSequences`), ``valid_targets`` (U_r,) int64.
 
     Raises:
@@ -94,20 +102,38 @@ class SequenceDataModule(L.LightningDataModule):
         ValueError: no user has enough events to train.
     """
 
-    def __init__(self, prepared_dir: str | Path, model_cfg: ModelConfig, train_cfg: TrainConfig, seed: int) -> None:
+    def __init__(
+        self,
+        prepared_dir: str | Path,
+        model_cfg: ModelConfig,
+        train_cfg: TrainConfig,
+        seed: int,
+        *,
+        protocol: Protocol = "leave_one_out",
+        cutoff: int | None = None,
+    ) -> None:
         super().__init__()
         self.prepared_dir = Path(prepared_dir)
         self.model_cfg = model_cfg
         self.train_cfg = train_cfg
         self.seed = seed
-        lengths = read_lengths(self.prepared_dir)
-        self.n_items = read_items(self.prepared_dir).height
-        self.train_rows = np.flatnonzero(lengths >= MIN_LENGTH["train"])  # (R_train,) rows of sequences.parquet
+        self.protocol = protocol
+        self.prepare_id = check_prepared(self.prepared_dir)  # every later read must see the same prepare
+        pid = self.prepare_id
+        self.cutoff = resolve_cutoff(read_timestamps(self.prepared_dir, pid), cutoff) if protocol == "temporal" else None
+        fit = read_fit_lengths(self.prepared_dir, protocol, self.cutoff, pid)  # (U,) events training may use
+        self.n_items = read_items(self.prepared_dir, pid).height
+        self.train_rows = np.flatnonzero(fit >= MIN_FIT["train"])  # (R_train,) rows of sequences.parquet
         if self.train_rows.size == 0:
-            raise ValueError("no user has 4 or more events: nothing to train on (lower data.min_events_per_user?)")
+            if protocol == "leave_one_out":
+                raise ValueError("no user has 4 or more events: nothing to train on (lower data.min_events_per_user?)")
+            raise ValueError(
+                f"no user has 3 or more events before the temporal cutoff {self.cutoff}: nothing to train on "
+                "(set a later evaluate.temporal_cutoff, or null for the 90% quantile of the timestamps)"
+            )
         self.n_train_users = int(self.train_rows.size)
-        self.n_train_events = int((lengths[self.train_rows] - 2).sum())
-        valid_rows = np.flatnonzero(lengths >= MIN_LENGTH["valid"])
+        self.n_train_events = int((fit[self.train_rows] - 1).sum())
+        valid_rows = np.flatnonzero(fit >= MIN_FIT["valid"])
         if train_cfg.val_users is not None and valid_rows.size > train_cfg.val_users:
             # the same rows, in the same order, as ``DataFrame.sample(n, seed)`` on the split
             picked = pl.Series(np.arange(valid_rows.size)).sample(n=train_cfg.val_users, seed=seed).to_numpy()
@@ -150,11 +176,12 @@ class SequenceDataModule(L.LightningDataModule):
                 check_real_timestamps(self.prepared_dir)
             except ValueError as err:
                 raise ConfigError(str(err)) from None
-        columns = [USER_ID, ITEM_IDX, LENGTH] + ([TIMESTAMP] if buckets else [])
+        columns = [USER_ID, ITEM_IDX, LENGTH] + ([TIMESTAMP] if buckets or self.protocol == "temporal" else [])
 
         def split(rows: np.ndarray, stage: str) -> pl.DataFrame:
-            frame = read_sequence_rows(self.prepared_dir, rows, columns)
-            return leave_one_out(with_time_gaps(frame, buckets) if buckets else frame, stage)
+            frame = read_sequence_rows(self.prepared_dir, rows, columns, self.prepare_id)
+            frame = with_time_gaps(frame, buckets) if buckets else frame
+            return fit_split(frame, stage, self.protocol, self.cutoff)  # type: ignore[arg-type]
 
         def gaps_of(examples: pl.DataFrame) -> FlatSequences | None:
             return FlatSequences.from_series(examples.get_column(HISTORY_TIME_GAPS)) if buckets else None

@@ -136,7 +136,10 @@ def test_output_files_are_complete_and_no_temporaries_remain(tmp_path):
     out = tmp_path / "out"
     prepare(LOOSE, tmp_path / "e.csv", out)
     names = sorted(os.listdir(out))
-    assert names == ["events.parquet", "history_length.png", "items.parquet", "rejects.parquet", "sequences.parquet", "stats.json"]
+    assert names == [
+        "events.parquet", "history_length.png", "items.parquet", "manifest.json", "rejects.parquet", "sequences.parquet",
+        "stats.json",
+    ]
     assert (out / "history_length.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # a second run without bad rows removes the stale rejects file
     (tmp_path / "e.csv").write_text("user_id,item_id,timestamp\n1,1,1\n1,2,2\n")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import polars as pl
 import pytest
 
-from recsys_alibi.data.splits import default_cutoff, leave_one_out, temporal_split
+from recsys_alibi.data.splits import default_cutoff, fit_prefix, fit_split, leave_one_out, resolve_cutoff, temporal_split
 
 
 @pytest.fixture
@@ -72,3 +72,28 @@ def test_default_cutoff(sequences):
     assert default_cutoff(sequences) == 50
     with pytest.raises(ValueError):
         default_cutoff(sequences, 1.5)
+
+
+def test_fit_split_is_leave_one_out_for_train_and_valid(sequences):
+    for stage in ("train", "valid"):
+        assert fit_split(sequences, stage).equals(leave_one_out(sequences, stage))
+
+
+def test_temporal_fit_split_stops_before_the_cutoff(sequences):
+    # events before 35: a 10 20 30 (items 1 2 3), b 15 25 (6 7), c 5 (9), d none, e all four
+    assert _rows(fit_split(sequences, "train", "temporal", 35)) == [("a", [1, 2], []), ("e", [12, 13, 14], [])]
+    assert _rows(fit_split(sequences, "valid", "temporal", 35)) == [
+        ("a", [1, 2], [3]), ("b", [6], [7]), ("e", [12, 13, 14], [15]),
+    ]  # fmt: skip
+    assert fit_prefix(sequences, "temporal", 35).rows() == [
+        ("a", [1, 2, 3], [10, 20, 30]), ("b", [6, 7], [15, 25]), ("c", [9], [5]), ("d", [], []),
+        ("e", [12, 13, 14, 15], [1, 2, 3, 4]),
+    ]  # fmt: skip
+    with pytest.raises(ValueError, match="needs a cutoff"):
+        fit_split(sequences, "train", "temporal")
+
+
+def test_a_cutoff_of_zero_is_kept_and_none_takes_the_default(sequences):
+    assert resolve_cutoff(sequences, 0) == 0
+    assert resolve_cutoff(sequences, None) == default_cutoff(sequences)
+    assert temporal_split(sequences, resolve_cutoff(sequences, 0)).height == 0

@@ -15,8 +15,11 @@ from recsys_alibi.evaluation.evaluator import evaluate
 TRAIN = [[1, 2, 3], [3, 2, 3], [5, 5]]
 
 
+IDS = pl.Series("item_id", ["a", "b", "c", "d", "e"])  # raw ids of items 1..5
+
+
 def _fit(train=TRAIN, **kw) -> PopularityScorer:
-    return PopularityScorer(**kw).fit(train, n_items=5)
+    return PopularityScorer(**kw).fit(train, n_items=5, item_ids=IDS)
 
 
 @pytest.mark.parametrize(
@@ -35,11 +38,11 @@ def test_counts_from_any_input(train):
     assert pop.n_items == 5
 
 
-def test_scores_rank_by_count_then_index():
+def test_scores_rank_by_count_then_raw_id():
     pop = _fit()
     scores = pop.score(torch.zeros(2, 3, dtype=torch.int64), torch.zeros(2, dtype=torch.int64))
     assert scores.shape == (2, 6) and scores.dtype == torch.float32
-    # order: 3 (3), 2 (2), 5 (2, higher index), 1 (1), 4 (0) -> scores 5, 4, 3, 2, 1
+    # order: 3 (3), 2 (2, id "b"), 5 (2, id "e"), 1 (1), 4 (0) -> scores 5, 4, 3, 2, 1
     assert scores[0].tolist() == [0.0, 2.0, 4.0, 5.0, 1.0, 3.0]
     assert torch.equal(scores[0], scores[1])
     raw = _fit(tie_break=False).score(torch.zeros(1, 1, dtype=torch.int64), torch.ones(1, dtype=torch.int64))
@@ -76,3 +79,24 @@ def test_fit_returns_the_fitted_instance():
     assert isinstance(fitted, PopularityScorer) and fitted.counts.tolist() == [0, 1, 2, 3, 0, 2]
     raw = PopularityScorer(tie_break=False)
     assert raw.fit(TRAIN, 5) is raw and not raw.tie_break
+
+
+def _order(pop: PopularityScorer) -> list[int]:
+    scores = pop.score(torch.zeros(1, 1, dtype=torch.int64), torch.ones(1, dtype=torch.int64))[0]
+    return [int(i) for i in torch.argsort(scores[1:], descending=True) + 1]
+
+
+def test_popularity_ties_go_to_the_item_seen_last_in_training_never_to_the_lower_index():
+    # items 2 and 5 both have 2 training events; 5's last one (t=40) is after 2's last (t=31)
+    seen = pl.DataFrame(
+        {"history": TRAIN, "timestamp": [[10, 11, 12], [30, 31, 32], [39, 40]]},
+        schema={"history": pl.List(pl.Int32), "timestamp": pl.List(pl.Int64)},
+    )
+    assert _order(PopularityScorer().fit(seen, n_items=5, item_ids=IDS)) == [3, 5, 2, 1, 4]
+    # no times: the raw id decides (item 2 is "y", before item 1 "z"), not the index
+    ids = pl.Series("item_id", ["z", "y", "x", "w", "v"])
+    assert _order(PopularityScorer().fit([[1, 2], [1, 2]], n_items=5, item_ids=ids)) == [2, 1, 5, 4, 3]
+    with pytest.raises(ValueError, match="one per event"):
+        PopularityScorer().fit(seen.with_columns(pl.col("timestamp").list.head(1)), n_items=5)
+    with pytest.raises(ValueError, match="raw ids of the 5 items"):
+        PopularityScorer().fit(TRAIN, n_items=5, item_ids=IDS.head(4))

@@ -1,0 +1,260 @@
+"""The prepared directory as a whole: its manifest, the check every reader makes, publishing.
+
+``prepare`` writes every output into a staging directory (``<dir>/.prepare-XXXX/``), then
+publishes it: ``manifest.json`` is rewritten with ``"state": "publishing"``, the files are moved
+into place with ``os.replace``, files of an earlier run that this one does not write are removed,
+and ``manifest.json`` is rewritten last with ``"state": "complete"``. Every Parquet file carries
+the run's ``prepare_id`` in its footer (key-value metadata ``recsys_alibi.prepare_id``) and
+``stats.json`` holds it too.
+
+Readers (:func:`read_consistent`) read the manifest, then the file, then the file's own id: a
+directory with a manifest is read only when the manifest is complete and the file carries its
+id, else a one-line :class:`DataError` says the directory is mixed or half-written. A kill
+before publishing leaves the old directory as it was (still consistent); a kill while
+publishing leaves a directory every reader refuses until ``prepare`` runs again. A directory
+without ``manifest.json`` was not written by this version of ``prepare`` (hand-built, or older)
+and is read as it is.
+
+A reader that reads several files (or reads again later, another training process) passes the
+id of its first read as ``prepare_id``; a prepare that completed in between is then refused too.
+
+One ``prepare`` at a time per directory (an exclusive ``flock`` on the directory); holding it,
+``prepare`` removes what killed runs left behind (``.prepare-*`` staging directories, hidden
+``.<name>.*.tmp`` files of its outputs).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import shutil
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TypeVar
+
+import pyarrow.parquet as pq
+
+from recsys_alibi.atomic import publish_files, stale_temps, write_json_atomic
+from recsys_alibi.data.ingest import DataError
+from recsys_alibi.data.schema import (
+    EVENTS_FILE,
+    ITEMS_FILE,
+    MANIFEST_FILE,
+    REJECTS_FILE,
+    SEQUENCES_FILE,
+    STATS_FILE,
+)
+from recsys_alibi.data.stats import HISTOGRAM_FILE
+
+log = logging.getLogger(__name__)
+
+PREPARE_ID_KEY = "recsys_alibi.prepare_id"  # Parquet footer key and stats.json field
+STAGING_PREFIX = ".prepare-"
+FAILED_REJECTS_FILE = "rejects-failed.parquet"  # the rejects of a run that failed, beside older prepared data
+OUTPUTS = (EVENTS_FILE, ITEMS_FILE, SEQUENCES_FILE, REJECTS_FILE, STATS_FILE, HISTOGRAM_FILE, FAILED_REJECTS_FILE)
+FINGERPRINT_FILES = (SEQUENCES_FILE, ITEMS_FILE)  # the data a model is trained on
+COMPLETE, PUBLISHING = "complete", "publishing"
+_CHUNK = 1 << 20
+T = TypeVar("T")
+
+
+@contextmanager
+def prepare_lock(directory: Path) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on the directory itself for the block (released if the process dies).
+
+    Raises:
+        DataError: another ``prepare`` holds it (it is writing the same directory now).
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise DataError(
+                f"another `recsys-alibi prepare` is writing {directory} now; wait for it or choose another --output"
+            ) from None
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def keep_failed_rejects(rejects: Path, directory: Path) -> Path:
+    """Where the rejects of a prepare that failed go: ``rejects.parquet`` in a directory without
+    prepared data, else ``rejects-failed.parquet`` beside the (untouched) prepared files."""
+    prepared = (directory / MANIFEST_FILE).exists() or (directory / SEQUENCES_FILE).exists()
+    target = directory / (FAILED_REJECTS_FILE if prepared else REJECTS_FILE)
+    os.replace(rejects, target)
+    return target
+
+
+def clean_stale(directory: Path) -> list[Path]:
+    """Remove staging directories and temporary files that killed runs left (hold the lock).
+
+    Returns:
+        The paths removed.
+    """
+    stale = [p for p in directory.glob(f"{STAGING_PREFIX}*") if p.is_dir()]
+    stale += [p for name in (*OUTPUTS, MANIFEST_FILE) for p in stale_temps(directory / name)]
+    for path in stale:
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
+    if stale:
+        log.info("removed %d leftover(s) of an interrupted prepare in %s", len(stale), directory)
+    return stale
+
+
+def publish(staging: Path, directory: Path, prepare_id: str) -> dict:
+    """Move the staged outputs into ``directory`` and write its manifest last.
+
+    Args:
+        staging: holds this run's outputs (names from ``OUTPUTS``), each carrying ``prepare_id``.
+        directory: the prepared directory (an earlier run's outputs there are replaced or removed).
+        prepare_id: the run's id.
+
+    Returns:
+        The manifest written.
+    """
+    names = [name for name in OUTPUTS if (staging / name).is_file()]
+    manifest = {
+        "prepare_id": prepare_id,
+        "files": {name: (staging / name).stat().st_size for name in names},
+        "data_sha256": _fingerprint(staging),
+    }
+    manifest_path = directory / MANIFEST_FILE
+    write_json_atomic(manifest_path, {**manifest, "state": PUBLISHING})
+    publish_files(staging, directory, OUTPUTS)  # an earlier run's file this one lacks (e.g. rejects) is removed
+    manifest = {**manifest, "state": COMPLETE}
+    write_json_atomic(manifest_path, manifest)
+    return manifest
+
+
+def read_manifest(directory: str | Path) -> dict | None:
+    """The manifest of a prepared directory; None when it has none (not written by ``prepare``).
+
+    Raises:
+        DataError: unreadable, or not complete (a prepare was interrupted while publishing).
+    """
+    path = Path(directory) / MANIFEST_FILE
+    if not path.is_file():
+        return None
+    try:
+        manifest = json.loads(path.read_text())
+        state, prepare_id = manifest["state"], manifest["prepare_id"]
+    except (OSError, ValueError, KeyError, TypeError):
+        raise DataError(f"{path} is unreadable; run `recsys-alibi prepare` again into {directory}") from None
+    if state != COMPLETE or not isinstance(prepare_id, str):
+        raise DataError(
+            f"{directory} is half-written (a prepare was interrupted while replacing its files); "
+            "run `recsys-alibi prepare` again"
+        )
+    return manifest
+
+
+def check_prepared(directory: str | Path, prepare_id: str | None = None) -> str | None:
+    """The ``prepare_id`` of a complete prepared directory (None: no manifest, read as it is).
+
+    Raises:
+        DataError: see :func:`read_manifest`; or the directory holds another prepare than
+            ``prepare_id`` (it was prepared again while being read).
+    """
+    manifest = read_manifest(directory)
+    found = None if manifest is None else manifest["prepare_id"]
+    if prepare_id is not None and found != prepare_id:
+        raise DataError(f"{directory} was prepared again while this job was reading it; run the job again")
+    return found
+
+
+def file_prepare_id(path: Path) -> str | None:
+    """The prepare id a prepared file carries (Parquet footer or ``stats.json``), None without one."""
+    if path.suffix == ".json":
+        try:
+            value = json.loads(path.read_text()).get(PREPARE_ID_KEY)
+        except (OSError, ValueError, AttributeError):
+            return None
+        return value if isinstance(value, str) else None
+    try:
+        meta = pq.read_metadata(path).metadata or {}
+    except (OSError, ValueError):
+        return None
+    raw = meta.get(PREPARE_ID_KEY.encode())
+    return raw.decode() if raw is not None else None
+
+
+def mixed_error(path: Path) -> DataError:
+    """The one-line error of a file that is not from the prepare its directory's manifest names."""
+    return DataError(
+        f"{path.parent} is mixed: {path.name} is not from the prepare its manifest names (an interrupted "
+        "or concurrent prepare); run `recsys-alibi prepare` again"
+    )
+
+
+def check_file(path: Path, prepare_id: str | None) -> None:
+    """DataError unless ``path`` carries ``prepare_id`` (nothing to check when it is None)."""
+    if prepare_id is not None and file_prepare_id(path) != prepare_id:
+        raise mixed_error(path)
+
+
+def read_consistent(directory: str | Path, name: str, read: Callable[[Path], T], prepare_id: str | None = None) -> T:
+    """``read(directory / name)``, checked to belong to the directory's (or the given) prepare.
+
+    Order: manifest, then the file, then the id in the file, so a file replaced at any moment
+    in between is caught.
+
+    Raises:
+        DataError: see :func:`check_prepared` and :func:`check_file`.
+    """
+    found = check_prepared(directory, prepare_id)
+    value = read(Path(directory) / name)
+    check_file(Path(directory) / name, found)
+    return value
+
+
+def data_sha256(directory: str | Path) -> str:
+    """Content fingerprint of the data a model trains on: sequences and vocabulary.
+
+    From the manifest when there is one (computed once by ``prepare``), else computed. Equal for
+    two prepares of the same events into any directory (the per-run id in the footers is left out).
+
+    Raises:
+        DataError: see :func:`read_manifest`; a file is missing.
+    """
+    manifest = read_manifest(directory)
+    if manifest is not None and isinstance(manifest.get("data_sha256"), str):
+        return manifest["data_sha256"]
+    for name in FINGERPRINT_FILES:
+        if not (Path(directory) / name).is_file():
+            raise DataError(f"{Path(directory) / name} not found; run `recsys-alibi prepare` to create it")
+    return _fingerprint(Path(directory))
+
+
+def _fingerprint(directory: Path) -> str:
+    digest = hashlib.sha256()
+    for name in FINGERPRINT_FILES:
+        digest.update(name.encode())
+        digest.update(parquet_data_sha256(directory / name).encode())
+    return digest.hexdigest()
+
+
+def parquet_data_sha256(path: Path) -> str:
+    """sha256 of a Parquet file's bytes before its footer (the column data and page headers).
+
+    The footer (schema, row-group offsets and the key-value metadata with the prepare id) is
+    left out: two files with the same data written the same way hash the same.
+    """
+    size = path.stat().st_size
+    with path.open("rb") as handle:
+        handle.seek(size - 8)
+        tail = handle.read(8)
+        if size < 12 or tail[4:] != b"PAR1":
+            raise DataError(f"{path} is not a Parquet file; run `recsys-alibi prepare` again")
+        end = size - 8 - int.from_bytes(tail[:4], "little")
+        handle.seek(0)
+        digest, left = hashlib.sha256(), end
+        while left > 0 and (chunk := handle.read(min(_CHUNK, left))):
+            digest.update(chunk)
+            left -= len(chunk)
+    return digest.hexdigest()

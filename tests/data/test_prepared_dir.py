@@ -1,0 +1,152 @@
+"""The prepared directory changes as a whole: killed prepares, mixed files, pinned readers, leftovers."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from recsys_alibi.config import DataConfig, ModelConfig, TrainConfig
+from recsys_alibi.data.ingest import DataError
+from recsys_alibi.data.partition import read_lengths, read_sequence_rows
+from recsys_alibi.data.prepare import prepare, read_items, read_sequences
+from recsys_alibi.data.prepared import data_sha256, prepare_lock
+from recsys_alibi.data.time_gaps import has_real_timestamps
+from recsys_alibi.training.datamodule import SequenceDataModule
+from serving.inputs import open_input
+
+LOOSE = DataConfig(min_events_per_user=1, min_events_per_item=1)
+REPO = Path(__file__).resolve().parents[2]
+
+# kills itself with SIGKILL around the os.replace whose target is named argv[3] ("after" or "before" it)
+KILLER = textwrap.dedent(
+    """
+    import os, signal, sys
+    from pathlib import Path
+    real = os.replace
+    def replace(src, dst, *args, **kwargs):
+        last = Path(dst).name == sys.argv[3]
+        if last and sys.argv[4] == "before":
+            os.kill(os.getpid(), signal.SIGKILL)
+        real(src, dst, *args, **kwargs)
+        if last:
+            os.kill(os.getpid(), signal.SIGKILL)
+    os.replace = replace
+    from recsys_alibi.config import DataConfig
+    from recsys_alibi.data.prepare import prepare
+    prepare(DataConfig(min_events_per_user=1, min_events_per_item=1), sys.argv[1], sys.argv[2])
+    """
+)
+
+
+def _events(path: Path, users: int, items: list[str]) -> Path:
+    rows = [f"u{u},{items[(u + t) % len(items)]},{100 * u + t}" for u in range(users) for t in range(4)]
+    path.write_text("user_id,item_id,timestamp\n" + "\n".join(rows) + "\n")
+    return path
+
+
+def _killed_prepare(tmp_path: Path, events: Path, out: Path, target: str, when: str) -> None:
+    script = tmp_path / "killer.py"
+    script.write_text(KILLER)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, str(script), str(events), str(out), target, when], env=env, timeout=300)
+    assert done.returncode == -9  # SIGKILL
+
+
+def _readers(out: Path, tmp_path: Path) -> list:
+    items = pl.DataFrame({"item_idx": [1], "item_id": ["x"]}, schema={"item_idx": pl.Int32, "item_id": pl.String})
+    return [
+        lambda: read_sequences(out),
+        lambda: read_items(out),
+        lambda: read_lengths(out),
+        lambda: read_sequence_rows(out, [0], ["user_id", "item_idx"]),
+        lambda: has_real_timestamps(out),
+        lambda: SequenceDataModule(out, ModelConfig(max_len=4), TrainConfig(), seed=0),
+        lambda: open_input(out, items, LOOSE, tmp_path / "staged"),  # what `score --input DIR` opens
+    ]
+
+
+def test_a_prepare_killed_while_replacing_files_leaves_a_dir_every_reader_refuses(tmp_path):
+    out = tmp_path / "prepared"
+    prepare(LOOSE, _events(tmp_path / "old.csv", 6, ["a", "b", "c"]), out)
+    new = _events(tmp_path / "new.csv", 9, ["p", "q", "r", "s", "t"])  # another catalog and other users
+    _killed_prepare(tmp_path, new, out, "sequences.parquet", "after")  # new sequences beside the old vocabulary
+    for read in _readers(out, tmp_path):
+        with pytest.raises(DataError, match="half-written|mixed") as err:
+            read()
+        assert "\n" not in str(err.value) and "recsys-alibi prepare" in str(err.value)
+    from pipelines.cli import main
+
+    assert main(["train", "--prepared", str(out), "--set", "model.max_len=4"]) == 2
+    # the next prepare cleans what the killed one left and publishes a whole directory
+    prepare(LOOSE, new, out)
+    assert not [n for n in os.listdir(out) if n.startswith(".")]
+    assert read_items(out).get_column("item_id").sort().to_list() == ["p", "q", "r", "s", "t"]
+    assert read_sequences(out).height == 9
+
+
+def test_a_prepare_killed_before_publishing_keeps_the_old_dir_whole_and_its_leftovers_are_removed(tmp_path):
+    out = tmp_path / "prepared"
+    prepare(LOOSE, _events(tmp_path / "old.csv", 6, ["a", "b", "c"]), out)
+    new = _events(tmp_path / "new.csv", 9, ["p", "q", "r", "s", "t"])
+    _killed_prepare(tmp_path, new, out, "manifest.json", "before")  # everything staged, nothing published
+    leftovers = [n for n in os.listdir(out) if n.startswith(".")]
+    assert any(n.startswith(".prepare-") for n in leftovers) and any(n.endswith(".tmp") for n in leftovers)
+    assert read_items(out).get_column("item_id").to_list() == ["a", "b", "c"]  # the old data, consistent
+    assert read_sequences(out).height == 6
+    prepare(LOOSE, new, out)
+    assert not [n for n in os.listdir(out) if n.startswith(".")]
+    assert read_sequences(out).height == 9
+
+
+def test_readers_pinned_to_one_prepare_refuse_the_directory_prepared_again(tmp_path):
+    out = tmp_path / "prepared"
+    prepare(LOOSE, _events(tmp_path / "a.csv", 6, ["a", "b", "c"]), out)
+    datamodule = SequenceDataModule(out, ModelConfig(max_len=4), TrainConfig(), seed=0)  # reads lengths, items
+    prepare(LOOSE, _events(tmp_path / "b.csv", 9, ["p", "q", "r"]), out)
+    with pytest.raises(DataError, match="prepared again while"):
+        datamodule.load()  # what each training process reads later (its users' rows)
+    with pytest.raises(DataError, match="prepared again while"):
+        read_items(out, datamodule.prepare_id)
+
+
+def test_a_file_swapped_in_from_another_prepare_is_refused(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    prepare(LOOSE, _events(tmp_path / "a.csv", 6, ["a", "b", "c"]), a)
+    prepare(LOOSE, _events(tmp_path / "b.csv", 6, ["a", "b", "c"]), b)
+    os.replace(b / "items.parquet", a / "items.parquet")  # same schema, same size: only the id tells
+    with pytest.raises(DataError, match="mixed: items.parquet"):
+        read_items(a)
+    assert read_sequences(a).height == 6  # the files that do belong are still read
+
+
+def test_a_directory_without_manifest_is_read_as_it_is(tmp_path):
+    out = tmp_path / "prepared"
+    prepare(LOOSE, _events(tmp_path / "a.csv", 6, ["a", "b", "c"]), out)
+    (out / "manifest.json").unlink()  # e.g. a directory built by hand or by an older version
+    assert read_sequences(out).height == 6 and read_items(out).height == 3
+
+
+def test_data_fingerprint_is_the_same_for_the_same_events_in_any_directory(tmp_path):
+    events = _events(tmp_path / "a.csv", 6, ["a", "b", "c"])
+    prepare(LOOSE, events, tmp_path / "one")
+    prepare(LOOSE, events, tmp_path / "two")
+    assert data_sha256(tmp_path / "one") == data_sha256(tmp_path / "two")
+    (tmp_path / "one" / "manifest.json").unlink()  # computed again from the files: the same value
+    assert data_sha256(tmp_path / "one") == data_sha256(tmp_path / "two")
+    prepare(LOOSE, _events(tmp_path / "b.csv", 6, ["a", "b", "d"]), tmp_path / "three")  # one item renamed
+    assert data_sha256(tmp_path / "three") != data_sha256(tmp_path / "two")
+
+
+def test_a_second_prepare_into_a_directory_being_prepared_is_refused(tmp_path):
+    out = tmp_path / "prepared"
+    events = _events(tmp_path / "a.csv", 6, ["a", "b", "c"])
+    with prepare_lock(out):
+        with pytest.raises(DataError, match="another `recsys-alibi prepare` is writing"):
+            prepare(LOOSE, events, out)
+    assert prepare(LOOSE, events, out).counts["users"] == 6  # the lock is released with the block

@@ -1,0 +1,20 @@
+"""``generate``: the events file is replaced atomically and a killed run's temporary file is removed."""
+
+from __future__ import annotations
+
+import os
+
+import polars as pl
+
+from pipelines.data_steps import run_generate
+from recsys_alibi.config import load_config
+
+
+def test_generate_removes_the_temporary_file_a_killed_generate_left(tmp_path):
+    output = tmp_path / "events.parquet"
+    (tmp_path / ".events.parquet.k1ll3d.tmp").write_bytes(b"PAR1 half a file")  # a killed run's leftover
+    (tmp_path / ".other.parquet.x.tmp").write_bytes(b"not ours")
+    config = load_config(None, ["generate.users=5", "generate.items=10", "generate.max_events=30"])
+    result = run_generate(config, output)
+    assert sorted(os.listdir(tmp_path)) == [".other.parquet.x.tmp", "events.parquet"]
+    assert pl.read_parquet(output).height == result.events
