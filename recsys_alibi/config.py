@@ -29,8 +29,20 @@ STRATEGIES = (
 PRECISIONS = ("16-mixed", "bf16-mixed", "32-true", "64-true", "16-true", "bf16-true", "16", "bf16", "32", "64")
 
 
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # what torch, numpy and Lightning take as an integer
+
+
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _fits_in_64_bits(cls, value: Any) -> Any:
+        """Every integer (also inside lists) fits in int64: a larger one would reach torch as an overflow."""
+        values = value if isinstance(value, (list, tuple)) else (value,)
+        if any(isinstance(v, int) and not isinstance(v, bool) and not INT64_MIN <= v <= INT64_MAX for v in values):
+            raise ValueError("integers must fit in a 64-bit integer (at most 9223372036854775807)")
+        return value
 
 
 class ConfigError(ValueError):
@@ -270,11 +282,17 @@ class _StrictLoader(yaml.SafeLoader):
 
     Also reads ``1e-3`` as a float, as YAML 1.2 does (PyYAML's YAML 1.1 rules want ``1.0e-3`` and
     would give the string ``"1e-3"``, which the strict config then refuses).
+
+    Anchors, aliases and merge keys (``<<: *base``) are plain YAML and read as the safe loader
+    reads them: a key written beside a merge overrides the merged one; only keys written twice
+    in the mapping itself are refused.
     """
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
         seen: set = set()
         for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # flattened by the safe loader's own construct_mapping
+                continue
             key = self.construct_object(key_node, deep=True)
             if key in seen:
                 raise yaml.constructor.ConstructorError(

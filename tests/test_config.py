@@ -139,3 +139,35 @@ def test_an_unknown_key_is_named_with_the_keys_of_its_section(tmp_path):
 def test_an_invalid_flag_value_names_the_flag(tmp_path):
     message = _error(tmp_path, None, (), {"score.k": ("--k", 0)})
     assert message == "invalid config at 'score.k': Input should be greater than or equal to 1 (got 0); it was given by --k"
+
+
+def test_yaml_anchors_and_merge_keys_are_plain_yaml(tmp_path):
+    (tmp_path / "job.yaml").write_text(
+        "model: &small\n  d_model: 16\n  n_heads: 2\nscore:\n  k: 7\ntrain:\n  batch_size: 8\n"
+    )
+    config = load_config(tmp_path / "job.yaml")
+    assert (config.model.d_model, config.model.n_heads, config.score.k) == (16, 2, 7)
+    text = (
+        "model:\n  <<: &base {d_model: 16, n_heads: 2}\n  n_layers: 3\n"
+        "evaluate:\n  ks: &ks [5, 10]\n  context_lengths: *ks\n"
+    )
+    (tmp_path / "job.yaml").write_text(text)
+    config = load_config(tmp_path / "job.yaml")
+    assert (config.model.d_model, config.model.n_heads, config.model.n_layers) == (16, 2, 3)
+    assert list(config.evaluate.ks) == [5, 10]
+    # a key written beside a merge overrides the merged one (YAML merge rule), it is not "given twice"
+    (tmp_path / "job.yaml").write_text("model:\n  <<: {d_model: 16, n_heads: 2}\n  d_model: 32\n")
+    assert load_config(tmp_path / "job.yaml").model.d_model == 32
+    # a key written twice by hand is still refused, merge or not
+    assert "key 'd_model' is given twice" in _error(tmp_path, "model:\n  <<: {n_heads: 2}\n  d_model: 8\n  d_model: 16\n")
+
+
+@pytest.mark.parametrize(
+    "override",
+    ["model.d_model=100000000000000000000000000", "train.max_epochs=99999999999999999999999",
+     "score.k=9223372036854775808", "evaluate.ks=[10, 100000000000000000000]", "train.devices=99999999999999999999"],
+)
+def test_integers_beyond_64_bits_are_refused_at_load_not_by_torch(tmp_path, override):
+    key = override.split("=")[0]
+    message = _error(tmp_path, None, (override,))
+    assert f"invalid config at '{key}" in message and "64-bit" in message
