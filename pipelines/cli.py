@@ -23,6 +23,7 @@ from pipelines.outputs import (
     as_os_error,
     check_output_dir,
     check_output_file,
+    check_outside_input,
     describe_os_error,
 )
 from recsys_alibi.config import ConfigError, JobConfig, load_config
@@ -159,9 +160,13 @@ def _cmd_score(config: JobConfig, args) -> str:
     else:
         from serving.score import run_score
 
+    from serving.inputs import input_kind
+
     output = check_output_dir(args.output or Path(config.output) / "rankings")
-    result = run_score(config, args.model_uri, args.input or _default_prepared(config, None), output,
-                       progress=not args.quiet)
+    input_path = args.input or _default_prepared(config, None)
+    if input_kind(input_path) == "events":  # raw events are read as a whole folder; a prepared dir by its names
+        check_outside_input(output, input_path)
+    result = run_score(config, args.model_uri, input_path, output, progress=not args.quiet)
     return result.summary()
 
 

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from recsys_alibi.atomic import atomic_path, stale_temps
+from pipelines.outputs import check_outside_input
 from recsys_alibi.config import JobConfig
 
 
@@ -47,6 +48,7 @@ def run_prepare(config: JobConfig, input_path: str | Path | None, output_dir: st
 
     Raises:
         DataError: no input given, or the input cannot be read (one line naming the fix).
+        OutputPathError: ``output_dir`` is inside the input folder (its files would be read back as events).
     """
     from recsys_alibi.data.ingest import DataError
     from recsys_alibi.data.prepare import prepare
@@ -54,5 +56,6 @@ def run_prepare(config: JobConfig, input_path: str | Path | None, output_dir: st
     input_path = input_path or config.data.input
     if input_path is None:
         raise DataError("prepare needs an input: pass --input PATH or set data.input in the config")
+    check_outside_input(output_dir, input_path)
     fmt = None if config.data.format == "auto" else config.data.format
     return prepare(config.data, input_path, output_dir, fmt=fmt)

@@ -147,3 +147,57 @@ def test_a_failed_write_is_one_line_and_keeps_the_old_file(tmp_path, monkeypatch
     assert main([*command, "--output", str(target)]) == code
     assert _one_error_line(capsys) == expected.format(dir=tmp_path)
     assert target.read_bytes() == before
+
+
+def _events_folder(folder):
+    folder.mkdir()
+    lines = ["user_id,item_id,timestamp"] + [f"u{u},i{(u + j) % 4},{10 * j + u}" for u in range(3) for j in range(4)]
+    (folder / "day1.csv").write_text("\n".join(lines) + "\n")
+    return folder
+
+
+@pytest.mark.parametrize("where", ["same", "below", "glob", "link"])
+def test_prepare_output_inside_its_input_folder_is_refused_before_writing(tmp_path, capsys, where):
+    events = _events_folder(tmp_path / "events")
+    (tmp_path / "link").symlink_to(events)
+    output = {"same": events, "below": events / "prepared", "glob": events / "prepared", "link": tmp_path / "link" / "p"}
+    given = str(events / "*.csv") if where == "glob" else str(events)
+    args = ["prepare", "--input", given, "--output", str(output[where]), "--set", "data.min_events_per_user=1"]
+    assert main(args) == 2
+    assert "is inside the input" in _one_error_line(capsys)
+    assert sorted(p.name for p in events.iterdir()) == ["day1.csv"]  # nothing written beside the events
+
+
+def test_prepare_output_beside_its_input_folder_or_input_file_still_works(tmp_path, capsys):
+    events = _events_folder(tmp_path / "events")
+    common = ["--set", "data.min_events_per_user=1", "--set", "data.min_events_per_item=1"]
+    assert main(["prepare", "--input", str(events), "--output", str(tmp_path / "events-prepared"), *common]) == 0
+    assert main(["prepare", "--input", str(events / "day1.csv"), "--output", str(tmp_path / "p2"), *common]) == 0
+    # a prepared dir's own events file, prepared again into the same dir, is one file: allowed
+    assert main(["prepare", "--input", str(tmp_path / "p2" / "events.parquet"), "--output", str(tmp_path / "p2"),
+                 *common]) == 0  # fmt: skip
+    assert "prepared 12 events" in capsys.readouterr().out
+
+
+def test_pipeline_output_inside_its_input_folder_is_refused(tmp_path, capsys):
+    events = _events_folder(tmp_path / "events")
+    args = ["pipeline", "--output", str(events / "run"), "--set", "generate.enabled=false",
+            "--set", f"data.input={events}"]  # fmt: skip
+    assert main(args) == 2
+    assert "is inside the input" in _one_error_line(capsys)
+    assert sorted(p.name for p in events.iterdir()) == ["day1.csv"]
+
+
+def test_score_output_inside_a_raw_events_folder_is_refused_before_the_model_loads(tmp_path, capsys):
+    events = _events_folder(tmp_path / "events")
+    assert main(["score", "--model-uri", "runs:/nosuchrun/model", "--input", str(events),
+                 "--output", str(events / "rankings")]) == 2  # fmt: skip
+    assert "is inside the input" in _one_error_line(capsys)
+    assert sorted(p.name for p in events.iterdir()) == ["day1.csv"]
+    # a prepared dir is read by its file names: rankings inside it are not read back, so not refused
+    prepared = tmp_path / "prepared"
+    args = ["--set", "data.min_events_per_user=1", "--set", "data.min_events_per_item=1"]
+    assert main(["prepare", "--input", str(events), "--output", str(prepared), *args]) == 0
+    capsys.readouterr()
+    main(["score", "--model-uri", "runs:/nosuchrun/model", "--input", str(prepared), "--output", str(prepared / "r")])
+    assert "is inside the input" not in capsys.readouterr().err
