@@ -95,7 +95,8 @@ def histories_frame(model_input: Any, *, needs_time: bool) -> pl.DataFrame:
 
     Raises:
         DataError: one line naming the column: missing, null, repeated user ids, not a list,
-            null or float item ids, timestamps missing or not one integer per item.
+            null or float item ids, integer ids beyond 64 bits, timestamps missing or not one integer
+            per item.
     """
     frame = _to_polars(model_input)
     columns = [schema.USER_ID, schema.ITEM_ID] + ([schema.TIMESTAMP] if needs_time else [])
@@ -114,6 +115,7 @@ def histories_frame(model_input: Any, *, needs_time: bool) -> pl.DataFrame:
     if repeated.len():
         raise _input_error(schema.USER_ID, f"{repeated.n_unique()} id(s) on several rows (first: {repeated[0]!r}); "
                                            "give one row per user with the whole history")  # fmt: skip
+    frame = frame.with_columns(_int64_ids(users, schema.USER_ID, users.dtype))
     items = frame.get_column(schema.ITEM_ID)
     if items.dtype == pl.Null:  # every cell None
         raise _input_error(schema.ITEM_ID, f"{items.len()} null list(s); give [] for a user without events")
@@ -126,6 +128,7 @@ def histories_frame(model_input: Any, *, needs_time: bool) -> pl.DataFrame:
         raise _input_error(schema.ITEM_ID, f"{items.null_count()} null list(s); give [] for a user without events")
     if items.list.eval(pl.element().is_null().any()).explode().any():
         raise _input_error(schema.ITEM_ID, "null item ids inside lists; drop those events")
+    frame = frame.with_columns(_int64_ids(items, schema.ITEM_ID, inner))
     if needs_time:
         times = frame.get_column(schema.TIMESTAMP)
         if not isinstance(times.dtype, pl.List) or not (times.dtype.inner.is_integer() or times.dtype.inner == pl.Null):
@@ -134,6 +137,21 @@ def histories_frame(model_input: Any, *, needs_time: bool) -> pl.DataFrame:
     if inner == pl.Null:  # only empty lists: no type to keep
         frame = frame.with_columns(pl.col(schema.ITEM_ID).cast(pl.List(pl.Int64)))
     return frame
+
+
+def _int64_ids(ids: pl.Series, column: str, dtype: pl.DataType) -> pl.Series:
+    """Integer ids (or lists of them) as Int64, the contract's integer id type; strings as they are.
+
+    Raises:
+        DataError: an integer beyond Int64 (e.g. Python's ``2**70``, held as Int128 or UInt64).
+    """
+    if not dtype.is_integer() or dtype == pl.Int64:
+        return ids
+    target = pl.List(pl.Int64) if isinstance(ids.dtype, pl.List) else pl.Int64
+    try:
+        return ids.cast(target, strict=True)
+    except pl.exceptions.InvalidOperationError:
+        raise _input_error(column, "integer ids beyond 64 bits; give such ids as strings") from None
 
 
 def write_prepared(frame: pl.DataFrame, directory: Path) -> Path:

@@ -138,3 +138,21 @@ def test_score_engine_ray_without_ray_is_a_one_line_error(prepared, tmp_path, mo
                  "--output", str(tmp_path / "out")])  # fmt: skip
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and err[-1].startswith("error: score.engine=ray needs Ray") and "ray.lock.txt" in err[-1]
+
+
+def test_pyfunc_integer_ids_beyond_64_bits_are_one_line_and_narrow_ones_rank_as_int64(tmp_path):
+    import numpy as np
+    import pandas as pd
+
+    pyfunc = RankerPyfunc(tiny_model(), vocabulary())
+    for frame, column in [({schema.USER_ID: [2**70], schema.ITEM_ID: [[1001]]}, schema.USER_ID),
+                          ({schema.USER_ID: [1], schema.ITEM_ID: [[1001, 2**64 + 1]]}, schema.ITEM_ID)]:  # fmt: skip
+        with pytest.raises(DataError) as err:
+            pyfunc.predict(pd.DataFrame(frame), params={"k": 3})
+        assert "\n" not in str(err.value) and f"'{column}'" in str(err.value) and "64 bits" in str(err.value)
+    wide = pyfunc.predict(pd.DataFrame({schema.USER_ID: [7, 8], schema.ITEM_ID: [[1001, 1002], [1003]]}),
+                          params={"k": 3})  # fmt: skip
+    narrow = pyfunc.predict(pd.DataFrame({schema.USER_ID: np.array([7, 8], dtype=np.uint8),
+                                          schema.ITEM_ID: [np.array([1001, 1002], dtype=np.uint16),
+                                                           np.array([1003], dtype=np.uint16)]}), params={"k": 3})  # fmt: skip
+    assert narrow.dtypes.tolist() == wide.dtypes.tolist() and narrow.equals(wide) and len(wide) == 6
