@@ -38,8 +38,10 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
 
     The temporary file is removed when the block raises; only a hard kill can leave a hidden
     ``.NAME.*.tmp`` behind (:func:`stale_temps` finds them for a writer that owns ``path``).
+    A ``path`` that is a symbolic link (also a dangling one) is written through: its target is
+    replaced and the link kept, as a plain ``open(path, "w")`` would do.
     """
-    path = Path(path)
+    path = Path(os.path.realpath(path)) if os.path.islink(path) else Path(path)
     tmp = _temp_beside(path)
     try:
         yield tmp
