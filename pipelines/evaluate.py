@@ -108,6 +108,36 @@ def check_same_vocabulary(model_items: pl.DataFrame, items: pl.DataFrame, model_
         )
 
 
+def check_training_split(trained: str | None, protocol: str, cutoff: int | None, model_uri: str) -> None:
+    """Refuse a model whose training split held events that this evaluation holds out.
+
+    ``trained`` is the model run's ``recsys_alibi.train_split`` tag (``leave_one_out`` or
+    ``temporal<C>``; None for runs older than the tag: nothing to check). A leave-one-out model
+    trained on every user's events up to the one before the last, so it saw most events at or
+    after any temporal cutoff; a ``temporal<C>`` model saw the last event of every user whose
+    history ends before ``C`` (a leave-one-out target), and events in ``[cutoff, C)`` when
+    ``C`` is later than a temporal evaluation's ``cutoff``. Only a ``temporal<C>`` model with
+    ``C <= cutoff`` under temporal, or a leave-one-out model under leave-one-out, is evaluated.
+
+    Raises:
+        ValueError: the model trained on held-out events (names the fix).
+    """
+    if trained is None:
+        return
+    if protocol == "leave_one_out":
+        ok = trained == "leave_one_out"
+    else:
+        ok = trained.startswith("temporal<") and trained[len("temporal<"):].lstrip("-").isdigit() \
+            and int(trained[len("temporal<"):]) <= int(cutoff)  # type: ignore[arg-type]
+    if not ok:
+        now = "leave_one_out" if protocol == "leave_one_out" else f"temporal<{cutoff}"
+        raise ValueError(
+            f"model '{model_uri}' was trained on split {trained}, which holds events this {now} evaluation "
+            "holds out (its metrics would count trained-on targets); train it with the same evaluate.protocol "
+            "and evaluate.temporal_cutoff, or evaluate it with the protocol it was trained on"
+        )
+
+
 def log_report_to_run(run_id: str, job: EvaluateJobResult, prefix: str = "test") -> None:
     """Attach the report files and test metrics to an existing MLflow run."""
     import mlflow
@@ -129,7 +159,8 @@ def run_evaluate(
     """Evaluate ``model_uri`` or ``baseline`` on the test protocol of ``prepared_dir``.
 
     Raises:
-        ValueError: neither or both of ``model_uri`` and ``baseline`` given, or an unknown baseline.
+        ValueError: neither or both of ``model_uri`` and ``baseline`` given, an unknown baseline, or
+            a model trained on events this protocol holds out (:func:`check_training_split`).
         ModelUriError: the model URI does not resolve.
         DataError: the prepared directory is missing or malformed.
     """
@@ -150,6 +181,13 @@ def run_evaluate(
     setup_tracking(config.tracking)
     loaded = load_ranker(model_uri)
     check_same_vocabulary(loaded.items, items, model_uri, prepared_dir)
+    if loaded.run_id:
+        import mlflow
+
+        from pipelines.train import SPLIT_TAG
+
+        trained = mlflow.get_run(loaded.run_id).data.tags.get(SPLIT_TAG)
+        check_training_split(trained, config.evaluate.protocol, protocol_cutoff(config, sequences), model_uri)
     scorer = RankerScorer(loaded.model, name=loaded.model.cfg.position)
     if scorer.uses_time_gaps:
         check_real_timestamps(prepared_dir)
