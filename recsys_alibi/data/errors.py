@@ -13,6 +13,7 @@ byte is at fault and what to do:
 
 from __future__ import annotations
 
+import codecs
 import gzip
 import json
 from collections.abc import Iterator
@@ -71,9 +72,18 @@ def invalid_utf8(path: Path) -> tuple[int, int, int] | None:
 
 
 def bad_ndjson_line(path: Path) -> tuple[int, str] | None:
-    """``(line, problem)`` of the first non-blank line of ``path`` that is not a JSON object, or None."""
+    """``(line, problem)`` of the first non-blank line of ``path`` that is not a JSON object, or None.
+
+    A UTF-8 byte-order mark before line 1 is named as such: Python's ``json`` skips it, the
+    NDJSON reader does not (a BOM is not allowed in JSON text, RFC 8259 section 8.1).
+    """
     with _open(path) as fh:
         for number, raw in enumerate(fh, start=1):
+            if number == 1 and raw.startswith(codecs.BOM_UTF8):
+                strip = "sed '1s/^\\xEF\\xBB\\xBF//'"
+                gz = path.name.lower().endswith(".gz")
+                how = f"zcat '{path}' | {strip} | gzip > NEW.gz" if gz else f"{strip.replace('sed', 'sed -i', 1)} '{path}'"
+                return number, f"preceded by a UTF-8 byte-order mark (BOM), which NDJSON does not allow; remove it, e.g. {how}"
             if not raw.strip():
                 continue
             try:

@@ -81,3 +81,15 @@ def test_multi_file_parquet_error_names_the_broken_file(tmp_path):
     frame.with_columns(pl.col("item_id").cast(pl.String)).write_parquet(d / "part-1.parquet")
     msg = _error(d)
     assert f"'{d / 'part-1.parquet'}'" in msg and "differ" in msg
+
+
+def test_ndjson_with_a_byte_order_mark_is_named_with_the_fix(tmp_path):
+    path = tmp_path / "bom.ndjson"
+    path.write_bytes(b'\xef\xbb\xbf{"user_id":1,"item_id":7,"timestamp":1}\n{"user_id":1,"item_id":8,"timestamp":2}\n')
+    msg = _error(path)
+    assert f"'{path}' line 1 is preceded by a UTF-8 byte-order mark (BOM)" in msg
+    assert "sed -i '1s/^\\xEF\\xBB\\xBF//'" in msg
+    gz = tmp_path / "bom.ndjson.gz"
+    gz.write_bytes(gzip.compress(path.read_bytes()))
+    assert f"'{gz}' line 1 is preceded by a UTF-8 byte-order mark (BOM), which NDJSON does not allow; remove it, " \
+        f"e.g. zcat '{gz}' | sed '1s/^\\xEF\\xBB\\xBF//' | gzip > NEW.gz" in _error(gz)
