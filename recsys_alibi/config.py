@@ -281,7 +281,8 @@ class _StrictLoader(yaml.SafeLoader):
     """The safe loader, refusing a key given twice in one mapping (the safe loader keeps the last).
 
     Also reads ``1e-3`` as a float, as YAML 1.2 does (PyYAML's YAML 1.1 rules want ``1.0e-3`` and
-    would give the string ``"1e-3"``, which the strict config then refuses).
+    would give the string ``"1e-3"``, which the strict config then refuses), and integers as YAML
+    1.2 does (``010`` is 10, not octal 8; ``1:30`` is text, not 90).
 
     Anchors, aliases and merge keys (``<<: *base``) are plain YAML and read as the safe loader
     reads them: a key written beside a merge overrides the merged one; only keys written twice
@@ -303,9 +304,25 @@ class _StrictLoader(yaml.SafeLoader):
 
 
 _StrictLoader.yaml_implicit_resolvers = {
-    first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:float"]
+    first: [(tag, regexp) for tag, regexp in resolvers if tag not in ("tag:yaml.org,2002:float", "tag:yaml.org,2002:int")]
     for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
 }  # a copy: the safe loader's own table is left as it is
+_StrictLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:int",
+    re.compile(r"^(?:[-+]?[0-9][0-9_]*|0o[0-7_]+|0x[0-9a-fA-F_]+)$"),
+    list("-+0123456789"),
+)  # YAML 1.2 integers: 010 is ten (YAML 1.1 read it as octal 8) and 1:30 is text (1.1: 90)
+
+
+def _construct_int(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> int:
+    """A YAML 1.2 integer: decimal (leading zeros allowed), ``0o`` octal or ``0x`` hex; ``_`` ignored."""
+    text = str(loader.construct_scalar(node)).replace("_", "")
+    if text.startswith(("0o", "0x")):
+        return int(text[2:], 8 if text[1] == "o" else 16)
+    return int(text, 10)
+
+
+_StrictLoader.add_constructor("tag:yaml.org,2002:int", _construct_int)
 _StrictLoader.add_implicit_resolver(
     "tag:yaml.org,2002:float",
     re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?

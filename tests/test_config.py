@@ -171,3 +171,13 @@ def test_integers_beyond_64_bits_are_refused_at_load_not_by_torch(tmp_path, over
     key = override.split("=")[0]
     message = _error(tmp_path, None, (override,))
     assert f"invalid config at '{key}" in message and "64-bit" in message
+
+
+def test_integers_are_read_as_yaml_1_2_so_leading_zeros_are_decimal(tmp_path):
+    (tmp_path / "job.yaml").write_text("score:\n  k: 010\nevaluate:\n  ks: [05, 1_000, 0x10, 0o10]\n")
+    config = load_config(tmp_path / "job.yaml", ["train.max_epochs=08", "seed=-0"])
+    assert (config.score.k, config.train.max_epochs, config.seed) == (10, 8, 0)  # YAML 1.1 read 010 as 8, 08 as text
+    assert list(config.evaluate.ks) == [5, 1000, 16, 8]
+    # YAML 1.1 sexagesimal (1:30 = 90) and binary are text now, so a strict integer key refuses them
+    assert "invalid config at 'evaluate.temporal_cutoff'" in _error(tmp_path, None, ("evaluate.temporal_cutoff=1:30",))
+    assert "invalid config at 'score.k'" in _error(tmp_path, None, ("score.k=0b11",))
