@@ -401,7 +401,7 @@ def _read_s3rec(cfg: DataConfig, paths: list[Path]) -> Read:
         pl.scan_lines(paths)
         .filter(pl.col("line").str.strip_chars() != "")
         .select(tokens.list.first().alias(USER_ID), tokens.list.slice(1).alias(ITEM_ID))
-        .explode(ITEM_ID)  # a line with a user only gives one event with a missing item
+        .explode(ITEM_ID, empty_as_null=True)  # a line with a user only: one event with a missing item (a reject)
     )
     return _with_row(lf), {USER_ID: USER_ID, ITEM_ID: ITEM_ID}, True, (USER_ID, ITEM_ID)  # no timestamp: line order
 

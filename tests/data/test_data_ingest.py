@@ -107,6 +107,18 @@ def test_s3rec_line_with_several_spaces_and_blank_lines(tmp_path):
     assert ev.select("user_id", "item_id", "timestamp").rows() == [(1, 5, 0), (1, 6, 1), (2, 7, 2)]
 
 
+def test_s3rec_line_with_a_user_and_no_item_is_a_counted_reject(tmp_path):
+    path = _write(tmp_path / "s.txt", "1 5 6\n3\n2 7\n4   \n", gz=False)
+    result = prepare(LOOSE, path, tmp_path / "out", fmt="s3rec")
+    rejects = pl.read_parquet(tmp_path / "out" / "rejects.parquet")
+    assert rejects.select("user_id", "reject_reason").rows() == [("3", "missing_item_id"), ("4", "missing_item_id")]
+    stats = json.loads((tmp_path / "out" / "stats.json").read_text())
+    assert stats["rejects_by_reason"] == {"missing_item_id": 2}
+    assert pl.read_parquet(tmp_path / "out" / "events.parquet").select("user_id", "item_id").rows() == [
+        (1, 5), (1, 6), (2, 7)]  # fmt: skip
+    assert "from 5 rows (2 rejected" in result.summary()
+
+
 # ----------------------------------------------------------------------------- ids and timestamps
 
 
