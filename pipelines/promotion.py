@@ -300,9 +300,40 @@ def _against(config: JobConfig, held, new_value: float, items: pl.DataFrame, seq
         )
         log.warning("promotion: %s", decision.reason)
         return decision, None
+    trained = _training_split(held)
+    if not _split_fits(config, sequences, trained):
+        decision = Decision(
+            True,
+            f"champion v{held_version} was trained on split {trained}, which holds this gate's "
+            f"{config.evaluate.protocol} validation targets: not comparable, new version promoted",
+        )
+        log.warning("promotion: %s", decision.reason)
+        return decision, None
     examples = validation_examples(sequences_for(champion.model, sequences), config)
     champion_value = validation_metrics(config, champion.model, examples, items.height)[metric]
     return decide(new_value, champion_value, tracking.promotion_margin, metric), champion_value
+
+
+def _training_split(held) -> str | None:
+    """The champion run's ``recsys_alibi.train_split`` tag (None: no run, or a run from before the tag)."""
+    import mlflow
+
+    from pipelines.train import SPLIT_TAG
+
+    run_id = getattr(held, "run_id", None)
+    return mlflow.MlflowClient().get_run(run_id).data.tags.get(SPLIT_TAG) if run_id else None
+
+
+def _split_fits(config: JobConfig, sequences: pl.DataFrame, trained: str | None) -> bool:
+    """Whether a model trained on split ``trained`` never saw the gate's validation targets
+    (the rule of :func:`pipelines.evaluate.check_training_split`, for the "valid" stage)."""
+    from pipelines.evaluate import check_training_split, protocol_cutoff
+
+    try:
+        check_training_split(trained, config.evaluate.protocol, protocol_cutoff(config, sequences), "champion")
+    except ValueError:
+        return False
+    return True
 
 
 def _record(client, config: JobConfig, new_version: str, new_metrics: dict[str, float], held_version: str | None,

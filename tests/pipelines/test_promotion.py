@@ -263,3 +263,25 @@ def test_overlapping_gates_leave_the_alias_on_the_better_model(tmp_path, mlflow_
     assert late.decision.reason == "NDCG@10 0.4000 does not beat champion 0.5000 by more than margin 0.0000"
     tags = mlflow.MlflowClient().get_model_version(NAME, v3).tags
     assert tags["promotion.decision"] == "rejected" and tags["promotion.champion_version"] == v2
+
+
+def test_champion_trained_on_another_split_is_not_compared_and_the_new_one_promotes(tmp_path, mlflow_store, fake_metrics):
+    from pipelines.train import SPLIT_TAG
+
+    temporal = load_config(None, [f"tracking.registered_model={NAME}", "evaluate.ks=[1,5,10]",
+                                  "evaluate.protocol=temporal", "evaluate.temporal_cutoff=4"])  # fmt: skip
+    items, sequences = _items(), _sequences()
+    old, v1 = _register(temporal, 0.90, items, tmp_path)  # a leave-one-out champion: it trained on items[:4]
+    client = mlflow.MlflowClient()  # after _register: it sets the tracking URI
+    client.set_tag(client.get_model_version(NAME, v1).run_id, SPLIT_TAG, "leave_one_out")
+    promotion.run_gate(temporal, old, v1, items, sequences)
+    new, v2 = _register(temporal, 0.10, items, tmp_path)
+    client.set_tag(client.get_model_version(NAME, v2).run_id, SPLIT_TAG, "temporal<4")
+    gate = promotion.run_gate(temporal, new, v2, items, sequences)
+    assert gate.decision.promote and gate.champion_value is None and _champion_version() == v2
+    assert gate.decision.reason == (f"champion v{v1} was trained on split leave_one_out, which holds this gate's "
+                                    "temporal validation targets: not comparable, new version promoted")  # fmt: skip
+    # a champion trained on the same split is compared as usual
+    worse, v3 = _register(temporal, 0.05, items, tmp_path)
+    client.set_tag(client.get_model_version(NAME, v3).run_id, SPLIT_TAG, "temporal<4")
+    assert not promotion.run_gate(temporal, worse, v3, items, sequences).decision.promote
