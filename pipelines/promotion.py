@@ -284,20 +284,13 @@ def _against(config: JobConfig, held, new_value: float, items: pl.DataFrame, seq
         return Decision(True, "no champion yet"), None
     champion = load_ranker(f"models:/{tracking.registered_model}/{held_version}")
     champion_ids, data_ids = champion.items.get_column(schema.ITEM_ID), items.get_column(schema.ITEM_ID)
+    why_not = None
     if not champion_ids.equals(data_ids):
-        decision = Decision(
-            True,
-            f"champion v{held_version} has another item vocabulary ({vocabulary_difference(champion_ids, data_ids)}): "
-            "not comparable, new version promoted",
-        )
-        log.warning("promotion: %s", decision.reason)
-        return decision, None
-    if champion.model.uses_time_gaps and not real_timestamps:
-        decision = Decision(
-            True,
-            f"champion v{held_version} reads time gaps and this data has no timestamps (time from line "
-            "order): not comparable, new version promoted",
-        )
+        why_not = f"has another item vocabulary ({vocabulary_difference(champion_ids, data_ids)})"
+    elif champion.model.uses_time_gaps and not real_timestamps:
+        why_not = "reads time gaps and this data has no timestamps (time from line order)"
+    if why_not is not None:
+        decision = Decision(True, f"champion v{held_version} {why_not}: not comparable, new version promoted")
         log.warning("promotion: %s", decision.reason)
         return decision, None
     trained = _training_split(held)
