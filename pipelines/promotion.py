@@ -289,17 +289,10 @@ def _against(config: JobConfig, held, new_value: float, items: pl.DataFrame, seq
         why_not = f"has another item vocabulary ({vocabulary_difference(champion_ids, data_ids)})"
     elif champion.model.uses_time_gaps and not real_timestamps:
         why_not = "reads time gaps and this data has no timestamps (time from line order)"
+    elif not _split_fits(config, sequences, trained := _training_split(held)):
+        why_not = f"was trained on split {trained}, which holds this gate's {config.evaluate.protocol} validation targets"
     if why_not is not None:
         decision = Decision(True, f"champion v{held_version} {why_not}: not comparable, new version promoted")
-        log.warning("promotion: %s", decision.reason)
-        return decision, None
-    trained = _training_split(held)
-    if not _split_fits(config, sequences, trained):
-        decision = Decision(
-            True,
-            f"champion v{held_version} was trained on split {trained}, which holds this gate's "
-            f"{config.evaluate.protocol} validation targets: not comparable, new version promoted",
-        )
         log.warning("promotion: %s", decision.reason)
         return decision, None
     examples = validation_examples(sequences_for(champion.model, sequences), config)
