@@ -76,7 +76,8 @@ def test_bad_config_key_is_a_one_line_error(capsys):
 
 
 def test_unknown_model_uri_and_missing_prepared_dir_are_one_line_errors(tmp_path, mlflow_store, capsys):
-    assert main(["score", "--model-uri", "runs:/0123456789abcdef/model", "--input", str(tmp_path)]) == 2
+    (tmp_path / "in").mkdir()  # not the working directory: the default output runs/default/rankings is below it
+    assert main(["score", "--model-uri", "runs:/0123456789abcdef/model", "--input", str(tmp_path / "in")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: cannot load model 'runs:/0123456789abcdef/model'")
     assert main(["evaluate", "--baseline", "popularity", "--prepared", str(tmp_path / "nope")]) == 2
