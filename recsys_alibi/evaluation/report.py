@@ -22,7 +22,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (backend chosen first)
 from matplotlib.figure import Figure  # noqa: E402
 
-from recsys_alibi.atomic import atomic_path
+from recsys_alibi.atomic import atomic_path, publish_files
 from recsys_alibi.evaluation.evaluator import FULL, EvaluationResult  # noqa: E402
 
 __all__ = ["format_metrics_table", "headline_k", "write_report"]
@@ -230,12 +230,9 @@ def write_report(
         fig = _history_figure(results, metric)
         if fig is not None:
             staged["history_plot"] = _write_figure(staging / HISTORY_PLOT, fig)
+        # report.json last; a plot of an earlier report that this one does not have is removed
+        publish_files(staging, out_dir, (REPORT_JSON, REPORT_MD, CONTEXT_PLOT, HISTORY_PLOT), last=REPORT_JSON)
         paths = {key: out_dir / path.name for key, path in staged.items()}
-        for key, path in staged.items():
-            os.replace(path, paths[key])
-        for name in (CONTEXT_PLOT, HISTORY_PLOT):  # a plot of an earlier report that this one does not have
-            if out_dir / name not in paths.values():
-                (out_dir / name).unlink(missing_ok=True)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return paths
