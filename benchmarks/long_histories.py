@@ -4,7 +4,7 @@ Run (from the repository root, after ``make install``; hours of CPU on ML-1M):
 
     .venv/bin/python benchmarks/long_histories.py --config configs/movielens-1m.yaml \\
         --prepared runs/movielens-1m/prepared --max-lens 200 1000 whole \\
-        --set train.batch_tokens=32768 --json docs/results/long-histories.json
+        --set train.packing=false --set train.batch_tokens=32768 --jobs 2 --json docs/results/long-histories.json
 
 For each max_len (``whole`` = the longest history of the prepared data) it trains the config with
 ``model.max_len`` set (everything else the same: the same budget ``train.max_epochs`` /
@@ -28,9 +28,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
+import os
 import platform
 import shlex
 import sys
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
 SLICES = (200, 500)
@@ -44,7 +47,7 @@ def _whole(prepared: Path) -> int:
     return int(read_sequences(prepared).get_column("length").max())
 
 
-def run_one(config_path: str, overrides: list[str], prepared: Path, max_len: int) -> tuple[dict, dict]:
+def run_one(config_path: str, overrides: list[str], prepared: Path, max_len: int, label: str) -> tuple[dict, dict]:
     """Train at ``max_len`` and evaluate on the test protocol; returns (record, per-user arrays)."""
     from pipelines.evaluate import run_evaluate
     from pipelines.train import run_train
@@ -52,9 +55,12 @@ def run_one(config_path: str, overrides: list[str], prepared: Path, max_len: int
 
     config = load_config(config_path, [*overrides, f"model.max_len={max_len}",
                                        f"evaluate.min_history={list(SLICES)}"])  # fmt: skip
+    # one output folder per run: runs side by side never share checkpoints or reports
+    run_dir = "-".join(filter(None, [label.replace(" ", "_"), f"max_len{max_len}"]))
+    config = config.model_copy(update={"output": str(Path(config.output) / "long-histories" / run_dir)})
     trained = run_train(config, prepared, progress=False, register=False)
     job = run_evaluate(config, prepared, model_uri=trained.model.uri,
-                       output_dir=Path(config.output) / f"report-max_len{max_len}")  # fmt: skip
+                       output_dir=Path(config.output) / "report")  # fmt: skip
     r = job.result
     slices = {key: {m: r.by_min_history[key][m] for m in METRICS} for key in r.by_min_history}
     for key in slices:
@@ -117,12 +123,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--label", default="", help="names this series in the JSON (e.g. 'with time gaps')")
     parser.add_argument("--json", type=Path, default=Path("docs/results/long-histories.json"))
     parser.add_argument("--tiny", action="store_true", help="a dry run of a minute: checks the script, measures nothing")
-    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--jobs", type=int, default=1, help="runs at once, each with cores / jobs torch threads")
     args = parser.parse_args(argv)
-    if args.threads:
-        import torch
-
-        torch.set_num_threads(args.threads)
     overrides = [*args.overrides, *(TINY if args.tiny else [])]
     whole = _whole(args.prepared)
     max_lens = [whole if x == "whole" else int(x) for x in args.max_lens]
@@ -132,22 +134,46 @@ def main(argv: list[str] | None = None) -> int:
     arrays_path = args.json.with_suffix(".per_user.json")
     per_user = json.loads(arrays_path.read_text()) if arrays_path.exists() else {}
     reference_key = f"{args.label}|{max_lens[0]}"
-    for max_len in max_lens:
-        key = f"{args.label}|{max_len}"
-        if any(f"{r.get('label', '')}|{r['max_len']}" == key for r in doc["runs"]):
-            continue
-        record, arrays = run_one(args.config, overrides, args.prepared, max_len)
-        record["label"] = args.label
-        record["whole"] = max_len == whole
-        per_user[key] = arrays
-        if key != reference_key:
-            record["ci95"] = paired_to_reference(arrays, per_user[reference_key])
-        doc["runs"].append(record)
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(doc, indent=2) + "\n")
-        arrays_path.write_text(json.dumps(per_user) + "\n")
+    done = {f"{r.get('label', '')}|{r['max_len']}" for r in doc["runs"]}
+    todo = [m for m in max_lens if f"{args.label}|{m}" not in done]
+    threads = max(1, (os.cpu_count() or 1) // args.jobs)
+    from recsys_alibi.config import load_config
+    from recsys_alibi.tracking import setup_tracking
+
+    # create the tracking store and experiment once: parallel workers migrating a new SQLite store race
+    setup_tracking(load_config(args.config, overrides).tracking)
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(args.jobs, mp_context=context, initializer=_set_threads, initargs=(threads,)) as pool:
+        futures = {pool.submit(run_one, args.config, overrides, args.prepared, m, args.label): m for m in todo}
+        for future in as_completed(futures):  # each finished run is saved at once: a killed benchmark resumes
+            record, arrays = future.result()
+            record["label"] = args.label
+            record["whole"] = record["max_len"] == whole
+            record["torch_threads"] = threads
+            per_user[f"{args.label}|{record['max_len']}"] = arrays
+            doc["runs"].append(record)
+            _save(args.json, doc, arrays_path, per_user)
+    for record in doc["runs"]:  # the paired CIs, once the reference run of the series is there
+        key = f"{record.get('label', '')}|{record['max_len']}"
+        if record.get("label", "") == args.label and key != reference_key and reference_key in per_user:
+            record["ci95"] = paired_to_reference(per_user[key], per_user[reference_key])
+    _save(args.json, doc, arrays_path, per_user)
     print(markdown(doc["runs"]))
     return 0
+
+
+def _save(json_path: Path, doc: dict, arrays_path: Path, per_user: dict) -> None:
+    from recsys_alibi.atomic import write_json_atomic
+
+    write_json_atomic(json_path, doc)
+    write_json_atomic(arrays_path, per_user)
+
+
+def _set_threads(threads: int) -> None:
+    """Worker initializer: ``threads`` torch threads per training run (runs share the cores)."""
+    import torch
+
+    torch.set_num_threads(threads)
 
 
 if __name__ == "__main__":

@@ -153,8 +153,11 @@ SETTINGS: dict[str, Setting] = {
     "free2": Setting({"free_heads": 2}, {}),
     "wide": Setting({"slopes": "wide", "long_context": max(EVAL_DISTANCES) + CONTEXT_EXTRA}, {}),
     "learnable-zero": Setting({"learnable_slopes": True, "slope_floor": "zero"}, {}),
+    # the wide scheme spread to twice the longest scoring context: its flattest head discounts D = 2048 by 1/2 nat
+    "wide2x": Setting({"slopes": "wide", "long_context": 2 * (max(EVAL_DISTANCES) + CONTEXT_EXTRA)}, {}),
+    "wide+free1": Setting({"slopes": "wide", "long_context": max(EVAL_DISTANCES) + CONTEXT_EXTRA, "free_heads": 1}, {}),
 }
-HEAD_SETTINGS = ("free1", "free2", "wide", "learnable-zero")
+HEAD_SETTINGS = ("free1", "free2", "wide", "learnable-zero", "wide2x", "wide+free1")
 
 # the runs of docs/numerics.md: (precision, setting, training seed); each is scored at every EVAL_DISTANCES
 KEY_SETTINGS = ("default", "steep", "steep+clamp", "steep+clamp8", "steep+max_bias")  # also in bf16
@@ -448,7 +451,7 @@ def run_probe(output: Path, plan: Sequence[tuple[str, str, int]], json_path: Pat
     path = json_path or output / "probe.json"
     records = json.loads(path.read_text()) if path.exists() else []
     done = {(r["run"], r["setting"], r["seed"]) for r in records}
-    for precision, setting, seed in plan:
+    for precision, setting, seed in dict.fromkeys(plan):  # in order, each run once
         if (precision, setting, seed) in done:
             continue
         started = time.perf_counter()
@@ -456,6 +459,7 @@ def run_probe(output: Path, plan: Sequence[tuple[str, str, int]], json_path: Pat
         for r in new:
             r["run_wall_seconds"] = time.perf_counter() - started
         records += new
+        done.add((precision, setting, seed))  # a plan may name a run twice
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(records, indent=2))
         (output / "probe.md").write_text(probe_summary_markdown(records) + "\n" + probe_markdown(records))
@@ -471,6 +475,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--settings", default=None, help=f"probe: only these of {', '.join(SETTINGS)}")
     parser.add_argument("--precisions", default=None, help=f"probe: only these of {', '.join(PRECISIONS)}")
     parser.add_argument("--all", action="store_true", help="probe: every (precision, setting), not the plan")
+    parser.add_argument("--seeds", default=None, help="probe: train each planned run with these seeds (e.g. 7,8,9)")
     parser.add_argument("--json", type=Path, default=None, help="probe: results JSON (default OUTPUT/probe.json)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     args = parser.parse_args(argv)
@@ -491,6 +496,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             if unknown := [x for x in flag.split(",") if x not in known]:
                 parser.error(f"unknown {unknown}; use {', '.join(known)}")
             plan = [run for run in plan if run[index] in flag.split(",")]
+        if args.seeds is not None:
+            plan = [(p, s, int(seed)) for p, s, _ in plan for seed in args.seeds.split(",")]
         run_probe(args.output, plan, args.json)
         print((args.output / "probe.md").read_text())
     return 0

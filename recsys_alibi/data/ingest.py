@@ -64,6 +64,7 @@ PREFIX = "_c_"  # canonical columns while the raw ones are still needed (rejects
 FIELDS_OK = "_fields_ok"  # internal: False for a line/row with the wrong number of fields
 INFER_ROWS = 1000  # NDJSON lines read to infer the column types (mapped columns are then read as text)
 SNIFF_LINES = 200  # lines read to infer a text format
+MOVIELENS_CSV_HEADER = "userid,movieid,rating,timestamp"  # GroupLens ml-latest / ml-20m / ml-25m / ml-32m ratings.csv
 SEPARATORS = (",", "\t", ";", "|")  # CSV separators recognised in a header line, in this order
 
 # reject reasons, checked in this order; the first that applies is recorded
@@ -176,7 +177,8 @@ def infer_format(paths: list[Path]) -> str:
     if name.endswith((".parquet", ".pq")):
         return "parquet"
     if name.endswith((".csv", ".tsv")):
-        return "csv"
+        first = _head_bytes(path, 256).decode("utf-8", "replace").splitlines()[:1]
+        return "movielens" if [ln.strip().lower() for ln in first] == [MOVIELENS_CSV_HEADER] else "csv"
     if name.endswith((".ndjson", ".jsonl", ".json")):
         return "ndjson"
     if name.endswith(".dat") or name == "u.data":
@@ -368,23 +370,30 @@ def _read_ndjson(cfg: DataConfig, paths: list[Path]) -> Read:
     return _with_row(lf), mapped, False, text_ids
 
 
-def _split_lines(paths: list[Path], pattern: str, names: list[tuple[int, str]], fields: int) -> pl.LazyFrame:
-    """A headerless text file whose fields are separated by the regex ``pattern``, known by position.
+def _split_lines(
+    paths: list[Path], pattern: str, names: list[tuple[int, str]], fields: int, skip: str | None = None
+) -> pl.LazyFrame:
+    """A text file whose fields are separated by the regex ``pattern``, known by position.
 
-    Blank lines are skipped; ``_fields_ok`` is False for a line with other than ``fields`` fields.
+    Blank lines are skipped, and so are lines equal to ``skip`` ignoring case (a header);
+    ``_fields_ok`` is False for a line with other than ``fields`` fields.
     """
     line = pl.col("line").str.strip_chars()
     parts = line.str.replace_all(pattern, "\x1f").str.split("\x1f")  # a regex split: mark, then split
-    lf = pl.scan_lines(paths).filter(line != "").select(parts.alias("_parts"))
+    keep = (line != "") if skip is None else (line != "") & (line.str.to_lowercase() != skip)
+    lf = pl.scan_lines(paths).filter(keep).select(parts.alias("_parts"))
     picked = [pl.col("_parts").list.get(i, null_on_oob=True).alias(name) for i, name in names]
     return lf.select(*picked, (pl.col("_parts").list.len() == fields).alias(FIELDS_OK))
 
 
 def _read_movielens(cfg: DataConfig, paths: list[Path]) -> Read:
-    """``ratings.dat`` (``u::i::r::t``) or tab-separated ``u.data``: four fields per line."""
+    """``ratings.dat`` (``u::i::r::t``), tab-separated ``u.data`` or GroupLens ``ratings.csv``
+    (header ``userId,movieId,rating,timestamp``, skipped): four fields per line."""
     head = _head_bytes(paths[0], 4096).decode("utf-8", "replace")
     names = [USER_ID, ITEM_ID, VALUE, TIMESTAMP]
-    lf = _split_lines(paths, "::" if "::" in head else "\t", list(enumerate(names)), 4)
+    first = head.splitlines()[0].strip().lower() if head.strip() else ""
+    separator = "::" if "::" in head else "," if first == MOVIELENS_CSV_HEADER else "\t"
+    lf = _split_lines(paths, separator, list(enumerate(names)), 4, skip=MOVIELENS_CSV_HEADER)
     return _with_row(lf), {n: n for n in names}, True, (USER_ID, ITEM_ID)
 
 

@@ -45,6 +45,7 @@ CSV = "user_id,item_id,timestamp\n1,10,100\n1,11,200\n2,10,150\n"
         ("e.ndjson", '{"user_id":1,"item_id":10,"timestamp":100}\n{"user_id":1,"item_id":11,"timestamp":200}\n{"user_id":2,"item_id":10,"timestamp":150}\n', "ndjson"),
         ("ratings.dat", "1::10::5::100\n1::11::3::200\n2::10::4::150\n", "movielens"),
         ("u.data", "1\t10\t5\t100\n1\t11\t3\t200\n2\t10\t4\t150\n", "movielens"),
+        ("ratings.csv", "userId,movieId,rating,timestamp\n1,10,5.0,100\n1,11,3.0,200\n2,10,4.0,150\n", "movielens"),
         ("seq.txt", "1 10\n1 11\n2 10\n", "sasrec"),
         ("s3.txt", "1 10 11\n2 10\n", "s3rec"),
     ],

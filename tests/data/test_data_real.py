@@ -61,14 +61,20 @@ def test_amazon_beauty_s3rec(tmp_path):
     assert (h["min"], h["p50"], h["max"]) == (5, 6, 204)
 
 
-def test_ml_latest_small_csv(tmp_path):
-    cfg = DataConfig(
-        columns=ColumnMap(user_id="userId", item_id="movieId", value="rating"),
-        min_events_per_user=1,
-        min_events_per_item=1,
-    )
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        # the GroupLens header is recognised: a MovieLens recipe reads ratings.csv with no column map
+        DataConfig(min_events_per_user=1, min_events_per_item=1),
+        DataConfig(format="csv", columns=ColumnMap(user_id="userId", item_id="movieId", value="rating"),
+                   min_events_per_user=1, min_events_per_item=1),
+    ],
+    ids=["auto", "csv-columns"],
+)  # fmt: skip
+def test_ml_latest_small_csv(tmp_path, cfg):
     result = prepare(cfg, _path("ml-latest-small/ratings.csv"), tmp_path)
     c, s = result.counts, result.stats
+    assert s["format"] == ("movielens" if cfg.format == "auto" else "csv")
     assert (c["input_rows"], c["users"], c["items"]) == (100_836, 610, 9_724)
     _clean(c)
     assert (s["timestamp_min"], s["timestamp_max"]) == (828_124_615, 1_537_799_250)
