@@ -211,7 +211,8 @@ def configure_logging() -> None:
     logging.basicConfig(level=logging.WARNING, format="%(message)s", stream=sys.stderr)
     for name in ("recsys_alibi", "pipelines", "serving"):
         logging.getLogger(name).setLevel(logging.INFO)
-    for pattern in (r".*noload.*", r".*distutils.*", r".*LeafSpec.*", r".*litlogger.*", r".*is_fx_tracing.*"):
+    for pattern in (r".*noload.*", r".*distutils.*", r".*LeafSpec.*", r".*litlogger.*", r".*is_fx_tracing.*",
+                    r".*smaller than the logging interval.*"):  # Lightning's tip on tiny epochs
         warnings.filterwarnings("ignore", message=pattern)
     logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)  # torchrec's is_fx_tracing notice
     for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric", "mlflow", "alembic"):

@@ -9,9 +9,13 @@ score: ``runs:/RUN_ID/model``, ``models:/NAME/VERSION`` or ``models:/NAME@ALIAS`
 
 from __future__ import annotations
 
+import contextlib
+import io
 import logging
 import os
 import re
+import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -147,22 +151,42 @@ def log_ranker(
     items.write_parquet(items_path)
     extra = {} if pyfunc is None else {"pyfunc_loader": pyfunc.loader_module, "signature": pyfunc.signature,
                                        "input_example": pyfunc.input_example}  # fmt: skip
-    info = Model.log(
-        artifact_path=None,
-        name="model",
-        flavor=_PytorchWithPyfunc,
-        flavor_name="pytorch",
-        pytorch_model=model.cpu(),
-        pickle_module=mlflow.pytorch.pickle_module,
-        pip_requirements=_PIP_REQUIREMENTS,
-        extra_files=[str(items_path)],
-        registered_model_name=registered_name,
-        serialization_format="pickle",  # the whole module; code is importable where it loads
-        **extra,
-    )
+    with _mlflow_prints_muted():  # the registry's "Registered model ... / Created version ..." lines
+        info = Model.log(
+            artifact_path=None,
+            name="model",
+            flavor=_PytorchWithPyfunc,
+            flavor_name="pytorch",
+            pytorch_model=model.cpu(),
+            pickle_module=mlflow.pytorch.pickle_module,
+            pip_requirements=_PIP_REQUIREMENTS,
+            extra_files=[str(items_path)],
+            registered_model_name=registered_name,
+            serialization_format="pickle",  # the whole module; code is importable where it loads
+            **extra,
+        )
     version = getattr(info, "registered_model_version", None)
     uri = f"runs:/{info.run_id}/model"  # resolves to the logged model in MLflow 3 too
     return LoggedModel(uri=uri, run_id=info.run_id, version=None if version is None else str(version))
+
+
+REGISTRY_CHATTER = re.compile(r"^(Successfully registered model|Registered model .* already exists|Created version)\b")
+
+
+@contextlib.contextmanager
+def _mlflow_prints_muted() -> Iterator[None]:
+    """Drop MLflow's registry chatter from stderr for the block; every other line passes through.
+
+    MLflow prints those lines through its own stream (``eprint``), which writes to ``sys.stderr``
+    and is re-enabled inside ``Model.log``, so neither ``logging`` levels nor its switch hold.
+    """
+    captured = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(captured):
+            yield
+    finally:
+        kept = [ln for ln in captured.getvalue().splitlines(keepends=True) if not REGISTRY_CHATTER.match(ln)]
+        sys.stderr.write("".join(kept))
 
 
 @dataclass(frozen=True)
