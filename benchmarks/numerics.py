@@ -151,13 +151,17 @@ SETTINGS: dict[str, Setting] = {
     # heads that can see far (recsys_alibi.model.alibi): zero-slope heads, a context-wide scheme, slopes that may reach 0
     "free1": Setting({"free_heads": 1}, {}),
     "free2": Setting({"free_heads": 2}, {}),
+    "free3": Setting({"free_heads": 3}, {}),  # one position-biased (local) head, three content-only
+    # free heads with log-length scaled scores (model.free_head_scale): their softmax does not flatten with n
+    "free2+log": Setting({"free_heads": 2, "free_head_scale": "log_length"}, {}),
+    "free3+log": Setting({"free_heads": 3, "free_head_scale": "log_length"}, {}),
     "wide": Setting({"slopes": "wide", "long_context": max(EVAL_DISTANCES) + CONTEXT_EXTRA}, {}),
     "learnable-zero": Setting({"learnable_slopes": True, "slope_floor": "zero"}, {}),
     # the wide scheme spread to twice the longest scoring context: its flattest head discounts D = 2048 by 1/2 nat
     "wide2x": Setting({"slopes": "wide", "long_context": 2 * (max(EVAL_DISTANCES) + CONTEXT_EXTRA)}, {}),
     "wide+free1": Setting({"slopes": "wide", "long_context": max(EVAL_DISTANCES) + CONTEXT_EXTRA, "free_heads": 1}, {}),
 }
-HEAD_SETTINGS = ("free1", "free2", "wide", "learnable-zero", "wide2x", "wide+free1")
+HEAD_SETTINGS = ("free1", "free2", "free3", "free2+log", "free3+log", "wide", "learnable-zero", "wide2x", "wide+free1")
 
 # the runs of docs/numerics.md: (precision, setting, training seed); each is scored at every EVAL_DISTANCES
 KEY_SETTINGS = ("default", "steep", "steep+clamp", "steep+clamp8", "steep+max_bias")  # also in bf16
@@ -365,7 +369,7 @@ def run_probe_one(setting: str, precision_name: str, work: Path, seed: int = 7) 
             "train_users": TRAIN_USERS, "eval_users": len(histories), "items": trained.n_items,
             "model": {k: getattr(cfg, k) for k in ("d_model", "n_heads", "n_layers", "max_bias", "bias_clamp",
                                                    "window", "sinks", "learnable_slopes", "slopes", "long_context",
-                                                   "free_heads", "slope_floor")},
+                                                   "free_heads", "slope_floor", "free_head_scale")},
             "scoring_only": sorted(score_over), "slopes": slopes.tolist(),
             "cue_bias": [-m * (distance - 1) for m in slopes.tolist()],
             "hr_at_10": scored["hr_at_10"], "chance_hr_at_10": 10 / trained.n_items,
