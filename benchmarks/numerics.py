@@ -152,16 +152,13 @@ SETTINGS: dict[str, Setting] = {
     "free1": Setting({"free_heads": 1}, {}),
     "free2": Setting({"free_heads": 2}, {}),
     "free3": Setting({"free_heads": 3}, {}),  # one position-biased (local) head, three content-only
-    # free heads with log-length scaled scores (model.free_head_scale): their softmax does not flatten with n
-    "free2+log": Setting({"free_heads": 2, "free_head_scale": "log_length"}, {}),
-    "free3+log": Setting({"free_heads": 3, "free_head_scale": "log_length"}, {}),
     "wide": Setting({"slopes": "wide", "long_context": max(EVAL_DISTANCES) + CONTEXT_EXTRA}, {}),
     "learnable-zero": Setting({"learnable_slopes": True, "slope_floor": "zero"}, {}),
     # the wide scheme spread to twice the longest scoring context: its flattest head discounts D = 2048 by 1/2 nat
     "wide2x": Setting({"slopes": "wide", "long_context": 2 * (max(EVAL_DISTANCES) + CONTEXT_EXTRA)}, {}),
     "wide+free1": Setting({"slopes": "wide", "long_context": max(EVAL_DISTANCES) + CONTEXT_EXTRA, "free_heads": 1}, {}),
 }
-HEAD_SETTINGS = ("free1", "free2", "free3", "free2+log", "free3+log", "wide", "learnable-zero", "wide2x", "wide+free1")
+HEAD_SETTINGS = ("free1", "free2", "free3", "wide", "learnable-zero", "wide2x", "wide+free1")
 
 # the runs of docs/numerics.md: (precision, setting, training seed); each is scored at every EVAL_DISTANCES
 KEY_SETTINGS = ("default", "steep", "steep+clamp", "steep+clamp8", "steep+max_bias")  # also in bf16
@@ -369,7 +366,7 @@ def run_probe_one(setting: str, precision_name: str, work: Path, seed: int = 7) 
             "train_users": TRAIN_USERS, "eval_users": len(histories), "items": trained.n_items,
             "model": {k: getattr(cfg, k) for k in ("d_model", "n_heads", "n_layers", "max_bias", "bias_clamp",
                                                    "window", "sinks", "learnable_slopes", "slopes", "long_context",
-                                                   "free_heads", "slope_floor", "free_head_scale")},
+                                                   "free_heads", "slope_floor")},
             "scoring_only": sorted(score_over), "slopes": slopes.tolist(),
             "cue_bias": [-m * (distance - 1) for m in slopes.tolist()],
             "hr_at_10": scored["hr_at_10"], "chance_hr_at_10": 10 / trained.n_items,
@@ -394,6 +391,8 @@ def _setting(r: dict) -> str:
     parts += [f"sinks={model['sinks']}*"] if model["sinks"] else []
     parts += [f"slopes={model['slopes']} to 1/{model['long_context']}"] if model.get("slopes", "geometric") != "geometric" else []
     parts += [f"free_heads={model['free_heads']}"] if model.get("free_heads") else []
+    # a screened option since removed (log-length scaled free heads: no gain over free heads alone)
+    parts += [f"free_head_scale={model['free_head_scale']} (removed)"] if model.get("free_head_scale", "none") != "none" else []
     floor = " (may reach 0)" if model.get("slope_floor") == "zero" else ""
     parts += [f"learnable slopes{floor}"] if model["learnable_slopes"] else []
     return ", ".join(parts) or "max_bias=8"
@@ -410,7 +409,7 @@ def probe_markdown(records: list[dict]) -> str:
     ]
     order = {name: i for i, name in enumerate(SETTINGS)}
     runs = {name: i for i, name in enumerate(PRECISIONS)}
-    for r in sorted(records, key=lambda r: (r["distance"], runs[r["run"]], order[r["setting"]], r["seed"])):
+    for r in sorted(records, key=lambda r: (r["distance"], runs[r["run"]], order.get(r["setting"], len(order)), r["seed"])):
         pred = 100 * float(np.mean(r["predicted_zero_share"]))
         meas = 100 * float(np.mean(r["measured_zero_share"]))
         slopes = ", ".join(f"{m:.3g}" for m in r["slopes"])
@@ -431,7 +430,7 @@ def probe_summary_markdown(records: list[dict]) -> str:
     cell = {(r["run"], r["setting"], r["seed"], r["distance"]): r for r in records}
     order = {name: i for i, name in enumerate(SETTINGS)}
     runs = {name: i for i, name in enumerate(PRECISIONS)}
-    keys = sorted({k[:3] for k in cell}, key=lambda k: (runs[k[0]], order[k[1]], k[2]))
+    keys = sorted({k[:3] for k in cell}, key=lambda k: (runs[k[0]], order.get(k[1], len(order)), k[2]))  # removed settings last
     lines = ["| dtype (train → score) | setting | " + " | ".join(f"D = {d}" for d in distances) + " |",
              "|---|---|" + "---|" * len(distances)]  # fmt: skip
     for run, setting, seed in keys:

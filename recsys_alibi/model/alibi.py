@@ -136,31 +136,6 @@ def head_slopes(cfg: ModelConfig) -> Tensor:
     return slopes
 
 
-def free_head_query_scale(cfg: ModelConfig, positions: Tensor) -> Tensor | None:
-    """Per-head, per-query factors on the queries of the free heads (``model.free_head_scale``).
-
-    With ``"log_length"`` a free head's scores are multiplied by ``log(n) / log(max_len)``, where
-    ``n = position + 1`` is the number of keys the (causal) query sees, so the weight that a key
-    with a fixed content margin gets does not fall as ``1 / n`` when the context grows past the
-    training length: log-length scaled attention (Chiang & Cholak 2022, "Overcoming a theoretical
-    limitation of self-attention"; "scalable softmax", Nakanishi 2025). The factor is 1 at
-    ``n = max_len``; position-biased heads keep factor 1 (their bias already bounds their range).
-
-    Args:
-        cfg: ``n_heads``, ``free_heads``, ``free_head_scale``, ``max_len`` and the slope scheme.
-        positions: (B, L) int64, each query's position inside its own sequence (0 = first event).
-
-    Returns:
-        (B, H, L, 1) float32 on ``positions.device``, or None when the option is off.
-    """
-    if getattr(cfg, "free_head_scale", "none") == "none" or not cfg.free_heads:
-        return None
-    free = (head_slopes(cfg) == 0).to(positions.device)  # (H,)
-    factor = torch.log1p(positions.float()) / math.log(cfg.max_len)  # (B, L): log(n) / log(max_len)
-    ones = torch.ones_like(factor)
-    return torch.where(free[None, :, None], factor[:, None, :], ones[:, None, :]).unsqueeze(-1)
-
-
 def distances(
     q_len: int, k_len: int | None = None, *, causal: bool = True, device: torch.device | None = None
 ) -> Tensor:
