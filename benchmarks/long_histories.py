@@ -11,7 +11,8 @@ For each max_len (``whole`` = the longest history of the prepared data) it train
 ``train.max_minutes``), evaluates the test protocol on the whole history (leave-one-out,
 full-catalog ranking, seen items excluded) and records, per run:
 
-* ``max_len``, ``NDCG@10``, ``HR@10``, ``train_seconds``, ``epochs``;
+* ``max_len``, ``NDCG@10``, ``HR@10``, ``train_seconds``, ``epochs``, ``val_curve`` (validation
+  NDCG@10 after each epoch: the runs compared at equal epochs as well as at equal budget);
 * ``slices``: ``">=200"``, ``">=500"`` (users with at least that many events): ``NDCG@10``,
   ``HR@10``, ``n_users``;
 * ``ci95``: the per-user paired difference to the first max_len (200 in the command above) with
@@ -68,11 +69,21 @@ def run_one(config_path: str, overrides: list[str], prepared: Path, max_len: int
     record = {
         "max_len": max_len, "run_id": trained.run_id, "epochs": trained.epochs,
         "train_seconds": round(trained.train_seconds, 1), "n_users": r.n_users,
-        **{m: r.metrics[m] for m in METRICS}, "slices": slices,
+        **{m: r.metrics[m] for m in METRICS}, "slices": slices, "val_curve": val_curve(trained.run_id),
     }  # fmt: skip
     arrays = {"user_ids": r.user_ids.tolist(), "lengths": r.history_lengths.tolist(),
               **{m: r.per_user[m].tolist() for m in METRICS}}  # fmt: skip
     return record, arrays
+
+
+def val_curve(run_id: str) -> list[float]:
+    """Validation NDCG@10 after each epoch of a tracked run (to compare runs at equal epochs)."""
+    import mlflow
+
+    from recsys_alibi.tracking import metric_key
+
+    history = mlflow.MlflowClient().get_metric_history(run_id, metric_key("val/ndcg_at_10"))
+    return [float(m.value) for m in sorted(history, key=lambda m: m.step)]
 
 
 def paired_to_reference(arrays: dict, reference: dict) -> dict:

@@ -185,7 +185,10 @@ class EvaluateConfig(_Section):
     protocol: Literal["leave_one_out", "temporal"] = "leave_one_out"
     temporal_cutoff: int | None = None  # seconds since epoch; None: the 90% quantile of timestamps
     exclude_seen: bool = True
-    batch_size: int = Field(256, ge=1)
+    batch_size: int = Field(256, ge=1)  # users per scoring batch, at most
+    # and at most this many padded history events per batch (users x longest context): bounds the
+    # attention memory of whole-history passes (~ events x longest x heads), as score.batch_tokens
+    batch_tokens: int = Field(32_768, ge=1)
     context_lengths: list[int] = []  # extra context-length sweep (items); empty: none
     history_buckets: list[int] = [20, 50, 200, 500, 1000]  # bucket upper edges, items
     min_history: list[int] = [200, 500]  # also slice the users with at least this many events (heavy users)

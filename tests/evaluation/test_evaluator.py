@@ -275,3 +275,20 @@ def test_time_gap_scorer_gets_the_history_gaps_cut_like_the_history():
     assert ([3, 4], [9, 7]) in pairs and ([2, 3, 4], [1, 9, 7]) in pairs and ([5], [1]) in pairs
     with pytest.raises(ValueError, match="history_time_gaps"):
         evaluate(GapScorer(WEIGHTS), _examples([([2], [1])]), 6, cfg(), protocol_name="t")
+
+
+def test_token_budget_splits_batches_by_the_longest_context_and_keeps_every_metric():
+    # users sorted longest first: 5, 2, 2, 1 events; a budget of 4 padded events per batch
+    rows = [([5, 4, 3, 2, 1], [6]), ([3, 2], [1]), ([2, 6], [3]), ([4], [2])]
+    wide = FixedScorer(WEIGHTS)
+    reference = evaluate(wide, _examples(rows), 6, cfg(batch_size=8), protocol_name="loo")
+    assert [len(lens) for _, lens in wide.calls] == [4]  # one batch of all four users
+    tight = FixedScorer(WEIGHTS)
+    result = evaluate(tight, _examples(rows), 6, cfg(batch_size=8, batch_tokens=4), protocol_name="loo")
+    # the 5-event user alone (over the budget), then 2 x 2 events, then the last user
+    assert [len(lens) for _, lens in tight.calls] == [1, 2, 1]
+    assert sorted(map(tuple, tight.histories())) == sorted(map(tuple, wide.histories()))
+    assert result.metrics == reference.metrics
+    capped = FixedScorer(WEIGHTS)  # at context 2 every history counts 2 events: 2 users per batch
+    evaluate(capped, _examples(rows), 6, cfg(batch_size=8, batch_tokens=4), protocol_name="loo", context_lengths=[2])
+    assert [len(lens) for _, lens in capped.calls][3:] == [2, 2]
