@@ -1,10 +1,12 @@
 """Long histories that pay? The same recipe trained at several ``model.max_len``, compared user by user.
 
-Run (from the repository root, after ``make install``; hours of CPU on ML-1M):
+Run (from the repository root, after ``make install``; ~45 min on ML-1M with an equal 35-minute
+budget per run, the three side by side; docs/results.md "Long histories on real data"):
 
     .venv/bin/python benchmarks/long_histories.py --config configs/movielens-1m.yaml \\
         --prepared runs/movielens-1m/prepared --max-lens 200 1000 whole \\
-        --set train.packing=false --set train.batch_tokens=32768 --jobs 2 --json docs/results/long-histories.json
+        --set train.packing=false --set train.batch_tokens=32768 --set train.max_minutes=35 \\
+        --set evaluate.batch_size=32 --jobs 3 --json docs/results/long-histories.json
 
 For each max_len (``whole`` = the longest history of the prepared data) it trains the config with
 ``model.max_len`` set (everything else the same: the same budget ``train.max_epochs`` /
