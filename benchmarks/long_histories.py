@@ -31,12 +31,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing
-import os
 import platform
 import shlex
 import sys
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import as_completed
 from pathlib import Path
 
 SLICES = (200, 500)
@@ -149,14 +147,13 @@ def main(argv: list[str] | None = None) -> int:
     reference_key = f"{args.label}|{max_lens[0]}"
     done = {f"{r.get('label', '')}|{r['max_len']}" for r in doc["runs"]}
     todo = [m for m in max_lens if f"{args.label}|{m}" not in done]
-    threads = max(1, (os.cpu_count() or 1) // args.jobs)
     from recsys_alibi.config import load_config
     from recsys_alibi.tracking import setup_tracking
+    from worker_pool import training_pool  # benchmarks/worker_pool.py (this script's folder is on sys.path)
 
     # create the tracking store and experiment once: parallel workers migrating a new SQLite store race
     setup_tracking(load_config(args.config, overrides).tracking)
-    context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(args.jobs, mp_context=context, initializer=_set_threads, initargs=(threads,)) as pool:
+    with training_pool(args.jobs) as (pool, threads):
         futures = {pool.submit(run_one, args.config, overrides, args.prepared, m, args.label): m for m in todo}
         for future in as_completed(futures):  # each finished run is saved at once: a killed benchmark resumes
             record, arrays = future.result()
@@ -180,13 +177,6 @@ def _save(json_path: Path, doc: dict, arrays_path: Path, per_user: dict) -> None
 
     write_json_atomic(json_path, doc)
     write_json_atomic(arrays_path, per_user)
-
-
-def _set_threads(threads: int) -> None:
-    """Worker initializer: ``threads`` torch threads per training run (runs share the cores)."""
-    import torch
-
-    torch.set_num_threads(threads)
 
 
 if __name__ == "__main__":

@@ -24,13 +24,11 @@ config's MLflow experiment with ``quality`` in the run name's output path.
 from __future__ import annotations
 
 import argparse
-import multiprocessing
 import os
 import platform
 import shlex
 import statistics
 import sys
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 REPORTED = ("HR@10", "NDCG@10", "HR@20", "NDCG@20", "MRR", "Coverage@10")
@@ -137,6 +135,7 @@ def main(argv: list[str] | None = None) -> None:
     from recsys_alibi.atomic import write_json_atomic
     from recsys_alibi.config import load_config
     from recsys_alibi.tracking import setup_tracking
+    from worker_pool import training_pool  # benchmarks/worker_pool.py (this script's folder is on sys.path)
 
     configure_logging()
     stem = Path(args.config).stem
@@ -159,10 +158,8 @@ def main(argv: list[str] | None = None) -> None:
         for seed in args.seeds
         for label, extra in (("ALiBi", []), ("SASRec", ["model.position=learned"]))
     ]
-    threads = max(1, (os.cpu_count() or 1) // args.jobs)
     runs: dict[str, list[dict]] = {"ALiBi": [], "SASRec": []}
-    context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(args.jobs, mp_context=context, initializer=_set_threads, initargs=(threads,)) as pool:
+    with training_pool(args.jobs) as (pool, threads):
         futures = [pool.submit(train_and_test, args.config, overrides, prepared) for _, _, overrides in tasks]
         for (label, seed, _), future in zip(tasks, futures):
             run = future.result()
@@ -191,11 +188,6 @@ def main(argv: list[str] | None = None) -> None:
     print(f"wrote {json_path} and {curve_path}")
 
 
-def _set_threads(threads: int) -> None:
-    """Worker initializer: ``threads`` torch threads per training run (runs share the cores)."""
-    import torch
-
-    torch.set_num_threads(threads)
 
 
 if __name__ == "__main__":

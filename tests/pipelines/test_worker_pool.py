@@ -1,0 +1,58 @@
+"""benchmarks/worker_pool.py: a killed benchmark leaves no worker training behind."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+PARENT = textwrap.dedent(
+    """
+    import os, sys, time
+    sys.path.insert(0, {benchmarks!r})
+    from worker_pool import training_pool
+
+    def train(pid_file):  # stands for a training run: writes its pid, then works for a minute
+        with open(pid_file, "w") as fh:
+            fh.write(str(os.getpid()))
+        time.sleep(60)
+
+    if __name__ == "__main__":
+        with training_pool(1) as (pool, threads):
+            future = pool.submit(train, sys.argv[1])
+            future.result()
+    """
+)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat")
+    return not (stat.exists() and stat.read_text().split()[2] == "Z")  # a zombie is gone
+
+
+def test_sigterm_to_the_benchmark_terminates_its_workers(tmp_path):
+    script = tmp_path / "bench.py"
+    script.write_text(PARENT.format(benchmarks=str(REPO / "benchmarks")))
+    pid_file = tmp_path / "worker.pid"
+    parent = subprocess.Popen([sys.executable, str(script), str(pid_file)])
+    deadline = time.monotonic() + 60
+    while not (pid_file.exists() and pid_file.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    worker = int(pid_file.read_text())
+    assert _alive(worker)
+    parent.send_signal(signal.SIGTERM)
+    assert parent.wait(timeout=30) == 128 + signal.SIGTERM
+    deadline = time.monotonic() + 10
+    while _alive(worker) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _alive(worker)  # without training_pool the worker sleeps on for a minute
