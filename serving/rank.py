@@ -24,7 +24,6 @@ does not depend on the batching.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
 
 import numpy as np
 import polars as pl
@@ -32,6 +31,7 @@ import torch
 
 from recsys_alibi.config import ConfigError, ScoreConfig
 from recsys_alibi.data import schema
+from recsys_alibi.data.buckets import plan_batches
 from recsys_alibi.data.ingest import DataError
 from recsys_alibi.data.loader import FlatSequences, pad_right
 from serving.topk import chunked_topk
@@ -84,22 +84,6 @@ def context_window(history: np.ndarray, max_context: int, sinks: int) -> np.ndar
     if history.shape[0] <= max_context:
         return history
     return np.concatenate([history[:sinks], history[history.shape[0] - (max_context - sinks) :]])
-
-
-def plan_batches(lengths: np.ndarray, max_users: int, max_tokens: int) -> Iterator[tuple[int, int]]:
-    """Cut users sorted by ascending length into ``[start, end)`` batches.
-
-    A batch holds at most ``max_users`` users and ``users * longest <= max_tokens`` padded
-    events (a single user longer than ``max_tokens`` gets a batch of its own).
-    """
-    n = lengths.shape[0]
-    start = 0
-    while start < n:
-        end = start + 1
-        while end < n and end - start < max_users and (end - start + 1) * int(lengths[end]) <= max_tokens:
-            end += 1
-        yield start, end
-        start = end
 
 
 def item_id_lookup(items: pl.DataFrame, n_items: int) -> pl.Series:

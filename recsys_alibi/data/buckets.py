@@ -20,7 +20,7 @@ from collections.abc import Iterator
 import numpy as np
 from torch.utils.data import Sampler
 
-__all__ = ["LengthBuckets"]
+__all__ = ["LengthBuckets", "plan_batches"]
 
 POOL_BATCHES = 50  # batches' worth of windows sorted together (a fairseq-style megabatch)
 
@@ -87,3 +87,29 @@ class LengthBuckets(Sampler[list[int]]):
 
     def __len__(self) -> int:
         return len(self.batches(self.epoch))
+
+
+def plan_batches(lengths: np.ndarray, max_users: int, max_tokens: int) -> Iterator[tuple[int, int]]:
+    """Cut users already sorted by length (either order) into ``[start, end)`` batches.
+
+    A batch holds at most ``max_users`` users and ``users x longest <= max_tokens`` padded events
+    (a single user longer than ``max_tokens`` gets a batch of its own). Used by batch scoring
+    (``serving.rank``, ascending) and evaluation (``recsys_alibi.evaluation.evaluator``, descending).
+
+    Args:
+        lengths: (U,) int events per user (the context each is scored with), sorted.
+        max_users, max_tokens: the two budgets, >= 1.
+
+    Example:
+        >>> list(plan_batches(np.array([5, 2, 2, 1]), max_users=8, max_tokens=4))
+        [(0, 1), (1, 3), (3, 4)]
+    """
+    n = lengths.shape[0]
+    start = 0
+    while start < n:
+        end, longest = start + 1, int(lengths[start])
+        while end < n and end - start < max_users and (end - start + 1) * max(longest, int(lengths[end])) <= max_tokens:
+            longest = max(longest, int(lengths[end]))
+            end += 1
+        yield start, end
+        start = end

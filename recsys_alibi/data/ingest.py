@@ -177,8 +177,7 @@ def infer_format(paths: list[Path]) -> str:
     if name.endswith((".parquet", ".pq")):
         return "parquet"
     if name.endswith((".csv", ".tsv")):
-        first = _head_bytes(path, 256).decode("utf-8", "replace").splitlines()[:1]
-        return "movielens" if [ln.strip().lower() for ln in first] == [MOVIELENS_CSV_HEADER] else "csv"
+        return "movielens" if _is_movielens_csv(_head_bytes(path, 256).decode("utf-8", "replace")) else "csv"
     if name.endswith((".ndjson", ".jsonl", ".json")):
         return "ndjson"
     if name.endswith(".dat") or name == "u.data":
@@ -386,13 +385,18 @@ def _split_lines(
     return lf.select(*picked, (pl.col("_parts").list.len() == fields).alias(FIELDS_OK))
 
 
+def _is_movielens_csv(head: str) -> bool:
+    """Whether a file's first line is the GroupLens ``ratings.csv`` header (any case)."""
+    lines = head.splitlines()
+    return bool(lines) and lines[0].strip().lower() == MOVIELENS_CSV_HEADER
+
+
 def _read_movielens(cfg: DataConfig, paths: list[Path]) -> Read:
     """``ratings.dat`` (``u::i::r::t``), tab-separated ``u.data`` or GroupLens ``ratings.csv``
     (header ``userId,movieId,rating,timestamp``, skipped): four fields per line."""
     head = _head_bytes(paths[0], 4096).decode("utf-8", "replace")
     names = [USER_ID, ITEM_ID, VALUE, TIMESTAMP]
-    first = head.splitlines()[0].strip().lower() if head.strip() else ""
-    separator = "::" if "::" in head else "," if first == MOVIELENS_CSV_HEADER else "\t"
+    separator = "::" if "::" in head else "," if _is_movielens_csv(head) else "\t"
     lf = _split_lines(paths, separator, list(enumerate(names)), 4, skip=MOVIELENS_CSV_HEADER)
     return _with_row(lf), {n: n for n in names}, True, (USER_ID, ITEM_ID)
 

@@ -39,6 +39,7 @@ import polars as pl
 import torch
 
 from recsys_alibi.config import EvaluateConfig
+from recsys_alibi.data.buckets import plan_batches
 from recsys_alibi.data.loader import FlatSequences, check_aligned
 from recsys_alibi.data.splits import HISTORY_TIME_GAPS
 from recsys_alibi.evaluation.metrics import coverage_at_k, metric_names, per_user_metrics
@@ -286,36 +287,6 @@ def _tie_sensitive(scores: torch.Tensor, targets: torch.Tensor, ranks: torch.Ten
     return (ranks.sort(dim=1).values != other.sort(dim=1).values).any(dim=1)
 
 
-def token_batches(
-    lengths: np.ndarray, context: int | None, max_rows: int, max_tokens: int, order: np.ndarray
-) -> list[np.ndarray]:
-    """Cut users, longest history first, into batches of at most ``max_rows`` users and at most
-    ``max_tokens`` padded events (users x the batch's longest context); a user longer than the
-    budget gets a batch of its own.
-
-    Args:
-        lengths: (U,) int history lengths in ``order`` (non-increasing).
-        context: the pass's context (None: whole histories); a history counts ``min(length, context)``.
-        max_rows, max_tokens: the two budgets, >= 1.
-        order: (U,) user rows, the batches' contents.
-
-    Returns:
-        The batches, (B_i,) int arrays of ``order``'s entries, in order; together every user once.
-
-    Example:
-        >>> [b.tolist() for b in token_batches(np.array([5, 4, 2, 2]), None, 8, 9, np.arange(4))]
-        [[0], [1, 2], [3]]
-    """
-    width = np.asarray(lengths, dtype=np.int64) if context is None else np.minimum(lengths, context)
-    batches, start = [], 0
-    while start < len(order):
-        longest = max(int(width[start]), 1)  # the batch's first user is its longest (sorted)
-        rows = max(1, min(max_rows, max_tokens // longest))
-        batches.append(order[start : start + rows])
-        start += rows
-    return batches
-
-
 def _score_pass(
     scorer: Scorer,
     history: FlatSequences,
@@ -334,7 +305,8 @@ def _score_pass(
     per_user = {name: np.empty(n_users) for name in metric_names(ks) if not name.startswith("Coverage@")}
     top = np.zeros((n_users, k_top), dtype=np.int32)
     tied = np.zeros(n_users, dtype=bool)
-    batches = token_batches(history.lengths()[order], context, cfg.batch_size, cfg.batch_tokens, order)
+    widths = history.lengths()[order] if context is None else np.minimum(history.lengths()[order], context)
+    batches = [order[a:b] for a, b in plan_batches(widths, cfg.batch_size, cfg.batch_tokens)]  # longest first
     with _progress_bar(progress, f"{scorer.name} {label}", len(batches)) as advance, torch.no_grad():
         for rows in batches:
             hist, lengths = history.padded(rows, context)  # (B, L), (B,)
