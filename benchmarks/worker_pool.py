@@ -49,7 +49,11 @@ def training_pool(jobs: int) -> Iterator[tuple[ProcessPoolExecutor, int]]:
 
 
 def set_threads(threads: int) -> None:
-    """Worker initializer: ``threads`` torch threads per training run (runs share the cores)."""
+    """Worker initializer: ``threads`` torch threads per training run (runs share the cores), and the
+    CLI's logging (``pipelines.cli.configure_logging``: no Lightning banners, tips or known warnings)."""
     import torch
 
+    from pipelines.cli import configure_logging
+
     torch.set_num_threads(threads)
+    configure_logging()

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from recsys_alibi.config import JobConfig
+from recsys_alibi.config import ConfigError, JobConfig
 from recsys_alibi.diagnostics import DiagnosisReport, diagnose, resolve_dtype
 
 log = logging.getLogger(__name__)
@@ -84,12 +84,17 @@ def run_diagnose(
         command prints).
 
     Raises:
-        ValueError: unknown dtype; ModelUriError: the model cannot be loaded.
+        ValueError: unknown dtype; ModelUriError: the model cannot be loaded; ConfigError: ``model.max_len``
+            is ``auto`` and no model is given.
     """
     dt = resolve_dtype(dtype)
     health = None
     if model_uri is None:
         cfg, slopes = config.model, None
+        if cfg.max_len == "auto":
+            raise ConfigError(
+                "model.max_len=auto is set from the data at train time: give --max-len N, or --model-uri of a trained model"
+            )
         if cfg.slopes != "geometric" or cfg.free_heads:  # the configured scheme, not the paper's
             from recsys_alibi.model.alibi import head_slopes
 

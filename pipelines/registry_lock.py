@@ -34,7 +34,8 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from urllib.parse import unquote, urlparse
+
+from recsys_alibi.tracking import local_store_path
 
 log = logging.getLogger(__name__)
 
@@ -46,21 +47,6 @@ POLL_S = 0.5
 
 class PromotionLockTimeout(RuntimeError):
     """Another pipeline held the promotion lock of the registered model for longer than the timeout."""
-
-
-def local_store_path(uri: str) -> Path | None:
-    """The database file of a ``sqlite:///PATH`` store (or the folder of a ``file:`` store); None otherwise.
-
-    As in SQLAlchemy, ``sqlite:///mlflow.db`` is relative to the working directory and
-    ``sqlite:////srv/mlflow.db`` absolute.
-    """
-    parsed = urlparse(uri)
-    if parsed.scheme == "sqlite":
-        path = unquote(uri.split("://", 1)[1].split("?", 1)[0])[1:]  # drop the '/' that ends the empty host
-        return None if path in ("", ":memory:") else Path(path)
-    if parsed.scheme in ("file", ""):
-        return Path(unquote(parsed.path or uri))
-    return None
 
 
 def lock_file(store: Path, model_name: str) -> Path:

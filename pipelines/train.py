@@ -29,6 +29,7 @@ from recsys_alibi.config import ConfigError, JobConfig, ModelConfig
 from recsys_alibi.data.prepare import read_items
 from recsys_alibi.data.prepared import data_sha256
 from recsys_alibi.tracking import LoggedModel, log_config, log_ranker, param_values, setup_tracking, tracking_uri
+from recsys_alibi.training.data_rules import resolve_max_len
 from recsys_alibi.training.datamodule import SequenceDataModule
 from recsys_alibi.training.fit import check_sharding, fit_ranker
 from recsys_alibi.training.launch import check_accelerator, launch_rank, mark_complete, resumable_checkpoint
@@ -38,6 +39,9 @@ log = logging.getLogger(__name__)
 
 DATA_TAG = "recsys_alibi.data_sha256"  # content fingerprint of the prepared data (sequences + vocabulary)
 SPLIT_TAG = "recsys_alibi.train_split"  # "leave_one_out" or "temporal<cutoff"
+# model.* keys a resume may change: the backends compute the same function on the same state dict, and
+# the max_len rule's inputs matter only through the max_len they resolve to (compared)
+RESUME_FREE = ("model.attention_backend", "model.embedding_backend", "model.max_len_quantile", "model.max_len_cap")
 
 
 @dataclass(frozen=True)
@@ -92,7 +96,8 @@ def training_callbacks(config: JobConfig) -> list:
 def run_train(config: JobConfig, prepared_dir: str | Path, *, progress: bool = True, register: bool = True) -> TrainJobResult:
     """Train on ``prepared_dir`` and log everything to a new (or the resumed) MLflow run.
 
-    Call it on every training process; rank 0 does the tracking.
+    Call it on every training process; rank 0 does the tracking. ``model.max_len: auto`` is
+    resolved from the data first (:func:`recsys_alibi.training.data_rules.resolve_max_len`).
 
     Raises:
         DataError: the prepared directory is missing or malformed.
@@ -103,6 +108,7 @@ def run_train(config: JobConfig, prepared_dir: str | Path, *, progress: bool = T
     check_sharding(config)
     check_accelerator(config.train)
     prepared_dir = Path(prepared_dir)
+    config = resolve_max_len(config, prepared_dir)  # model.max_len: auto -> its number, logged as such
     datamodule = SequenceDataModule(
         prepared_dir, config.model, config.train, config.seed,
         protocol=config.evaluate.protocol, cutoff=config.evaluate.temporal_cutoff,
@@ -217,8 +223,8 @@ def _check_same_model(config: JobConfig, logged: dict[str, str], resume: Path) -
     differ = [
         f"{key}={before[key]} (now {value})"
         for key, value in now.items()
-        if key not in ("model.attention_backend", "model.embedding_backend") and before[key] != value
-    ]  # the backends compute the same function on the same state dict: switching them on resume is fine
+        if key not in RESUME_FREE and before[key] != value
+    ]
     if differ:
         raise ConfigError(
             f"cannot resume {resume}: its run trained another model ({', '.join(differ)}); resume with the "

@@ -97,7 +97,11 @@ class ModelConfig(_Section):
     d_model: int = Field(64, ge=4)
     n_layers: int = Field(2, ge=1)
     n_heads: int = Field(2, ge=1)
-    max_len: int = Field(200, ge=2)  # training context, items
+    # training context, items; "auto": from the data's history lengths (recsys_alibi.training.data_rules):
+    # the max_len_quantile of the users' fit lengths, rounded to a multiple of 50, within [50, max_len_cap]
+    max_len: Annotated[int, Field(ge=2)] | Literal["auto"] = 200
+    max_len_quantile: float = Field(0.75, gt=0.0, le=1.0)
+    max_len_cap: int = Field(200, ge=2)
     position: Literal["alibi", "learned", "none"] = "alibi"
     attention_backend: Literal["auto", "flex", "sdpa", "eager"] = "auto"
     dropout: float = Field(0.2, ge=0.0, lt=1.0)
@@ -137,7 +141,9 @@ class TrainConfig(_Section):
     """Optimisation and the Lightning trainer."""
 
     max_epochs: int = Field(20, ge=1)
-    max_minutes: float | None = Field(None, gt=0)  # wall-clock training budget (Lightning max_time): a safety stop; size max_epochs to fit it
+    # wall-clock training budget (Lightning max_time): a stop, the schedule is not fitted to it (an anneal by
+    # the clock was screened and lost: docs/results.md, "Recipe rules"); size max_epochs to fit it
+    max_minutes: float | None = Field(None, gt=0)
     batch_size: int = Field(128, ge=1)  # global: each of W processes takes batch_size / W
     loss: Literal["softmax", "sampled_softmax", "bce", "gbce"] = "softmax"
     lr: float = Field(1e-3, gt=0)

@@ -10,6 +10,7 @@ score: ``runs:/RUN_ID/model``, ``models:/NAME/VERSION`` or ``models:/NAME@ALIAS`
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import io
 import logging
 import os
@@ -19,6 +20,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlparse
 
 import polars as pl
 
@@ -56,14 +58,51 @@ def setup_tracking(cfg: TrackingConfig) -> str:
 
     uri = tracking_uri(cfg)
     mlflow.set_tracking_uri(uri)
-    experiment = mlflow.get_experiment_by_name(cfg.experiment)
-    if experiment is not None:
-        experiment_id = experiment.experiment_id
-    else:
-        artifacts = (Path.cwd() / "mlruns").as_uri() if uri.startswith("sqlite:") else None
-        experiment_id = mlflow.create_experiment(cfg.experiment, artifact_location=artifacts)
+    with _store_setup_lock(uri):  # jobs started together on a new SQLite store would both create its tables
+        experiment = mlflow.get_experiment_by_name(cfg.experiment)
+        if experiment is not None:
+            experiment_id = experiment.experiment_id
+        else:
+            artifacts = (Path.cwd() / "mlruns").as_uri() if uri.startswith("sqlite:") else None
+            experiment_id = mlflow.create_experiment(cfg.experiment, artifact_location=artifacts)
     mlflow.set_experiment(experiment_id=experiment_id)
     return experiment_id
+
+
+@contextlib.contextmanager
+def _store_setup_lock(uri: str) -> Iterator[None]:
+    """An exclusive ``flock`` on ``<db>.setup.lock`` beside a ``sqlite:///`` store while it is set up.
+
+    MLflow creates (and migrates) the tables of a new SQLite store on first use; two processes
+    doing that at once fail with "table ... already exists", and two creating the same experiment
+    fail with "already exists". Other stores (a server) do this themselves.
+    """
+    store = local_store_path(uri) if uri.startswith("sqlite:") else None
+    if store is None:
+        yield
+        return
+    store.parent.mkdir(parents=True, exist_ok=True)
+    with store.with_name(f"{store.name}.setup.lock").open("a+") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)  # released with the file (also when the process dies)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def local_store_path(uri: str) -> Path | None:
+    """The database file of a ``sqlite:///PATH`` store (or the folder of a ``file:`` store); None otherwise.
+
+    As in SQLAlchemy, ``sqlite:///mlflow.db`` is relative to the working directory and
+    ``sqlite:////srv/mlflow.db`` absolute.
+    """
+    parsed = urlparse(uri)
+    if parsed.scheme == "sqlite":
+        path = unquote(uri.split("://", 1)[1].split("?", 1)[0])[1:]  # drop the '/' that ends the empty host
+        return None if path in ("", ":memory:") else Path(path)
+    if parsed.scheme in ("file", ""):
+        return Path(unquote(parsed.path or uri))
+    return None
 
 
 def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:

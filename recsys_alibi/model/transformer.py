@@ -108,8 +108,12 @@ class AlibiRanker(nn.Module):
     """Next-item ranker over a catalog of N items (indices 1..N; 0 = padding).
 
     Args:
-        cfg: the model config.
+        cfg: the model config, ``max_len`` resolved (``auto`` is replaced by ``train``:
+            recsys_alibi.training.data_rules).
         n_items: catalog size N.
+
+    Raises:
+        ValueError: ``cfg.max_len`` is still ``auto``.
 
     Shapes: histories are right-padded (B, L) int64 with (B,) lengths; ``encode`` returns
     (B, L, D); ``score`` returns (B, N + 1) float32 logits for the next item after each history.
@@ -122,6 +126,8 @@ class AlibiRanker(nn.Module):
 
     def __init__(self, cfg: ModelConfig, n_items: int) -> None:
         super().__init__()
+        if cfg.max_len == "auto":
+            raise ValueError("model.max_len=auto is set from the training data by `train`; give a number to build a model")
         self.cfg = cfg
         self.n_items = n_items
         self.items = ItemEmbeddings(

@@ -58,3 +58,34 @@ def test_tag_lease_waits_for_a_live_holder_and_takes_an_expired_one(mlflow_store
         token = held.removeprefix("lease ")
         assert client.get_registered_model("leased").tags[LEASE_TAG].startswith(token)
     assert LEASE_TAG not in client.get_registered_model("leased").tags
+
+
+SETUP = """
+import sys, time
+from pathlib import Path
+import mlflow  # the slow import first: every process then reaches the store at the same moment
+from recsys_alibi.config import TrackingConfig
+from recsys_alibi.tracking import setup_tracking
+go = Path(sys.argv[2])
+while not go.exists():
+    time.sleep(0.01)
+print(setup_tracking(TrackingConfig(uri=sys.argv[1], experiment="together")))
+"""
+
+
+def test_jobs_started_together_on_a_new_sqlite_store_all_set_it_up(tmp_path):
+    """Four ``train`` jobs of a scheduler, one new store: each gets the same experiment, none a traceback."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    uri, go = f"sqlite:///{tmp_path / 'new' / 'mlflow.db'}", tmp_path / "go"
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    procs = [subprocess.Popen([sys.executable, "-c", SETUP, uri, str(go)], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(4)]  # fmt: skip
+    time.sleep(8)  # all four have imported MLflow and wait for the start
+    go.touch()
+    outputs = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0] * 4, [err[-800:] for _, err in outputs]
+    assert len({out.strip() for out, _ in outputs}) == 1  # one experiment id

@@ -56,3 +56,32 @@ def test_sigterm_to_the_benchmark_terminates_its_workers(tmp_path):
     while _alive(worker) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not _alive(worker)  # without training_pool the worker sleeps on for a minute
+
+
+NOISY = textwrap.dedent(
+    """
+    import sys
+    sys.path.insert(0, {benchmarks!r})
+    from worker_pool import training_pool
+
+    def train():  # what Lightning and torchrec print inside a training worker
+        import logging, warnings
+        warnings.warn("`isinstance(treespec, LeafSpec)` is deprecated")
+        logging.getLogger("lightning.pytorch.utilities.rank_zero").info("GPU available: False, used: False")
+        logging.getLogger("recsys_alibi.training").info("trained 3 epochs")
+        return 1
+
+    if __name__ == "__main__":
+        with training_pool(1) as (pool, threads):
+            assert pool.submit(train).result() == 1
+    """
+)
+
+
+def test_workers_print_what_the_cli_prints_and_no_third_party_noise(tmp_path):
+    script = tmp_path / "bench.py"
+    script.write_text(NOISY.format(benchmarks=str(REPO / "benchmarks")))
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "trained 3 epochs" in proc.stderr  # the project's INFO lines stay
+    assert "LeafSpec" not in proc.stderr and "GPU available" not in proc.stderr
