@@ -27,6 +27,7 @@ from recsys_alibi.data.splits import leave_one_out
 from recsys_alibi.evaluation.evaluator import evaluate
 from recsys_alibi.model.scorer import RankerScorer
 from recsys_alibi.training.datamodule import SequenceDataModule
+from recsys_alibi.training.data_rules import resolve_max_len
 from recsys_alibi.training.fit import fit_ranker
 
 
@@ -38,7 +39,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--json", type=Path, required=True)
     args = parser.parse_args(argv)
-    config = load_config(args.config, [*args.overrides, f"output={args.output}"])
+    config = resolve_max_len(load_config(args.config, [*args.overrides, f"output={args.output}"]), args.prepared)
     started = time.perf_counter()
     datamodule = SequenceDataModule(args.prepared, config.model, config.train, config.seed)
     fit = fit_ranker(config, datamodule, args.output / "checkpoints", logger=None, progress=False)

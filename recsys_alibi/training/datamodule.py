@@ -99,7 +99,7 @@ class SequenceDataModule(L.LightningDataModule):
 
     Raises:
         DataError: the prepared directory is missing or malformed.
-        ValueError: no user has enough events to train.
+        ValueError: no user has enough events to train; ``model_cfg.max_len`` is still ``auto``.
     """
 
     def __init__(
@@ -113,6 +113,8 @@ class SequenceDataModule(L.LightningDataModule):
         cutoff: int | None = None,
     ) -> None:
         super().__init__()
+        if model_cfg.max_len == "auto":
+            raise ValueError("model.max_len=auto: resolve it from the data first (recsys_alibi.training.data_rules.resolve_max_len)")
         self.prepared_dir = Path(prepared_dir)
         self.model_cfg = model_cfg
         self.train_cfg = train_cfg
