@@ -152,13 +152,14 @@ SETTINGS: dict[str, Setting] = {
     "free1": Setting({"free_heads": 1}, {}),
     "free2": Setting({"free_heads": 2}, {}),
     "free3": Setting({"free_heads": 3}, {}),  # one position-biased (local) head, three content-only
+    "free4": Setting({"free_heads": 4}, {}),  # every head content-only: no position bias at all (NoPE)
     "wide": Setting({"slopes": "wide", "long_context": max(EVAL_DISTANCES) + CONTEXT_EXTRA}, {}),
     "learnable-zero": Setting({"learnable_slopes": True, "slope_floor": "zero"}, {}),
     # the wide scheme spread to twice the longest scoring context: its flattest head discounts D = 2048 by 1/2 nat
     "wide2x": Setting({"slopes": "wide", "long_context": 2 * (max(EVAL_DISTANCES) + CONTEXT_EXTRA)}, {}),
     "wide+free1": Setting({"slopes": "wide", "long_context": max(EVAL_DISTANCES) + CONTEXT_EXTRA, "free_heads": 1}, {}),
 }
-HEAD_SETTINGS = ("free1", "free2", "free3", "wide", "learnable-zero", "wide2x", "wide+free1")
+HEAD_SETTINGS = ("free1", "free2", "free3", "free4", "wide", "learnable-zero", "wide2x", "wide+free1")
 
 # the runs of docs/numerics.md: (precision, setting, training seed); each is scored at every EVAL_DISTANCES
 KEY_SETTINGS = ("default", "steep", "steep+clamp", "steep+clamp8", "steep+max_bias")  # also in bf16
