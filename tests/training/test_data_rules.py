@@ -76,3 +76,33 @@ def test_the_gpu_fit_benchmark_resolves_the_recipe_rule(tmp_path):
     gpu_fit.main(["--config", str(repo / "configs" / "default.yaml"), "--prepared", str(prepared),
                   "--output", str(tmp_path / "fit"), "--json", str(out), *sets])  # fmt: skip
     assert json.loads(out.read_text())["epochs"] == 1
+
+
+def _long_histories(path, n_users=20, n_events=300):
+    """A prepared dir of ``n_users`` histories of ``n_events`` events, timestamps 0 .. n_events - 1."""
+    import polars as pl
+
+    from recsys_alibi.data import schema
+
+    path.mkdir(parents=True)
+    pl.DataFrame({
+        schema.USER_ID: pl.Series(range(n_users), dtype=pl.Int64),
+        schema.ITEM_IDX: pl.Series([[1 + (u + t) % 40 for t in range(n_events)] for u in range(n_users)],
+                                   dtype=pl.List(pl.Int32)),
+        schema.TIMESTAMP: pl.Series([list(range(n_events))] * n_users, dtype=pl.List(pl.Int64)),
+        schema.LENGTH: pl.Series([n_events] * n_users, dtype=pl.Int32),
+    }).write_parquet(path / schema.SEQUENCES_FILE)  # fmt: skip
+    pl.DataFrame({
+        schema.ITEM_IDX: pl.Series(range(1, 41), dtype=pl.Int32), schema.ITEM_ID: pl.Series(range(101, 141)),
+        schema.COUNT: pl.Series([1] * 40, dtype=pl.Int64),
+    }).write_parquet(path / schema.ITEMS_FILE)  # fmt: skip
+    return path
+
+
+def test_auto_follows_the_protocol_s_fit_prefix(tmp_path):
+    prepared = _long_histories(tmp_path / "prepared")
+    cap = ["model.max_len=auto", "model.max_len_cap=1000"]
+    # leave-one-out: 299 events may be used -> 300; temporal with cutoff 151: the 151 events before it -> 150
+    assert resolve_max_len(tiny_config(tmp_path, *cap), prepared).model.max_len == 300
+    temporal = tiny_config(tmp_path, *cap, "evaluate.protocol=temporal", "evaluate.temporal_cutoff=151")
+    assert resolve_max_len(temporal, prepared).model.max_len == 150
