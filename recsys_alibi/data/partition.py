@@ -28,7 +28,7 @@ from recsys_alibi.data.ingest import DataError
 from recsys_alibi.data.prepared import PREPARE_ID_KEY, check_prepared, mixed_error, read_consistent
 from recsys_alibi.data.schema import LENGTH, SEQUENCES_FILE, TIMESTAMP
 from recsys_alibi.data.sequences import SEQUENCES_SCHEMA, read_parquet_file
-from recsys_alibi.data.splits import Protocol, fit_length
+from recsys_alibi.data.splits import Protocol, fit_length, resolve_cutoff
 
 
 def _check_world(rank: int, world_size: int) -> None:
@@ -98,6 +98,18 @@ def read_fit_lengths(
         return np.maximum(read_lengths(prepared_dir, prepare_id) - 1, 0)
     frame = _read_columns(prepared_dir, [TIMESTAMP], prepare_id)
     return frame.select(fit_length(protocol, cutoff)).to_series().to_numpy().astype(np.int64)
+
+
+def read_fit_cutoff(
+    prepared_dir: str | Path, protocol: Protocol, cutoff: int | None = None, prepare_id: str | None = None
+) -> int | None:
+    """The temporal cutoff (seconds) training uses: ``cutoff``, or the data's default when None
+    (:func:`recsys_alibi.data.splits.resolve_cutoff`); None under leave-one-out (nothing read).
+
+    Raises:
+        DataError: as :func:`read_timestamps`.
+    """
+    return resolve_cutoff(read_timestamps(prepared_dir, prepare_id), cutoff) if protocol == "temporal" else None
 
 
 def read_timestamps(prepared_dir: str | Path, prepare_id: str | None = None) -> pl.DataFrame:

@@ -12,8 +12,8 @@ items (so a few users more or less do not move the window). ``model.max_len_cap`
 is where longer windows stopped paying on this CPU at an equal time budget (docs/results.md,
 "Long histories"; ALiBi still scores longer histories whole, ``score.max_context``).
 
-Measured values: ML-1M (SASRec file, 75 % quantile 205 events) -> 200; Amazon Beauty (S3-Rec
-file, 75 % quantile 8) -> 50; MovieLens latest-small (166) -> 150. The resolved value is what
+Measured values: ML-1M (SASRec file, 75 % quantile 206 events) -> 200; Amazon Beauty (S3-Rec
+file, 75 % quantile 8) -> 50; MovieLens latest-small (167) -> 150. The resolved value is what
 the MLflow run logs as ``model.max_len``, so the trained model and its scores never see ``auto``.
 """
 
@@ -24,8 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
-from recsys_alibi.config import EvaluateConfig, JobConfig, with_overrides
-from recsys_alibi.data.partition import read_fit_lengths
+from recsys_alibi.config import JobConfig, with_overrides
+from recsys_alibi.data.partition import read_fit_cutoff, read_fit_lengths
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +64,8 @@ def resolve_max_len(config: JobConfig, prepared_dir: str | Path, prepare_id: str
     if model.max_len != "auto":
         return config
     ev = config.evaluate
-    lengths = read_fit_lengths(prepared_dir, ev.protocol, resolved_cutoff(prepared_dir, ev, prepare_id), prepare_id)
+    cutoff = read_fit_cutoff(prepared_dir, ev.protocol, ev.temporal_cutoff, prepare_id)
+    lengths = read_fit_lengths(prepared_dir, ev.protocol, cutoff, prepare_id)
     max_len = max_len_from_lengths(lengths, model.max_len_quantile, model.max_len_cap)
     log.info(
         "model.max_len=auto: %d items (%g quantile of %d users' histories: %.0f events, rounded to %d, cap %d)",
@@ -72,14 +73,4 @@ def resolve_max_len(config: JobConfig, prepared_dir: str | Path, prepare_id: str
         MAX_LEN_STEP, model.max_len_cap,
     )  # fmt: skip
     return with_overrides(config, model={"max_len": max_len})
-
-
-def resolved_cutoff(prepared_dir: str | Path, evaluate: EvaluateConfig, prepare_id: str | None) -> int | None:
-    """The temporal cutoff (seconds) training uses, or None under leave-one-out."""
-    if evaluate.protocol != "temporal":
-        return None
-    from recsys_alibi.data.partition import read_timestamps
-    from recsys_alibi.data.splits import resolve_cutoff
-
-    return resolve_cutoff(read_timestamps(prepared_dir, prepare_id), evaluate.temporal_cutoff)
 

@@ -40,16 +40,16 @@ from recsys_alibi.data.loader import (
     collate_packed_next_item,
 )
 from recsys_alibi.data.partition import (
+    read_fit_cutoff,
     read_fit_lengths,
     read_sequence_rows,
-    read_timestamps,
     train_part,
     valid_part,
 )
 from recsys_alibi.data.prepare import read_items
 from recsys_alibi.data.prepared import check_prepared
 from recsys_alibi.data.schema import ITEM_IDX, LENGTH, TIMESTAMP, USER_ID
-from recsys_alibi.data.splits import HISTORY_TIME_GAPS, MIN_FIT, Protocol, fit_split, resolve_cutoff
+from recsys_alibi.data.splits import HISTORY_TIME_GAPS, MIN_FIT, Protocol, fit_split
 from recsys_alibi.data.time_gaps import check_real_timestamps, with_time_gaps
 
 
@@ -122,7 +122,7 @@ class SequenceDataModule(L.LightningDataModule):
         self.protocol = protocol
         self.prepare_id = check_prepared(self.prepared_dir)  # every later read must see the same prepare
         pid = self.prepare_id
-        self.cutoff = resolve_cutoff(read_timestamps(self.prepared_dir, pid), cutoff) if protocol == "temporal" else None
+        self.cutoff = read_fit_cutoff(self.prepared_dir, protocol, cutoff, pid)
         fit = read_fit_lengths(self.prepared_dir, protocol, self.cutoff, pid)  # (U,) events training may use
         self.n_items = read_items(self.prepared_dir, pid).height
         self.train_rows = np.flatnonzero(fit >= MIN_FIT["train"])  # (R_train,) rows of sequences.parquet
