@@ -153,13 +153,19 @@ SETTINGS: dict[str, Setting] = {
     "free2": Setting({"free_heads": 2}, {}),
     "free3": Setting({"free_heads": 3}, {}),  # one position-biased (local) head, three content-only
     "free4": Setting({"free_heads": 4}, {}),  # every head content-only: no position bias at all (NoPE)
+    # three content-only heads beside one steep local head (slope 1/2: 7.5 nats at D = 16), so that only
+    # the content-only heads can carry the cue in training
+    "steep+free3": Setting({"max_bias": STEEP_MAX_BIAS, "free_heads": 3}, {}),
+    # the same with the free heads' scores x log(n) / log(max_len) past the training length (model.free_head_scale):
+    # trained exactly as steep+free3, their softmax does not flatten as the context grows
+    "steep+free3+logb": Setting({"max_bias": STEEP_MAX_BIAS, "free_heads": 3, "free_head_scale": "log_beyond"}, {}),
     "wide": Setting({"slopes": "wide", "long_context": max(EVAL_DISTANCES) + CONTEXT_EXTRA}, {}),
     "learnable-zero": Setting({"learnable_slopes": True, "slope_floor": "zero"}, {}),
     # the wide scheme spread to twice the longest scoring context: its flattest head discounts D = 2048 by 1/2 nat
     "wide2x": Setting({"slopes": "wide", "long_context": 2 * (max(EVAL_DISTANCES) + CONTEXT_EXTRA)}, {}),
     "wide+free1": Setting({"slopes": "wide", "long_context": max(EVAL_DISTANCES) + CONTEXT_EXTRA, "free_heads": 1}, {}),
 }
-HEAD_SETTINGS = ("free1", "free2", "free3", "free4", "wide", "learnable-zero", "wide2x", "wide+free1")
+HEAD_SETTINGS = ("free1", "free2", "free3", "free4", "steep+free3", "steep+free3+logb", "wide", "learnable-zero", "wide2x", "wide+free1")
 
 # the runs of docs/numerics.md: (precision, setting, training seed); each is scored at every EVAL_DISTANCES
 KEY_SETTINGS = ("default", "steep", "steep+clamp", "steep+clamp8", "steep+max_bias")  # also in bf16
@@ -367,7 +373,7 @@ def run_probe_one(setting: str, precision_name: str, work: Path, seed: int = 7) 
             "train_users": TRAIN_USERS, "eval_users": len(histories), "items": trained.n_items,
             "model": {k: getattr(cfg, k) for k in ("d_model", "n_heads", "n_layers", "max_bias", "bias_clamp",
                                                    "window", "sinks", "learnable_slopes", "slopes", "long_context",
-                                                   "free_heads", "slope_floor")},
+                                                   "free_heads", "slope_floor", "free_head_scale")},
             "scoring_only": sorted(score_over), "slopes": slopes.tolist(),
             "cue_bias": [-m * (distance - 1) for m in slopes.tolist()],
             "hr_at_10": scored["hr_at_10"], "chance_hr_at_10": 10 / trained.n_items,
@@ -392,8 +398,9 @@ def _setting(r: dict) -> str:
     parts += [f"sinks={model['sinks']}*"] if model["sinks"] else []
     parts += [f"slopes={model['slopes']} to 1/{model['long_context']}"] if model.get("slopes", "geometric") != "geometric" else []
     parts += [f"free_heads={model['free_heads']}"] if model.get("free_heads") else []
-    # a screened option since removed (log-length scaled free heads: no gain over free heads alone)
-    parts += [f"free_head_scale={model['free_head_scale']} (removed)"] if model.get("free_head_scale", "none") != "none" else []
+    scale = model.get("free_head_scale", "none")
+    # log_length (log n / log max_len at every n) was screened twice and removed; its records stay in the JSON
+    parts += [f"free_head_scale={scale}" + (" (removed)" if scale == "log_length" else "")] if scale != "none" else []
     floor = " (may reach 0)" if model.get("slope_floor") == "zero" else ""
     parts += [f"learnable slopes{floor}"] if model["learnable_slopes"] else []
     return ", ".join(parts) or "max_bias=8"

@@ -110,6 +110,9 @@ class ModelConfig(_Section):
     slopes: Literal["geometric", "wide"] = "geometric"  # slope scheme (recsys_alibi.model.alibi.head_slopes)
     long_context: int = Field(2048, ge=2)  # slopes=wide: the flattest head's bias is -1 nat this far back, items
     free_heads: int = Field(0, ge=0)  # heads with slope 0 (no position bias: content-only), the flattest ones
+    # log_beyond: free heads' scores x max(1, log(n) / log(max_len)), n = keys a query sees: unscaled within the
+    # training length, their softmax does not flatten as n grows past it (recsys_alibi.model.alibi)
+    free_head_scale: Literal["none", "log_beyond"] = "none"
     learnable_slopes: bool = False
     slope_floor: Literal["positive", "zero"] = "positive"  # learnable: softplus (> 0) or relu (may reach 0)
     bias_clamp: float | None = Field(None, gt=0)  # |bias| clamped to this value (avoids exp underflow)
@@ -126,6 +129,8 @@ class ModelConfig(_Section):
             raise ValueError(f"model.d_model={self.d_model} must be divisible by model.n_heads={self.n_heads}")
         if self.free_heads > self.n_heads:
             raise ValueError(f"model.free_heads={self.free_heads} is more than model.n_heads={self.n_heads}")
+        if self.free_head_scale != "none" and not self.free_heads:
+            raise ValueError(f"model.free_head_scale={self.free_head_scale} scales free heads: set model.free_heads >= 1")
         if 0 < self.time_gap_buckets < 3:
             raise ValueError("model.time_gap_buckets needs at least 3 (padding, first event, one gap bucket); 0 = off")
         if self.shard_embeddings and self.embedding_backend == "torch":

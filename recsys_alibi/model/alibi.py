@@ -22,7 +22,13 @@ some heads' bias small at thousands of positions, chosen by config (:func:`head_
   Again", 2025). Causal masking still orders events, and the biased heads keep the recency;
 * ``learnable_slopes`` with ``slope_floor: zero`` -- ``m_h = relu(w_h)``, initialised to the
   scheme, so a slope may fall to exactly 0 in training (it then stays there: the head has
-  become a free head); ``slope_floor: positive`` is the softplus form (slopes stay > 0).
+  become a free head); ``slope_floor: positive`` is the softplus form (slopes stay > 0);
+* ``free_head_scale: log_beyond`` (with ``free_heads >= 1``) -- past the training length a free
+  head's scores are multiplied by ``log(n) / log(max_len)`` for a query that sees ``n`` keys
+  (:func:`free_head_query_scale`), so a key whose content margin was learnt at the training
+  length keeps its weight among thousands of keys instead of being diluted as ``1 / n``.
+  With ``max_bias: 4`` (one steep local head of slope 1/2) and three such heads of four, the
+  long-range probe keeps the cue at 2,048 events in every run (docs/numerics.md).
 
 Positions: a bias for ``q_len`` queries and ``k_len`` keys puts the keys at positions
 ``0 .. k_len - 1`` and the queries at the LAST ``q_len`` of them (``k_len - q_len .. k_len - 1``),
@@ -134,6 +140,35 @@ def head_slopes(cfg: ModelConfig) -> Tensor:
         order = torch.argsort(slopes, stable=True)  # flattest first
         slopes[order[: cfg.free_heads]] = 0.0
     return slopes
+
+
+def free_head_query_scale(cfg: ModelConfig, positions: Tensor) -> Tensor | None:
+    """Per-head, per-query factors on the queries of the free heads (``model.free_head_scale``).
+
+    With ``"log_beyond"`` a free head's scores are multiplied by ``max(1, log(n) / log(max_len))``,
+    where ``n = position + 1`` is the number of keys the (causal) query sees: 1 within the
+    training length, so the heads train exactly as unscaled ones, and growing as ``log n`` past
+    it, so the weight that a key with the content margin learnt in training gets does not fall
+    as ``1 / n`` among thousands of keys. Log-length scaled attention: Chiang & Cholak 2022,
+    "Overcoming a theoretical limitation of self-attention"; "scalable softmax", Nakanishi 2025;
+    applied only past the training length as YaRN's attention temperature is (Peng et al.
+    2023). Scaling at every ``n`` (1 only at ``n = max_len``) was screened and left some
+    training runs unable to learn the probe (docs/numerics.md). Position-biased heads keep
+    factor 1 (their bias already bounds their range).
+
+    Args:
+        cfg: ``n_heads``, ``free_heads``, ``free_head_scale``, ``max_len`` and the slope scheme.
+        positions: (B, L) int64, each query's position inside its own sequence (0 = first event).
+
+    Returns:
+        (B, H, L, 1) float32 on ``positions.device``, or None when the option is off.
+    """
+    if getattr(cfg, "free_head_scale", "none") == "none" or not cfg.free_heads:
+        return None
+    free = (head_slopes(cfg) == 0).to(positions.device)  # (H,)
+    factor = (torch.log1p(positions.float()) / math.log(cfg.max_len)).clamp(min=1.0)  # (B, L): max(1, log n / log max_len)
+    ones = torch.ones_like(factor)
+    return torch.where(free[None, :, None], factor[:, None, :], ones[:, None, :]).unsqueeze(-1)
 
 
 def distances(

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from recsys_alibi.config import ModelConfig
-from recsys_alibi.model.alibi import AlibiSlopes
+from recsys_alibi.model.alibi import AlibiSlopes, free_head_query_scale
 from recsys_alibi.model.attention import BatchMask, alibi_attention, batch_mask, eager_attention, needs_grad
 from recsys_alibi.model.embeddings import ItemEmbeddings
 from recsys_alibi.model.masks import MaskSpec
@@ -48,13 +48,17 @@ class CausalSelfAttention(nn.Module):
         seq_ids: torch.Tensor | None = None,
         backend: str | None = None,
         mask: BatchMask | None = None,
+        query_scale: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """(B, L, D) float -> (B, L, D); ``slopes`` (H,) float32 (zeros: no bias).
 
         ``mask``: the batch's :class:`BatchMask` (built once by :meth:`AlibiRanker.encode`);
-        when given, ``lengths``, ``seq_ids`` and ``backend`` are not read.
+        when given, ``lengths``, ``seq_ids`` and ``backend`` are not read. ``query_scale``:
+        (B or 1, H, L, 1) factors on the queries (:func:`recsys_alibi.model.alibi.free_head_query_scale`).
         """
         q, k, v = self._heads(x)
+        if query_scale is not None:
+            q = q * query_scale.to(q.dtype)
         if mask is not None:
             attended = alibi_attention(q, k, v, slopes, bias_clamp=self.cfg.bias_clamp, mask=mask)  # (B, H, L, D/H)
             batch, _, length, _ = attended.shape
@@ -72,9 +76,13 @@ class CausalSelfAttention(nn.Module):
         batch, _, length, _ = attended.shape
         return self.out(attended.transpose(1, 2).reshape(batch, length, -1))
 
-    def weights(self, x: torch.Tensor, slopes: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    def weights(
+        self, x: torch.Tensor, slopes: torch.Tensor, lengths: torch.Tensor, query_scale: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """Attention weights (B, H, L, L) float32 from the eager reference (diagnostics only)."""
         q, k, v = self._heads(x)
+        if query_scale is not None:
+            q = q * query_scale.to(q.dtype)
         _, weights = eager_attention(
             q, k, v, slopes, causal=True, lengths=lengths, window=self.cfg.window,
             sinks=self.cfg.sinks, bias_clamp=self.cfg.bias_clamp, return_weights=True,
@@ -98,9 +106,9 @@ class TransformerBlock(nn.Module):
         )
         self.dropout = nn.Dropout(cfg.dropout)
 
-    def forward(self, x, slopes, lengths, seq_ids=None, backend=None, mask=None) -> torch.Tensor:
-        """(B, L, D) -> (B, L, D); ``mask`` as in :meth:`CausalSelfAttention.forward`."""
-        x = x + self.dropout(self.attn(self.attn_norm(x), slopes, lengths, seq_ids, backend, mask))
+    def forward(self, x, slopes, lengths, seq_ids=None, backend=None, mask=None, query_scale=None) -> torch.Tensor:
+        """(B, L, D) -> (B, L, D); ``mask``, ``query_scale`` as in :meth:`CausalSelfAttention.forward`."""
+        x = x + self.dropout(self.attn(self.attn_norm(x), slopes, lengths, seq_ids, backend, mask, query_scale))
         return x + self.dropout(self.ffn(self.ffn_norm(x)))
 
 
@@ -197,8 +205,9 @@ class AlibiRanker(nn.Module):
         slopes = self._head_slopes()
         x = self._embed(item_idx, lengths, embedded, gaps)
         mask = self.batch_mask(x, slopes, lengths, seq_ids, backend)
+        query_scale = free_head_query_scale(self.cfg, query_positions(item_idx.shape[1], seq_ids, x.device))
         for block in self.blocks:
-            x = block(x, slopes, lengths, seq_ids, backend, mask)
+            x = block(x, slopes, lengths, seq_ids, backend, mask, query_scale)
         return self.final_norm(x)
 
     def batch_mask(
@@ -248,8 +257,21 @@ class AlibiRanker(nn.Module):
         """Per layer, the (B, H, L, L) attention weights from the eager reference backend."""
         slopes = self._head_slopes()
         x = self._embed(item_idx, lengths, gaps=gaps)
+        query_scale = free_head_query_scale(self.cfg, query_positions(item_idx.shape[1], None, x.device))
         weights = []
         for block in self.blocks:
-            weights.append(block.attn.weights(block.attn_norm(x), slopes, lengths))
-            x = block(x, slopes, lengths, None, "eager")
+            weights.append(block.attn.weights(block.attn_norm(x), slopes, lengths, query_scale))
+            x = block(x, slopes, lengths, None, "eager", None, query_scale)
         return weights
+
+
+def query_positions(length: int, seq_ids: torch.Tensor | None, device: torch.device) -> torch.Tensor:
+    """Each query's position inside its own sequence: (1, L) ``0..L-1`` for right-padded rows, or
+    (B, L) int64 counted from the start of each packed run of equal ``seq_ids`` (no host sync)."""
+    steps = torch.arange(length, device=device)
+    if seq_ids is None:
+        return steps[None, :]
+    starts = torch.ones_like(seq_ids, dtype=torch.bool)
+    starts[:, 1:] = seq_ids[:, 1:] != seq_ids[:, :-1]
+    first = torch.where(starts, steps[None, :], torch.zeros_like(steps)[None, :])  # (B, L)
+    return steps[None, :] - torch.cummax(first, dim=1).values
