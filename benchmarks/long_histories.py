@@ -48,14 +48,20 @@ def _whole(prepared: Path) -> int:
     return int(read_sequences(prepared).get_column("length").max())
 
 
-def run_one(config_path: str, overrides: list[str], prepared: Path, max_len: int, label: str) -> tuple[dict, dict]:
-    """Train at ``max_len`` and evaluate on the test protocol; returns (record, per-user arrays)."""
-    from pipelines.evaluate import run_evaluate
-    from pipelines.train import run_train
+def run_config(config_path: str, overrides: list[str], max_len: int):
+    """The resolved ``JobConfig`` of the run at ``max_len`` (read in the benchmark's process, once:
+    a config edited while the benchmark runs changes nothing in it)."""
     from recsys_alibi.config import load_config
 
-    config = load_config(config_path, [*overrides, f"model.max_len={max_len}",
-                                       f"evaluate.min_history={list(SLICES)}"])  # fmt: skip
+    return load_config(config_path, [*overrides, f"model.max_len={max_len}", f"evaluate.min_history={list(SLICES)}"])
+
+
+def run_one(config, prepared: Path, max_len: int, label: str) -> tuple[dict, dict]:
+    """Train ``config`` (from :func:`run_config`) at ``max_len`` and evaluate on the test protocol;
+    returns (record, per-user arrays)."""
+    from pipelines.evaluate import run_evaluate
+    from pipelines.train import run_train
+
     # one output folder per run: runs side by side never share checkpoints or reports
     run_dir = "-".join(filter(None, [label.replace(" ", "_"), f"max_len{max_len}"]))
     config = config.model_copy(update={"output": str(Path(config.output) / "long-histories" / run_dir)})
@@ -154,7 +160,8 @@ def main(argv: list[str] | None = None) -> int:
     # create the tracking store and experiment once: parallel workers migrating a new SQLite store race
     setup_tracking(load_config(args.config, overrides).tracking)
     with training_pool(args.jobs) as (pool, threads):
-        futures = {pool.submit(run_one, args.config, overrides, args.prepared, m, args.label): m for m in todo}
+        configs = {m: run_config(args.config, overrides, m) for m in todo}
+        futures = {pool.submit(run_one, configs[m], args.prepared, m, args.label): m for m in todo}
         for future in as_completed(futures):  # each finished run is saved at once: a killed benchmark resumes
             record, arrays = future.result()
             record["label"] = args.label

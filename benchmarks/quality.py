@@ -19,16 +19,25 @@ which on 2 cores is faster in total than one 2-thread run after the other). It w
 
 and prints the Markdown table of docs/results.md. Models are not registered; runs go to the
 config's MLflow experiment with ``quality`` in the run name's output path.
+
+The config is read once, when the benchmark starts: every run's config is resolved then and sent
+to its worker, so editing the YAML while a benchmark runs changes nothing in it. Each finished run
+is recorded in ``<workdir>/finished.json`` under the hash of its resolved config; a re-run of the
+same command (after a kill, or with more ``--seeds``) reuses those runs instead of training them
+again and says so. Delete that file to retrain after a code change.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import os
 import platform
 import shlex
 import statistics
 import sys
+from concurrent.futures import as_completed
 from pathlib import Path
 
 REPORTED = ("HR@10", "NDCG@10", "HR@20", "NDCG@20", "MRR", "Coverage@10")
@@ -49,16 +58,25 @@ def summarise(runs: list[dict]) -> dict:
     return out
 
 
-def train_and_test(config_path: str, overrides: list[str], prepared: Path) -> dict:
-    """One training run (no registry) and its test metrics, with its validation curve."""
+def run_key(config) -> str:
+    """The key of a run in ``finished.json``: sha256 of its resolved config (a ``JobConfig``)."""
+    return hashlib.sha256(config.model_dump_json().encode()).hexdigest()[:16]
+
+
+def read_finished(path: Path) -> dict[str, dict]:
+    """Runs recorded by earlier invocations (``run_key`` -> run); empty when there is no file."""
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def train_and_test(config, prepared: Path) -> dict:
+    """One training run (no registry) of ``config`` (a resolved ``JobConfig``) and its test
+    metrics, with its validation curve."""
     import mlflow
 
     from pipelines.evaluate import run_evaluate
     from pipelines.train import run_train
-    from recsys_alibi.config import load_config
     from recsys_alibi.tracking import metric_key
 
-    config = load_config(config_path, overrides)
     trained = run_train(config, prepared, progress=False, register=False)
     report = run_evaluate(config, prepared, model_uri=trained.model.uri, output_dir=Path(config.output) / "report")
     history = mlflow.MlflowClient().get_metric_history(trained.run_id, metric_key("val/ndcg_at_10"))
@@ -158,17 +176,31 @@ def main(argv: list[str] | None = None) -> None:
         for seed in args.seeds
         for label, extra in (("ALiBi", []), ("SASRec", ["model.position=learned"]))
     ]
-    runs: dict[str, list[dict]] = {"ALiBi": [], "SASRec": []}
+    configs = [load_config(args.config, overrides) for _, _, overrides in tasks]  # the YAML is read here, once
+    finished_path = workdir / "finished.json"
+    finished = read_finished(finished_path)
+    results: dict[int, dict] = {}
     with training_pool(args.jobs) as (pool, threads):
-        futures = [pool.submit(train_and_test, args.config, overrides, prepared) for _, _, overrides in tasks]
-        for (label, seed, _), future in zip(tasks, futures):
-            run = future.result()
-            runs[label].append(run)
+        futures = {}
+        for index, config in enumerate(configs):
+            if run_key(config) in finished:
+                results[index] = finished[run_key(config)]
+                print(f"{tasks[index][0]} seed {tasks[index][1]}: reused the finished run in {finished_path}", flush=True)
+            else:
+                futures[pool.submit(train_and_test, config, prepared)] = index
+        for future in as_completed(futures):
+            index = futures[future]
+            results[index] = run = future.result()
+            finished[run_key(configs[index])] = run
+            write_json_atomic(finished_path, finished)  # a killed benchmark keeps every run it finished
             print(
-                f"{label} seed {seed}: {run['epochs']} epochs in {run['train_seconds']:.0f} s, test HR@10 "
-                f"{run['metrics']['HR@10']:.4f} NDCG@10 {run['metrics']['NDCG@10']:.4f}",
+                f"{tasks[index][0]} seed {tasks[index][1]}: {run['epochs']} epochs in {run['train_seconds']:.0f} s, "
+                f"test HR@10 {run['metrics']['HR@10']:.4f} NDCG@10 {run['metrics']['NDCG@10']:.4f}",
                 flush=True,
             )
+    runs: dict[str, list[dict]] = {"ALiBi": [], "SASRec": []}
+    for index, (label, _, _) in enumerate(tasks):
+        runs[label].append(results[index])
     popularity = run_evaluate(base, prepared, baseline="popularity", output_dir=workdir / "popularity")
     result = {
         **summarise(runs["ALiBi"]),
@@ -186,8 +218,6 @@ def main(argv: list[str] | None = None) -> None:
     plot_curves(runs, curve_path, f"{stem}: validation NDCG@10 per epoch")
     print(markdown_table(result))
     print(f"wrote {json_path} and {curve_path}")
-
-
 
 
 if __name__ == "__main__":

@@ -55,3 +55,22 @@ def test_two_parallel_jobs_on_a_new_tracking_store_write_the_results(tmp_path):
     assert result["command"].startswith("python benchmarks/quality.py --config ")
     assert (tmp_path / "curve.png").stat().st_size > 0
     assert "| ALiBi ranker |" in done.stdout and "| SASRec (learned positions) |" in done.stdout
+
+    # the same command again (a re-run after a kill): both finished runs are reused, not retrained
+    finished = json.loads((tmp_path / "work" / "finished.json").read_text())
+    assert sorted(r["position"] for r in finished.values()) == ["alibi", "learned"]
+    again = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600, check=False)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert again.stdout.count("reused the finished run") == 2 and "epochs in" not in again.stdout
+    assert json.loads((tmp_path / "result.json").read_text())["per_seed"] == result["per_seed"]
+
+
+def test_run_key_follows_the_resolved_config():
+    from recsys_alibi.config import load_config
+
+    config = str(REPO / "configs" / "default.yaml")
+    one, same = load_config(config, ["seed=1"]), load_config(config, ["seed=1"])
+    assert quality.run_key(one) == quality.run_key(same)
+    assert quality.run_key(one) != quality.run_key(load_config(config, ["seed=2"]))
+    assert quality.run_key(one) != quality.run_key(load_config(config, ["seed=1", "model.position=learned"]))
+    assert quality.read_finished(REPO / "no-such-file.json") == {}
