@@ -205,10 +205,16 @@ class AlibiRanker(nn.Module):
         slopes = self._head_slopes()
         x = self._embed(item_idx, lengths, embedded, gaps)
         mask = self.batch_mask(x, slopes, lengths, seq_ids, backend)
-        query_scale = free_head_query_scale(self.cfg, query_positions(item_idx.shape[1], seq_ids, x.device))
+        query_scale = self._query_scale(item_idx.shape[1], seq_ids, x.device)
         for block in self.blocks:
             x = block(x, slopes, lengths, seq_ids, backend, mask, query_scale)
         return self.final_norm(x)
+
+    def _query_scale(self, length: int, seq_ids: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
+        """The free heads' (B or 1, H, L, 1) query factors, or None when ``model.free_head_scale`` is off."""
+        if self.cfg.free_head_scale == "none":
+            return None
+        return free_head_query_scale(self.cfg, query_positions(length, seq_ids, device))
 
     def batch_mask(
         self,
@@ -257,7 +263,7 @@ class AlibiRanker(nn.Module):
         """Per layer, the (B, H, L, L) attention weights from the eager reference backend."""
         slopes = self._head_slopes()
         x = self._embed(item_idx, lengths, gaps=gaps)
-        query_scale = free_head_query_scale(self.cfg, query_positions(item_idx.shape[1], None, x.device))
+        query_scale = self._query_scale(item_idx.shape[1], None, x.device)
         weights = []
         for block in self.blocks:
             weights.append(block.attn.weights(block.attn_norm(x), slopes, lengths, query_scale))
