@@ -183,8 +183,8 @@ def main(argv: list[str] | None = None) -> None:
     with training_pool(args.jobs) as (pool, threads):
         futures = {}
         for index, config in enumerate(configs):
-            if run_key(config) in finished:
-                results[index] = finished[run_key(config)]
+            if (key := run_key(config)) in finished:
+                results[index] = finished[key]
                 print(f"{tasks[index][0]} seed {tasks[index][1]}: reused the finished run in {finished_path}", flush=True)
             else:
                 futures[pool.submit(train_and_test, config, prepared)] = index

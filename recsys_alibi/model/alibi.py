@@ -28,7 +28,8 @@ some heads' bias small at thousands of positions, chosen by config (:func:`head_
   (:func:`free_head_query_scale`), so a key whose content margin was learnt at the training
   length keeps its weight among thousands of keys instead of being diluted as ``1 / n``.
   With ``max_bias: 4`` (one steep local head of slope 1/2) and three such heads of four, the
-  long-range probe keeps the cue at 2,048 events in every run (docs/numerics.md).
+  long-range probe keeps the cue at 2,048 events: HR@10 0.90 / 0.88 (fp32 / bf16) over eight
+  training runs, 14 of 16 runs >= 0.8 (docs/numerics.md).
 
 Positions: a bias for ``q_len`` queries and ``k_len`` keys puts the keys at positions
 ``0 .. k_len - 1`` and the queries at the LAST ``q_len`` of them (``k_len - q_len .. k_len - 1``),
@@ -163,7 +164,7 @@ def free_head_query_scale(cfg: ModelConfig, positions: Tensor) -> Tensor | None:
     Returns:
         (B, H, L, 1) float32 on ``positions.device``, or None when the option is off.
     """
-    if getattr(cfg, "free_head_scale", "none") == "none" or not cfg.free_heads:
+    if cfg.free_head_scale == "none":  # the config refuses a scale without free heads
         return None
     free = (head_slopes(cfg) == 0).to(positions.device)  # (H,)
     factor = (torch.log1p(positions.float()) / math.log(cfg.max_len)).clamp(min=1.0)  # (B, L): max(1, log n / log max_len)
