@@ -174,6 +174,7 @@ class TrainConfig(_Section):
     # auxiliary contrastive loss between two dropout views (recsys_alibi.training.contrastive); 0: off
     contrastive_weight: float = Field(0.0, ge=0)
     contrastive_temperature: float = Field(1.0, gt=0)
+    contrastive_similarity: Literal["dot", "cosine"] = "dot"
     contrastive_positions: int = Field(1024, ge=2)  # supervised positions per step that enter it (cost ~ its square)
     attention_health: bool = True  # log per-head entropy / zero-weight share at each validation (ALiBi)
     zero_share_threshold: float = Field(0.05, ge=0, le=1)  # warn when a head has more exactly-zero weights

@@ -6,7 +6,8 @@ apart from every other position's, and also pulls together the positions whose n
 same: the unsupervised and supervised views of DuoRec (Qiu et al., "Contrastive Learning for
 Representation Degeneration Problem in Sequential Recommendation", WSDM 2022), written as one
 loss with the positive set of SupCon (Khosla et al., "Supervised Contrastive Learning", NeurIPS
-2020). Similarity is the dot product over a temperature, as in DuoRec.
+2020). Similarity is the dot product over a temperature, as in DuoRec, or the cosine (SimCLR's
+NT-Xent, Chen et al., ICML 2020).
 """
 
 from __future__ import annotations
@@ -14,13 +15,16 @@ from __future__ import annotations
 import torch
 
 
-def contrastive_loss(a: torch.Tensor, b: torch.Tensor, targets: torch.Tensor, temperature: float) -> torch.Tensor:
+def contrastive_loss(
+    a: torch.Tensor, b: torch.Tensor, targets: torch.Tensor, temperature: float, cosine: bool = False
+) -> torch.Tensor:
     """Mean over the ``2 T`` views of ``-log(sum over positives / sum over all others)``.
 
     Args:
         a, b: (T, D) float, two views of the same T positions (T >= 1).
         targets: (T,) int64 next item of each position (>= 1).
         temperature: > 0; similarities are ``dot / temperature``.
+        cosine: compare unit vectors (the cosine) instead of the raw dot product.
 
     Returns:
         () float32. For view ``i`` the candidates are the other ``2 T - 1`` views; its positives
@@ -35,6 +39,8 @@ def contrastive_loss(a: torch.Tensor, b: torch.Tensor, targets: torch.Tensor, te
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
     z = torch.cat([a, b]).float()  # (2T, D)
+    if cosine:
+        z = torch.nn.functional.normalize(z, dim=1)
     labels = torch.cat([targets, targets])  # (2T,)
     logits = z @ z.T / temperature  # (2T, 2T)
     self_mask = torch.eye(z.shape[0], dtype=torch.bool, device=z.device)

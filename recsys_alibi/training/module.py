@@ -158,7 +158,7 @@ class RankerModule(L.LightningModule):
         keep = keep if chosen is None else keep.index_select(0, chosen)
         return contrastive_loss(
             hidden.index_select(0, keep), view.index_select(0, keep), targets.index_select(0, keep),
-            self.train_cfg.contrastive_temperature,
+            self.train_cfg.contrastive_temperature, cosine=self.train_cfg.contrastive_similarity == "cosine",
         )  # fmt: skip
 
     def _sharded_training_step(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:

@@ -12,9 +12,11 @@ from recsys_alibi.config import ConfigError, load_config
 from recsys_alibi.training.contrastive import contrastive_loss, sample_positions
 
 
-def reference(a: torch.Tensor, b: torch.Tensor, targets: torch.Tensor, temperature: float) -> float:
+def reference(a: torch.Tensor, b: torch.Tensor, targets: torch.Tensor, temperature: float, cosine=False) -> float:
     """-log(sum over positives / sum over the others), one view at a time, in float64 loops."""
     z = torch.cat([a, b]).double()
+    if cosine:
+        z = torch.stack([v / math.sqrt(float(v @ v)) for v in z])
     labels = torch.cat([targets, targets]).tolist()
     total = 0.0
     for i in range(z.shape[0]):
@@ -41,12 +43,13 @@ def test_same_target_positions_are_positives():
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.2])
-def test_matches_the_loop_reference(temperature):
+@pytest.mark.parametrize("cosine", [False, True])
+def test_matches_the_loop_reference(temperature, cosine):
     g = torch.Generator().manual_seed(0)
-    a, b = torch.randn(7, 5, generator=g), torch.randn(7, 5, generator=g)
+    a, b = 3 * torch.randn(7, 5, generator=g), torch.randn(7, 5, generator=g)
     targets = torch.tensor([1, 2, 2, 3, 4, 4, 4])
-    got = contrastive_loss(a, b, targets, temperature).item()
-    assert got == pytest.approx(reference(a, b, targets, temperature), rel=1e-5)
+    got = contrastive_loss(a, b, targets, temperature, cosine=cosine).item()
+    assert got == pytest.approx(reference(a, b, targets, temperature, cosine), rel=1e-5)
 
 
 def test_bad_inputs_raise():
