@@ -171,11 +171,6 @@ class TrainConfig(_Section):
     windows: Literal["last", "all"] = "last"  # train on each history's last max_len + 1 events, or on all of it
     batch_tokens: int | None = Field(None, ge=1)  # length-bucketed batches of <= this many padded tokens (recsys_alibi.data.buckets)
     num_workers: int = Field(0, ge=0)  # training-batch worker processes (a GPU outruns one collating process)
-    # auxiliary contrastive loss between two dropout views (recsys_alibi.training.contrastive); 0: off
-    contrastive_weight: float = Field(0.0, ge=0)
-    contrastive_temperature: float = Field(1.0, gt=0)
-    contrastive_similarity: Literal["dot", "cosine"] = "dot"
-    contrastive_positions: int = Field(1024, ge=2)  # supervised positions per step that enter it (cost ~ its square)
     attention_health: bool = True  # log per-head entropy / zero-weight share at each validation (ALiBi)
     zero_share_threshold: float = Field(0.05, ge=0, le=1)  # warn when a head has more exactly-zero weights
 
@@ -291,12 +286,6 @@ class JobConfig(_Section):
     evaluate: EvaluateConfig = EvaluateConfig()
     score: ScoreConfig = ScoreConfig()
     tracking: TrackingConfig = TrackingConfig()
-
-    @model_validator(mode="after")
-    def _contrastive_needs_dense_table(self) -> "JobConfig":
-        if self.train.contrastive_weight > 0 and self.model.shard_embeddings:
-            raise ValueError("train.contrastive_weight needs the dense item table: set model.shard_embeddings false")
-        return self
 
 
 def _set_dotted(tree: dict[str, Any], dotted: str, value: Any, origin: str) -> None:

@@ -30,7 +30,6 @@ from recsys_alibi.config import ModelConfig, TrainConfig
 from recsys_alibi.evaluation.metrics import hit_rate_at_k, mrr, ndcg_at_k, per_user_metrics
 from recsys_alibi.evaluation.ranking import mask_seen, target_ranks
 from recsys_alibi.model.transformer import AlibiRanker
-from recsys_alibi.training.contrastive import contrastive_loss, sample_positions
 from recsys_alibi.training.losses import build_loss
 from recsys_alibi.training.sharding import (
     TABLE_KEY,
@@ -140,26 +139,9 @@ class RankerModule(L.LightningModule):
             hidden, targets = hidden.index_select(0, where), targets.index_select(0, where)
         # without the index every position goes to the loss, which ignores target 0
         loss = self.loss(hidden, targets, self.model.items.weight)
-        if self.train_cfg.contrastive_weight > 0:
-            loss = loss + self.train_cfg.contrastive_weight * self._contrastive(batch, hidden, targets, where)
         # a per-step value (on_step only): batch_size, which weights epoch means, is not needed
         self.log("train/loss", loss, prog_bar=True, batch_size=rows)
         return loss
-
-    def _contrastive(
-        self, batch: dict[str, torch.Tensor], hidden: torch.Tensor, targets: torch.Tensor, where: torch.Tensor | None
-    ) -> torch.Tensor:
-        """The contrastive term: a second encoder pass (new dropout masks) at the same positions."""
-        view = self.model.encode(batch["inputs"], batch["lengths"], batch.get("seq_ids"), gaps=batch.get("gaps"))
-        view = view.flatten(0, 1)  # (B * L, D)
-        view = view.index_select(0, where) if where is not None else view
-        keep = torch.nonzero(targets > 0).squeeze(1)  # (T,) supervised positions
-        chosen = sample_positions(keep.numel(), self.train_cfg.contrastive_positions, keep.device)
-        keep = keep if chosen is None else keep.index_select(0, chosen)
-        return contrastive_loss(
-            hidden.index_select(0, keep), view.index_select(0, keep), targets.index_select(0, keep),
-            self.train_cfg.contrastive_temperature, cosine=self.train_cfg.contrastive_similarity == "cosine",
-        )  # fmt: skip
 
     def _sharded_training_step(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """One lookup of the step's unique items (inputs, targets, negatives) through the shards."""
