@@ -13,19 +13,19 @@ Two tasks (``GenerateConfig.task``):
     * **long-tailed history lengths**: log-normal between ``cfg.min_events`` and
       ``cfg.max_events`` (median ``min * (max / min) ** 0.4``; with the defaults 20..3000 the
       mean is ~200 events and about 1% of users have more than 1,000);
-    * **re-consumption from the distant past**: with probability ``REPEAT_P`` an event repeats
-      the item of an earlier event of the same user drawn uniformly from the whole past;
-    * **sequels after long gaps** (the signal that lies far back): the last
-      ``2 * P = 2 * floor(SEQUEL_ITEMS * N)`` items form ``P`` (opener, sequel) pairs, a fixed
-      bijection like a series and its next season. Every event at position ``s >=
-      SEQUEL_MIN_GAP`` of a history is, with probability ``SEQUEL_P``, the sequel of a pair
-      drawn uniformly, and the event at ``o``, uniform in ``0 .. s - SEQUEL_MIN_GAP``, is set to
-      its opener: a sequel always comes at least ``SEQUEL_MIN_GAP`` (100) events after its
-      opener, so a context of the last 100 events never holds it, while the whole history
-      does. Openers are written before sequels, so when two draws land on one event the sequel
-      wins, and about 1 sequel in 10 lacks its opener (another pair's draw landed on it); neither is drawn from the topic mixture or
-      re-consumed. Re-consumed items are excluded at evaluation (seen), sequels never are:
-      this is the structure that makes the whole history worth reading.
+    * **re-consumption from the distant past**: with probability ``REPEAT_P`` a topic draw repeats
+      the topic item of an earlier event of the same user drawn uniformly from the whole past;
+    * **a long-term taste beside the short-term topics** (the signal that lies far back): every
+      item has a fixed latent vector ``v_i`` (``TASTE_DIM`` normal entries) and every user a
+      taste ``u`` (normal, variance ``1 / TASTE_DIM`` per entry). Each event is, with
+      probability ``TASTE_SHARE``, a *taste event* instead of the topic draw above: the user's
+      taste events consume the catalog in one Plackett-Luce order of the affinities
+      ``TASTE_BETA * u . v_i - TASTE_TILT * log(i)`` (item ``i = 1..N``; drawn with Gumbel
+      noise, Luce 1959, Plackett 1975), so the k-th taste event is the user's k-th favourite
+      still unconsumed, never a repeat (after ``N`` taste events the order starts again). The
+      next taste event is predictable only from the taste ``u``, and every taste event of the
+      history is one noisy look at it: the last 50 events estimate ``u`` from about 40 looks,
+      the whole history from hundreds, which is what makes the whole history worth reading.
 
 ``"long-range"``
     A probe of context length D = ``cfg.distance`` (>= 3): can the model see an event exactly
@@ -82,9 +82,11 @@ EVENT_TYPES = ("click", "view", "add_to_cart", "purchase")
 EVENT_TYPE_P = (0.70, 0.20, 0.07, 0.03)
 BLOCK_EVENTS = 4_000_000  # events generated per block of users (bounds peak memory)
 EPISODE_GAP = 8  # long-range probe: episodes repeat every distance + EPISODE_GAP events
-SEQUEL_ITEMS = 0.1  # share of the catalog that are openers (and as many sequels) of the default task
-SEQUEL_P = 0.12  # probability that an event (at least SEQUEL_MIN_GAP into a history) is a sequel
-SEQUEL_MIN_GAP = 100  # a sequel comes at least this many events after its opener
+TASTE_SHARE = 0.8  # probability that an event of the default task follows the long-term taste
+TASTE_DIM = 16  # dimensions of the latent item vectors and user tastes
+TASTE_BETA = 3.0  # strength of the taste in the affinities (larger: more concentrated)
+TASTE_TILT = 0.5  # popularity tilt of the affinities: -TASTE_TILT * log(item id)
+TASTE_BLOCK = 4_000_000  # user x item affinities held at once (bounds peak memory)
 A_CUES = 1  # long-range probe: cues of kind a (its answer is the query of kind b: one learns fast)
 
 
@@ -112,9 +114,9 @@ def generate_events(cfg: GenerateConfig, seed: int) -> pl.DataFrame:
         if cfg.distance < 3:
             raise ValueError(f"generate.distance must be >= 3 for task long-range, got {cfg.distance}")
     lengths = _history_lengths(cfg, rng)
-    n_pairs = sequel_pairs(cfg.items)[0].shape[0] if cfg.task == "default" else 0
     if catalog is None:
-        sampler = _TopicCatalog(cfg.items - 2 * n_pairs, rng)
+        sampler = _TopicCatalog(cfg.items, rng)
+        vectors = rng.normal(size=(cfg.items, TASTE_DIM))  # (N, K) latent item vectors, fixed for the log
 
     frames: list[pl.DataFrame] = []
     first_user = 0
@@ -126,7 +128,7 @@ def generate_events(cfg: GenerateConfig, seed: int) -> pl.DataFrame:
         if catalog is not None:
             items = _long_range_items(block_lengths, cfg.distance, catalog, rng)
         else:
-            items = _with_sequels(_default_items(block_lengths, sampler, rng), block_lengths, cfg.items, n_pairs, rng)
+            items = _with_taste(_default_items(block_lengths, sampler, rng), block_lengths, vectors, rng)
         frames.append(_block_frame(first_user, block_lengths, items, rng))
         first_user += n_block
     return pl.concat(frames, rechunk=True)
@@ -211,33 +213,31 @@ def _default_items(lengths: np.ndarray, catalog: _TopicCatalog, rng: np.random.G
     return items[src]
 
 
-def sequel_pairs(items: int) -> tuple[np.ndarray, np.ndarray]:
-    """The (opener, sequel) item ids of the default task: openers ``N - 2P + 1 .. N - P``,
-    their sequels ``N - P + 1 .. N`` in the same order, ``P = floor(SEQUEL_ITEMS * N)``.
+def _with_taste(items: np.ndarray, lengths: np.ndarray, vectors: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Replace a block's taste events by each user's Plackett-Luce order, (E,) int64 -> (E,) int64.
 
-    Returns:
-        (P,) int64 opener ids and (P,) int64 sequel ids (empty when the catalog is too small).
+    ``items`` are item indices (id - 1) of the block's events, ``vectors`` (N, K) the latent item
+    vectors. Each event becomes a taste event with probability ``TASTE_SHARE``; the k-th taste
+    event of a user is entry ``k mod N`` of that user's order (the indices sorted by affinity
+    plus Gumbel noise, descending). Users are ordered ``TASTE_BLOCK // N`` at a time.
     """
-    n_pairs = int(SEQUEL_ITEMS * items) if items - 2 * int(SEQUEL_ITEMS * items) >= 1 else 0
-    openers = np.arange(items - 2 * n_pairs + 1, items - n_pairs + 1, dtype=np.int64)
-    return openers, openers + n_pairs
-
-
-def _with_sequels(
-    items: np.ndarray, lengths: np.ndarray, n_items: int, n_pairs: int, rng: np.random.Generator
-) -> np.ndarray:
-    """Write (opener, sequel) pairs into a block's item indices (id - 1), (E,) int64 -> (E,) int64."""
-    if n_pairs == 0:
-        return items
-    user, pos, starts = _user_offsets(lengths)
-    sequel_at = np.flatnonzero((pos >= SEQUEL_MIN_GAP) & (rng.random(user.shape[0]) < SEQUEL_P))  # event indices
-    pair = rng.integers(0, n_pairs, size=sequel_at.shape[0])
-    span = pos[sequel_at] - SEQUEL_MIN_GAP + 1  # opener positions 0 .. s - SEQUEL_MIN_GAP
-    opener_at = starts[user[sequel_at]] + np.floor(rng.random(sequel_at.shape[0]) * span).astype(np.int64)
-    openers, sequels = sequel_pairs(n_items)
+    n_items = vectors.shape[0]
+    user, _, starts = _user_offsets(lengths)
+    taste = rng.random(user.shape[0]) < TASTE_SHARE  # (E,) bool
+    before = np.cumsum(taste) - taste  # taste events before each event, over the block
+    rank = before - before[starts][user]  # k: taste events of the same user before it
+    tastes = rng.normal(size=(lengths.shape[0], TASTE_DIM)) / np.sqrt(TASTE_DIM)  # (U, K)
+    tilt = -TASTE_TILT * np.log(np.arange(1, n_items + 1))  # (N,)
     items = items.copy()
-    items[opener_at] = openers[pair] - 1
-    items[sequel_at] = sequels[pair] - 1
+    step = max(1, TASTE_BLOCK // n_items)
+    ends = np.append(starts, user.shape[0])  # events of users first..last - 1: ends[first]:ends[last]
+    for first in range(0, lengths.shape[0], step):
+        last = min(first + step, lengths.shape[0])
+        affinity = TASTE_BETA * tastes[first:last] @ vectors.T + tilt  # (u, N)
+        order = np.argsort(-(affinity + rng.gumbel(size=affinity.shape)), axis=1)  # (u, N) item indices
+        lo, hi = ends[first], ends[last]
+        here = lo + np.flatnonzero(taste[lo:hi])  # the taste events of these users
+        items[here] = order[user[here] - first, rank[here] % n_items]
     return items
 
 

@@ -23,9 +23,12 @@ import pytest
 from pipelines.cli import main
 from recsys_alibi.data import schema
 
-TINY = [  # like test_pipeline_end_to_end, trained long enough that the champion clearly beats the worse config
+TINY = [  # like test_pipeline_end_to_end, trained long enough that the champion clearly beats the worse config:
+    # the long-range probe at distance 3 (a cue -> answer lookup a tiny model learns in seconds; the
+    # default task's latent taste needs far more users than 100 to be learnt)
     "generate.enabled=true", "generate.users=100", "generate.items=100", "generate.min_events=8",
-    "generate.max_events=60", "data.min_events_per_user=3", "data.min_events_per_item=1",
+    "generate.max_events=60", "generate.task=long-range", "generate.distance=3",
+    "data.min_events_per_user=3", "data.min_events_per_item=1",
     "model.d_model=16", "model.n_heads=2", "model.n_layers=1", "model.max_len=16", "model.dropout=0.0",
     "train.max_epochs=8", "train.batch_size=16", "train.lr=0.005", "train.warmup_steps=1",
     "train.attention_health=false", "evaluate.ks=[1,5,10]", "score.k=10", "score.shard_users=50",

@@ -98,7 +98,12 @@ def test_pipeline_with_time_gaps_trains_evaluates_and_scores_with_them(tmp_path,
     model_uri = next(line for line in printed.splitlines() if line.startswith("model_uri: ")).split(": ", 1)[1]
     report = json.loads((out / "report" / "report.json").read_text())
     rankings = pl.read_parquet(out / "rankings" / "*.parquet")
-    assert rankings.get_column(schema.USER_ID).n_unique() == report["n_users"]
+    # every user is ranked but those who have consumed the whole catalog (K' = min(K, N - seen) = 0 rows)
+    sequences = pl.read_parquet(out / "prepared" / "sequences.parquet")
+    n_items = pl.read_parquet(out / "prepared" / "items.parquet").height
+    with_unseen = sequences.filter(pl.col("item_idx").list.n_unique() < n_items)
+    assert 0 < with_unseen.height <= report["n_users"]
+    assert set(rankings.get_column(schema.USER_ID).unique().to_list()) == set(with_unseen.get_column("user_id").to_list())
 
     from recsys_alibi.tracking import load_ranker
 
