@@ -48,6 +48,7 @@ STAGED_MARKER = "_staged.json"
 STAGED_KEEP = (schema.STATS_FILE, schema.REJECTS_FILE, STAGED_MARKER)  # kept when the job completes
 SKIP_NO_KNOWN_ITEM = "no_known_item"  # reasons a user is not ranked (Shard.skipped)
 SKIP_NO_EVENTS = "no_events"
+SKIP_EVERY_ITEM_SEEN = "every_item_seen"  # ranked, but seen-item exclusion left no item to recommend
 
 
 @dataclass(frozen=True)
@@ -72,16 +73,21 @@ class Shard:
     gaps: FlatSequences | None = None
     input_lengths: np.ndarray | None = None
 
-    def skipped(self) -> pl.DataFrame:
-        """The users that cannot be ranked, with why: ``user_id``, ``reason``, ``input_events`` Int64.
+    def skipped(self, ranked: pl.Series | None = None) -> pl.DataFrame:
+        """The users that are not ranked, with why: ``user_id``, ``reason``, ``input_events`` Int64.
 
-        ``reason`` is ``no_known_item`` (every event's item is unknown to the model) or
-        ``no_events`` (an empty or null history in the input).
+        ``reason`` is ``no_known_item`` (every event's item is unknown to the model),
+        ``no_events`` (an empty or null history in the input) or, when ``ranked`` (the user ids
+        that got ranking rows) is given, ``every_item_seen``: a user with known items but no
+        row, because the history holds every item of the catalog and seen items are excluded.
         """
         lengths = self.histories.lengths()
         given = lengths if self.input_lengths is None else self.input_lengths
-        rows = np.flatnonzero(lengths == 0)
-        reasons = np.where(given[rows] > 0, SKIP_NO_KNOWN_ITEM, SKIP_NO_EVENTS)
+        unranked = lengths == 0
+        if ranked is not None:
+            unranked |= ~self.user_ids.is_in(ranked.implode()).to_numpy()
+        rows = np.flatnonzero(unranked)
+        reasons = np.where(lengths[rows] > 0, SKIP_EVERY_ITEM_SEEN, np.where(given[rows] > 0, SKIP_NO_KNOWN_ITEM, SKIP_NO_EVENTS))
         return pl.DataFrame({
             schema.USER_ID: self.user_ids.gather(rows),
             "reason": pl.Series(reasons.tolist(), dtype=pl.String),

@@ -33,6 +33,7 @@ from pathlib import Path
 import polars as pl
 
 from recsys_alibi.config import JobConfig
+from recsys_alibi.data import schema
 from recsys_alibi.data.ingest import DataError
 from serving.distributed import World, scoring_world
 from serving.inputs import ScoreInput, fingerprint, input_kind, open_input, release_staged
@@ -71,8 +72,9 @@ class ScoreJobResult:
         users: users in the input; shards: shards of the job; shards_skipped: shards already
             done by an earlier run; rows: ranking rows in all part files; seconds: wall time of
             this run; users_scored: users of the shards scored by this run (all processes);
-            skipped_users: users with no event the model knows (not ranked; listed with the
-            reason in ``output_dir/_skipped/``); unknown_items /
+            skipped_users: users not ranked, listed with the reason in ``output_dir/_skipped/``:
+            no event the model knows, no events, or every catalog item already seen (seen-item
+            exclusion leaves nothing to recommend); unknown_items /
             unknown_events: input items the model does not know and their dropped events;
             rejected_rows: malformed raw-event rows (in ``_input/rejects.parquet``);
             world_size: processes that shared the job.
@@ -110,7 +112,8 @@ class ScoreJobResult:
             f"({self.shards_skipped} already done) -> {self.output_dir}; this run scored {self.users_scored} users"
             f"{procs} in {self.seconds:.1f} s{speed}",
             f"unknown items: {self.unknown_items} ({self.unknown_events} events skipped); "
-            f"users without a known item: {self.skipped_users}{skipped}; rejected rows: {self.rejected_rows}",
+            f"users not ranked (no known item, no events or every item seen): {self.skipped_users}{skipped}; "
+            f"rejected rows: {self.rejected_rows}",
         ]
         return "\n".join(lines)
 
@@ -193,12 +196,13 @@ def _checked(result: ScoreJobResult, main: bool) -> ScoreJobResult:
     if result.users and not result.users_ranked:
         raise DataError(
             f"no user was ranked: none of the {result.users} users has an event whose item the model knows "
-            f"({result.unknown_items} unknown items, {result.unknown_events} events skipped; users listed in "
-            f"{result.output_dir / SKIPPED_DIR}); score with a model trained on this data"
+            f"and an item left to recommend ({result.unknown_items} unknown items, {result.unknown_events} events "
+            f"skipped; users listed with the reason in {result.output_dir / SKIPPED_DIR}); score with a model "
+            "trained on this data"
         )
     if result.skipped_users and main:
-        log.warning("%d of %d users have no item the model knows and were not ranked; listed with the reason in %s",
-                    result.skipped_users, result.users, result.output_dir / SKIPPED_DIR)  # fmt: skip
+        log.warning("%d of %d users were not ranked (no item the model knows, or every item already seen); "
+                    "listed with the reason in %s", result.skipped_users, result.users, result.output_dir / SKIPPED_DIR)  # fmt: skip
     return result
 
 
@@ -325,11 +329,13 @@ def write_shard(ranker: ShardRanker, source: ScoreInput, shard: int, shard_users
         ``unknown_events``, as the manifest records them. The caller records the shard.
     """
     batch = source.read_shard(shard * shard_users, shard_users)
-    rankings, skipped = ranker.rank(batch.user_ids, batch.histories, batch.gaps)
+    rankings, _ = ranker.rank(batch.user_ids, batch.histories, batch.gaps)
+    unranked = batch.skipped(ranked=rankings.get_column(schema.USER_ID).unique())
+    skipped = unranked.height
     name = part_name(shard)
     if skipped:  # before the part file: a shard whose part file is in place has its list too
         (output_dir / SKIPPED_DIR).mkdir(exist_ok=True)
-        write_atomic(output_dir / SKIPPED_DIR / name, lambda tmp: batch.skipped().write_parquet(tmp))
+        write_atomic(output_dir / SKIPPED_DIR / name, lambda tmp: unranked.write_parquet(tmp))
     write_atomic(output_dir / name, lambda tmp: rankings.write_parquet(tmp))
     stats = {"users": batch.user_ids.len(), "rows": rankings.height, "skipped_users": skipped,
              "unknown_events": batch.unknown_events}  # fmt: skip

@@ -104,6 +104,10 @@ def test_pipeline_with_time_gaps_trains_evaluates_and_scores_with_them(tmp_path,
     with_unseen = sequences.filter(pl.col("item_idx").list.n_unique() < n_items)
     assert 0 < with_unseen.height <= report["n_users"]
     assert set(rankings.get_column(schema.USER_ID).unique().to_list()) == set(with_unseen.get_column("user_id").to_list())
+    if with_unseen.height < sequences.height:  # the others are listed with the reason, not silently missing
+        listed = pl.read_parquet(out / "rankings" / "_skipped" / "*.parquet")
+        assert listed.get_column("reason").unique().to_list() == ["every_item_seen"]
+        assert listed.height == sequences.height - with_unseen.height
 
     from recsys_alibi.tracking import load_ranker
 

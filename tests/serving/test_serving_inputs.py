@@ -150,8 +150,11 @@ def test_raw_events_keep_every_id_spelling_apart_from_the_models(tmp_path):
     rows = "".join(f"u{u % 7},{1001 + u % 30},{u}\n" for u in range(1100)) + "u1,+1005,2000\nu2,01005,2001\n"
     events = tmp_path / "events.csv"
     events.write_text("user_id,item_id,timestamp\n" + rows)
-    result = score_with_model(score_config(k=5), tiny_model(), vocabulary(), events, tmp_path / "out", progress=False)
+    # every user has seen all 30 items: rank them all (with seen items excluded nobody would be ranked)
+    config = score_config(k=5, exclude_seen=False)
+    result = score_with_model(config, tiny_model(), vocabulary(), events, tmp_path / "out", progress=False)
     assert (result.unknown_items, result.unknown_events, result.rejected_rows) == (2, 2, 0)
+    assert (result.users_ranked, result.rows) == (7, 35)
 
 
 def test_non_utf8_raw_events_are_a_data_error(tmp_path):

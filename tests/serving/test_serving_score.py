@@ -55,13 +55,31 @@ def test_users_without_a_known_item_are_listed_with_the_reason_and_counted(tmp_p
     assert set(read_rankings(tmp_path / "out")[schema.USER_ID]) == {f"u{u:03d}" for u in range(10)} - {"u003", "u007", "u008"}
     summary = result.summary()
     assert summary.startswith("ranked 7 of 10 users: ")
-    assert f"users without a known item: 3 (listed in {tmp_path / 'out' / '_skipped'})" in summary
+    assert f"users not ranked (no known item, no events or every item seen): 3 (listed in {tmp_path / 'out' / '_skipped'})" in summary
+
+
+def test_a_user_who_has_seen_every_item_is_listed_not_silently_missing(tmp_path):
+    prepared = write_prepared(tmp_path / "prepared", n_users=4)
+    n_items = vocabulary().height  # 30
+    rows = pl.read_parquet(prepared / schema.SEQUENCES_FILE).to_dicts()
+    rows[2][schema.ITEM_IDX] = list(range(1, n_items + 1)) + [4]  # the whole catalog, one repeat
+    rows[2][schema.TIMESTAMP] = list(range(n_items + 1))
+    schema_of = pl.read_parquet(prepared / schema.SEQUENCES_FILE).schema
+    pl.DataFrame(rows, schema=schema_of).write_parquet(prepared / schema.SEQUENCES_FILE)
+    result = _run(prepared, tmp_path / "out")
+    assert (result.users, result.skipped_users, result.users_ranked) == (4, 1, 3)
+    skipped = pl.read_parquet(tmp_path / "out" / "_skipped" / "*.parquet")
+    assert skipped.to_dicts() == [{schema.USER_ID: rows[2][schema.USER_ID], "reason": "every_item_seen", "input_events": 31}]
+    assert set(read_rankings(tmp_path / "out")[schema.USER_ID]) == {r[schema.USER_ID] for r in rows} - {rows[2][schema.USER_ID]}
+    # without seen-item exclusion the same user is ranked over the whole catalog
+    again = _run(prepared, tmp_path / "all", exclude_seen=False)
+    assert (again.skipped_users, again.users_ranked) == (0, 4)
 
 
 def test_nothing_ranked_at_all_is_an_error(tmp_path):
     path = tmp_path / "users.parquet"
     pl.DataFrame({schema.USER_ID: ["a", "b"], schema.ITEM_IDX: pl.Series([[], None], dtype=pl.List(pl.Int32))}).write_parquet(path)
-    with pytest.raises(DataError, match="no user was ranked: none of the 2 users has an event whose item the model knows"):
+    with pytest.raises(DataError, match="no user was ranked: none of the 2 users has an event whose item the model knows and an item left"):
         _run(path, tmp_path / "out")
     assert pl.read_parquet(tmp_path / "out" / "_skipped" / "*.parquet")["reason"].to_list() == ["no_events", "no_events"]
 
