@@ -73,20 +73,17 @@ class Shard:
     gaps: FlatSequences | None = None
     input_lengths: np.ndarray | None = None
 
-    def skipped(self, ranked: pl.Series | None = None) -> pl.DataFrame:
+    def skipped(self, ranked: pl.Series) -> pl.DataFrame:
         """The users that are not ranked, with why: ``user_id``, ``reason``, ``input_events`` Int64.
 
         ``reason`` is ``no_known_item`` (every event's item is unknown to the model),
-        ``no_events`` (an empty or null history in the input) or, when ``ranked`` (the user ids
-        that got ranking rows) is given, ``every_item_seen``: a user with known items but no
-        row, because the history holds every item of the catalog and seen items are excluded.
+        ``no_events`` (an empty or null history in the input) or ``every_item_seen``: a user
+        with known items who is not in ``ranked`` (the user ids that got ranking rows), because
+        the history holds every item of the catalog and seen items are excluded.
         """
         lengths = self.histories.lengths()
         given = lengths if self.input_lengths is None else self.input_lengths
-        unranked = lengths == 0
-        if ranked is not None:
-            unranked |= ~self.user_ids.is_in(ranked.implode()).to_numpy()
-        rows = np.flatnonzero(unranked)
+        rows = np.flatnonzero((lengths == 0) | ~self.user_ids.is_in(ranked.implode()).to_numpy())
         reasons = np.where(lengths[rows] > 0, SKIP_EVERY_ITEM_SEEN, np.where(given[rows] > 0, SKIP_NO_KNOWN_ITEM, SKIP_NO_EVENTS))
         return pl.DataFrame({
             schema.USER_ID: self.user_ids.gather(rows),

@@ -12,10 +12,12 @@ from recsys_alibi.config import GenerateConfig
 from recsys_alibi.data.synthetic import (
     EPISODE_GAP,
     LongRangeCatalog,
+    _default_items,
+    _TopicCatalog,
+    _with_taste,
     generate_events,
     long_range_catalog,
 )
-from recsys_alibi.data.synthetic import _TopicCatalog, _default_items, _with_taste
 
 
 @pytest.fixture(scope="module")
