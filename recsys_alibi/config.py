@@ -122,6 +122,10 @@ class ModelConfig(_Section):
     # item table: torchrec EmbeddingCollection or plain nn.Embedding; auto = torchrec where it imports (docs/install.md)
     embedding_backend: Literal["auto", "torchrec", "torch"] = "auto"
     time_gap_buckets: int = Field(0, ge=0)  # 0 = off; else a second table of log2 time-gap buckets (>= 3)
+    # 0 = off; else each block mixes attention with a causal low-pass / high-pass rescaling over this many
+    # events (BSARec, AAAI 2024, made causal: recsys_alibi.model.frequency), weight lowpass_mix on the filter
+    lowpass_window: int = Field(0, ge=0)
+    lowpass_mix: float = Field(0.7, ge=0.0, le=1.0)
 
     @model_validator(mode="after")
     def _heads_divide_width(self) -> "ModelConfig":

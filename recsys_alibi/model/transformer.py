@@ -18,6 +18,7 @@ from recsys_alibi.config import ModelConfig
 from recsys_alibi.model.alibi import AlibiSlopes, free_head_query_scale
 from recsys_alibi.model.attention import BatchMask, alibi_attention, batch_mask, eager_attention, needs_grad
 from recsys_alibi.model.embeddings import ItemEmbeddings
+from recsys_alibi.model.frequency import LowPassRescale
 from recsys_alibi.model.masks import MaskSpec
 
 
@@ -91,12 +92,19 @@ class CausalSelfAttention(nn.Module):
 
 
 class TransformerBlock(nn.Module):
-    """Pre-LN block: x + Attn(LN(x)), then x + FFN(LN(x)); GELU feed-forward of width ffn_mult*D."""
+    """Pre-LN block: x + Attn(LN(x)), then x + FFN(LN(x)); GELU feed-forward of width ffn_mult*D.
+
+    With ``model.lowpass_window`` w > 0 the first half is ``x + a * F(LN(x)) + (1 - a) * Attn(LN(x))``,
+    ``F`` the causal low-pass rescaling (:class:`recsys_alibi.model.frequency.LowPassRescale`), ``a`` =
+    ``model.lowpass_mix`` (BSARec, AAAI 2024).
+    """
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.attn_norm = nn.LayerNorm(cfg.d_model)
         self.attn = CausalSelfAttention(cfg)
+        self.lowpass = LowPassRescale(cfg.d_model, cfg.lowpass_window) if cfg.lowpass_window else None
+        self.lowpass_mix = cfg.lowpass_mix
         self.ffn_norm = nn.LayerNorm(cfg.d_model)
         self.ffn = nn.Sequential(
             nn.Linear(cfg.d_model, cfg.ffn_mult * cfg.d_model),
@@ -106,9 +114,16 @@ class TransformerBlock(nn.Module):
         )
         self.dropout = nn.Dropout(cfg.dropout)
 
-    def forward(self, x, slopes, lengths, seq_ids=None, backend=None, mask=None, query_scale=None) -> torch.Tensor:
-        """(B, L, D) -> (B, L, D); ``mask``, ``query_scale`` as in :meth:`CausalSelfAttention.forward`."""
-        x = x + self.dropout(self.attn(self.attn_norm(x), slopes, lengths, seq_ids, backend, mask, query_scale))
+    def forward(
+        self, x, slopes, lengths, seq_ids=None, backend=None, mask=None, query_scale=None, positions=None
+    ) -> torch.Tensor:
+        """(B, L, D) -> (B, L, D); ``mask``, ``query_scale`` as in :meth:`CausalSelfAttention.forward`;
+        ``positions`` (B or 1, L) int64 (:func:`query_positions`), required with the low-pass branch."""
+        normed = self.attn_norm(x)
+        mixed = self.attn(normed, slopes, lengths, seq_ids, backend, mask, query_scale)
+        if self.lowpass is not None:
+            mixed = self.lowpass_mix * self.lowpass(normed, positions) + (1 - self.lowpass_mix) * mixed
+        x = x + self.dropout(mixed)
         return x + self.dropout(self.ffn(self.ffn_norm(x)))
 
 
@@ -205,16 +220,18 @@ class AlibiRanker(nn.Module):
         slopes = self._head_slopes()
         x = self._embed(item_idx, lengths, embedded, gaps)
         mask = self.batch_mask(x, slopes, lengths, seq_ids, backend)
-        query_scale = self._query_scale(item_idx.shape[1], seq_ids, x.device)
+        positions = query_positions(item_idx.shape[1], seq_ids, x.device)  # (B or 1, L)
+        query_scale = self._query_scale(positions)
         for block in self.blocks:
-            x = block(x, slopes, lengths, seq_ids, backend, mask, query_scale)
+            x = block(x, slopes, lengths, seq_ids, backend, mask, query_scale, positions)
         return self.final_norm(x)
 
-    def _query_scale(self, length: int, seq_ids: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
-        """The free heads' (B or 1, H, L, 1) query factors, or None when ``model.free_head_scale`` is off."""
+    def _query_scale(self, positions: torch.Tensor) -> torch.Tensor | None:
+        """The free heads' (B or 1, H, L, 1) query factors at ``positions`` (B or 1, L), or None when
+        ``model.free_head_scale`` is off."""
         if self.cfg.free_head_scale == "none":
             return None
-        return free_head_query_scale(self.cfg, query_positions(length, seq_ids, device))
+        return free_head_query_scale(self.cfg, positions)
 
     def batch_mask(
         self,
@@ -263,11 +280,12 @@ class AlibiRanker(nn.Module):
         """Per layer, the (B, H, L, L) attention weights from the eager reference backend."""
         slopes = self._head_slopes()
         x = self._embed(item_idx, lengths, gaps=gaps)
-        query_scale = self._query_scale(item_idx.shape[1], None, x.device)
+        positions = query_positions(item_idx.shape[1], None, x.device)  # (1, L)
+        query_scale = self._query_scale(positions)
         weights = []
         for block in self.blocks:
             weights.append(block.attn.weights(block.attn_norm(x), slopes, lengths, query_scale))
-            x = block(x, slopes, lengths, None, "eager", None, query_scale)
+            x = block(x, slopes, lengths, None, "eager", None, query_scale, positions)
         return weights
 
 

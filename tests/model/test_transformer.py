@@ -8,6 +8,7 @@ from recsys_alibi.model.alibi import free_head_query_scale
 from recsys_alibi.model.transformer import AlibiRanker, query_positions
 
 LOG_FREE = {"free_heads": 2, "free_head_scale": "log_beyond"}  # two content-only heads, log-length scaled past max_len
+LOWPASS = {"lowpass_window": 2, "lowpass_mix": 0.5}  # the causal low-pass branch beside attention
 
 
 def _model(**kw) -> AlibiRanker:
@@ -26,7 +27,7 @@ def test_scores_have_catalog_width_and_come_from_the_tied_table():
     torch.testing.assert_close(scores, hidden @ model.items.weight.T)
 
 
-@pytest.mark.parametrize("kw", [{}, LOG_FREE], ids=["default", "log-free-heads"])
+@pytest.mark.parametrize("kw", [{}, LOG_FREE, LOWPASS], ids=["default", "log-free-heads", "lowpass"])
 def test_padding_and_future_do_not_change_a_users_scores(kw):
     model = _model(**kw)
     alone = model.score(torch.tensor([[3, 4, 5]]), torch.tensor([3]))
@@ -37,7 +38,7 @@ def test_padding_and_future_do_not_change_a_users_scores(kw):
     torch.testing.assert_close(hidden_short, hidden_long[:, :3], atol=1e-5, rtol=1e-5)  # causal
 
 
-@pytest.mark.parametrize("kw", [{}, LOG_FREE], ids=["default", "log-free-heads"])
+@pytest.mark.parametrize("kw", [{}, LOG_FREE, LOWPASS], ids=["default", "log-free-heads", "lowpass"])
 @pytest.mark.parametrize("backend", ["eager", "sdpa"])
 def test_backends_agree_inside_the_model(backend, kw):
     model = _model(**kw)
@@ -73,7 +74,7 @@ def test_gradients_reach_the_rows_looked_up_and_slopes_when_learnable():
     assert model.items.weight.grad is not None
 
 
-@pytest.mark.parametrize("kw", [{}, LOG_FREE], ids=["default", "log-free-heads"])
+@pytest.mark.parametrize("kw", [{}, LOG_FREE, LOWPASS], ids=["default", "log-free-heads", "lowpass"])
 def test_packed_rows_give_each_user_the_hidden_states_it_has_alone(kw):
     model = _model(**kw)
     a, b = torch.tensor([3, 4, 5]), torch.tensor([9, 8])
