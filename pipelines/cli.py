@@ -215,7 +215,10 @@ def configure_logging() -> None:
                     r".*smaller than the logging interval.*"):  # Lightning's tip on tiny epochs
         warnings.filterwarnings("ignore", message=pattern)
     logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)  # torchrec's is_fx_tracing notice
-    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric", "mlflow", "alembic"):
+    # pytorch_lightning / lightning_fabric: the same packages under their standalone names, which
+    # MLflow's model loading imports; their banners would come through from the second run of a process
+    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric", "pytorch_lightning.utilities.rank_zero",
+                 "lightning_fabric", "mlflow", "alembic"):
         logging.getLogger(name).setLevel(logging.WARNING)
     logging.getLogger("mlflow.pytorch").setLevel(logging.ERROR)  # the pickle notice: we log pickled on purpose
 
