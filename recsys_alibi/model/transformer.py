@@ -220,13 +220,20 @@ class AlibiRanker(nn.Module):
         slopes = self._head_slopes()
         x = self._embed(item_idx, lengths, embedded, gaps)
         mask = self.batch_mask(x, slopes, lengths, seq_ids, backend)
-        positions = query_positions(item_idx.shape[1], seq_ids, x.device)  # (B or 1, L)
+        positions = self._positions(item_idx.shape[1], seq_ids, x.device)
         query_scale = self._query_scale(positions)
         for block in self.blocks:
             x = block(x, slopes, lengths, seq_ids, backend, mask, query_scale, positions)
         return self.final_norm(x)
 
-    def _query_scale(self, positions: torch.Tensor) -> torch.Tensor | None:
+    def _positions(self, length: int, seq_ids: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
+        """Each query's (B or 1, L) position in its sequence (:func:`query_positions`) when the free-head
+        scale or the low-pass branch reads it, else None (no per-step work for the plain model)."""
+        if self.cfg.free_head_scale == "none" and not self.cfg.lowpass_window:
+            return None
+        return query_positions(length, seq_ids, device)
+
+    def _query_scale(self, positions: torch.Tensor | None) -> torch.Tensor | None:
         """The free heads' (B or 1, H, L, 1) query factors at ``positions`` (B or 1, L), or None when
         ``model.free_head_scale`` is off."""
         if self.cfg.free_head_scale == "none":
@@ -280,7 +287,7 @@ class AlibiRanker(nn.Module):
         """Per layer, the (B, H, L, L) attention weights from the eager reference backend."""
         slopes = self._head_slopes()
         x = self._embed(item_idx, lengths, gaps=gaps)
-        positions = query_positions(item_idx.shape[1], None, x.device)  # (1, L)
+        positions = self._positions(item_idx.shape[1], None, x.device)
         query_scale = self._query_scale(positions)
         weights = []
         for block in self.blocks:
