@@ -29,6 +29,7 @@ import polars as pl
 from recsys_alibi.config import JobConfig
 from recsys_alibi.data import schema
 from recsys_alibi.data.sequences import vocabulary_difference
+from serving.inputs import vocabulary_remap
 from recsys_alibi.data.time_gaps import sequences_for
 from pipelines.registry_lock import promotion_lock
 from recsys_alibi.tracking import metric_key, tracking_uri
@@ -285,7 +286,8 @@ def _against(config: JobConfig, held, new_value: float, items: pl.DataFrame, seq
     champion = load_ranker(f"models:/{tracking.registered_model}/{held_version}")
     champion_ids, data_ids = champion.items.get_column(schema.ITEM_ID), items.get_column(schema.ITEM_ID)
     why_not = None
-    if not champion_ids.equals(data_ids):
+    remap, unknown = vocabulary_remap(items, champion.items)  # by raw item_id, as ``score`` does
+    if unknown:
         why_not = f"has another item vocabulary ({vocabulary_difference(champion_ids, data_ids)})"
     elif champion.model.uses_time_gaps and not real_timestamps:
         why_not = "reads time gaps and this data has no timestamps (time from line order)"
@@ -295,8 +297,13 @@ def _against(config: JobConfig, held, new_value: float, items: pl.DataFrame, seq
         decision = Decision(True, f"champion v{held_version} {why_not}: not comparable, new version promoted")
         log.warning("promotion: %s", decision.reason)
         return decision, None
+    if remap is not None:  # the same raw ids at other indices: rank in the champion's numbering
+        sequences = sequences.with_columns(
+            pl.col(schema.ITEM_IDX).list.eval(pl.element().replace_strict(
+                list(range(remap.shape[0])), remap.tolist(), return_dtype=pl.Int32))
+        )
     examples = validation_examples(sequences_for(champion.model, sequences), config)
-    champion_value = validation_metrics(config, champion.model, examples, items.height)[metric]
+    champion_value = validation_metrics(config, champion.model, examples, champion.items.height)[metric]
     return decide(new_value, champion_value, tracking.promotion_margin, metric), champion_value
 
 
