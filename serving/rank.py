@@ -60,13 +60,12 @@ def resolve_device(name: str) -> torch.device:
 def resolve_backend(name: str, device: torch.device) -> str | None:
     """Attention backend for scoring; None means the model's own ``model.attention_backend``.
 
-    ``auto``: flex on CUDA; sdpa on CPU, where flex compiles one kernel per padded shape
-    (tens of seconds each) and was slower than sdpa at 2,000 events on the benchmark machine.
+    ``auto`` stays ``"auto"``: the model resolves it per batch with the library's one rule
+    (:func:`recsys_alibi.model.attention.choose_backend`: device, length, window, packing,
+    gradient), so scoring and the model never disagree. ``device`` is kept for callers.
     """
     if name == "model":
         return None
-    if name == "auto":
-        return "flex" if device.type == "cuda" else "sdpa"
     return name
 
 

@@ -107,3 +107,20 @@ def test_a_device_this_machine_lacks_is_a_config_error_before_scoring():
     with pytest.raises(ConfigError, match=r"score.device=cuda:3 but this machine has \d CUDA device"):
         resolve_device("cuda:3")
     assert resolve_device("cpu") == torch.device("cpu")
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+@pytest.mark.parametrize("window", [None, 256])
+@pytest.mark.parametrize("k_len", [200, 4096, 8192])
+def test_scoring_auto_backend_is_the_library_rule(device, window, k_len):
+    from recsys_alibi.model.attention import choose_backend
+    from serving.rank import resolve_backend
+
+    name = resolve_backend("auto", torch.device(device))
+    assert name == "auto"  # passed through: the model's batch_mask resolves it
+    got = choose_backend(name, device, k_len=k_len, grad=False, window=window)
+    expected = "flex" if (device == "cuda" and (window is not None or k_len > 4096)) or (
+        device == "cpu" and window is not None and k_len >= 2048
+    ) else "sdpa"
+    assert got == expected
+    assert resolve_backend("model", torch.device(device)) is None
