@@ -342,6 +342,18 @@ def write_shard(ranker: ShardRanker, source: ScoreInput, shard: int, shard_users
     return name, stats
 
 
+def _speed_label(task) -> str:
+    """``"N users/s"`` for a rich task: the mean over the whole run once finished, else rich's recent rate.
+
+    Rich's windowed ``speed`` is ``None`` (shown as 0) when all users came in one or two advances,
+    so a finished task, or one with no rate yet, shows ``completed / elapsed`` (users per second).
+    """
+    speed = task.speed
+    if (task.finished or speed is None) and task.elapsed:
+        speed = task.completed / task.elapsed
+    return f"{speed or 0:,.0f} users/s"
+
+
 class _progress_bar:
     """Rich progress bar over users with users/s; a no-op when disabled. Yields ``advance(n)``."""
 
@@ -364,8 +376,7 @@ class _progress_bar:
 
         class _Speed(ProgressColumn):
             def render(self, task) -> Text:
-                speed = task.finished_speed or task.speed
-                return Text(f"{speed or 0:,.0f} users/s")
+                return Text(_speed_label(task))
 
         label = "scoring users" + (f" (rank 0 of {self.world.size})" if self.world.size > 1 else "")
         self._bar = Progress(

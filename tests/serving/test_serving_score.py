@@ -149,3 +149,16 @@ def test_full_disk_while_scoring_is_one_line_and_a_rerun_completes(tmp_path, mlf
     assert main([*args, "--output", str(out)]) == 0
     assert "(2 already done)" in capsys.readouterr().out
     assert snapshot(out) == snapshot(tmp_path / "clean")
+
+
+def test_progress_speed_shows_the_mean_throughput_when_all_users_came_in_one_advance():
+    from rich.progress import Progress
+
+    clock = iter([0.0, 0.0, 4.0, 4.0, 4.0, 4.0])  # start at 0 s, all 1,000 users done at 4 s
+    with Progress(get_time=lambda: next(clock), disable=True) as bar:
+        task_id = bar.add_task("scoring users", total=1000)
+        bar.start_task(task_id)
+        bar.advance(task_id, 1000)
+        task = bar.tasks[0]
+        assert task.speed is None  # rich's windowed rate: one sample, hence the old "0 users/s"
+        assert score_module._speed_label(task) == "250 users/s"
