@@ -29,10 +29,10 @@ import polars as pl
 from recsys_alibi.config import JobConfig
 from recsys_alibi.data import schema
 from recsys_alibi.data.sequences import vocabulary_difference
-from serving.inputs import vocabulary_remap
 from recsys_alibi.data.time_gaps import sequences_for
 from pipelines.registry_lock import promotion_lock
 from recsys_alibi.tracking import metric_key, tracking_uri
+from serving.inputs import vocabulary_remap
 
 log = logging.getLogger(__name__)
 

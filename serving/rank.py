@@ -57,12 +57,12 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
-def resolve_backend(name: str, device: torch.device) -> str | None:
+def resolve_backend(name: str) -> str | None:
     """Attention backend for scoring; None means the model's own ``model.attention_backend``.
 
     ``auto`` stays ``"auto"``: the model resolves it per batch with the library's one rule
     (:func:`recsys_alibi.model.attention.choose_backend`: device, length, window, packing,
-    gradient), so scoring and the model never disagree. ``device`` is kept for callers.
+    gradient), so scoring and the model never disagree.
     """
     if name == "model":
         return None
@@ -121,7 +121,7 @@ class ShardRanker:
         self.cfg = cfg
         self.k = int(k)
         self.device = resolve_device(cfg.device)
-        self.backend = resolve_backend(cfg.attention_backend, self.device)
+        self.backend = resolve_backend(cfg.attention_backend)
         self.model = model.eval().to(self.device)
         self.table = model.items.weight.detach()  # (N + 1, D)
         self.n_items = int(self.table.shape[0]) - 1

@@ -116,11 +116,11 @@ def test_scoring_auto_backend_is_the_library_rule(device, window, k_len):
     from recsys_alibi.model.attention import choose_backend
     from serving.rank import resolve_backend
 
-    name = resolve_backend("auto", torch.device(device))
+    name = resolve_backend("auto")
     assert name == "auto"  # passed through: the model's batch_mask resolves it
     got = choose_backend(name, device, k_len=k_len, grad=False, window=window)
     expected = "flex" if (device == "cuda" and (window is not None or k_len > 4096)) or (
         device == "cpu" and window is not None and k_len >= 2048
     ) else "sdpa"
     assert got == expected
-    assert resolve_backend("model", torch.device(device)) is None
+    assert resolve_backend("model") is None
