@@ -386,11 +386,11 @@ def waste_figure(path: str, max_len: int = 200, batch_size: int = 128) -> str:
 
 
 def _atomic_json(path: str, payload) -> None:
+    from recsys_alibi.atomic import atomic_path  # refuses a device or FIFO at path
+
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w") as f:
+    with atomic_path(path) as tmp, open(tmp, "w") as f:
         json.dump(payload, f, indent=1)
-    os.replace(tmp, path)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -41,14 +41,14 @@ def _rusage() -> dict[str, float]:
 def generate(size: int, path: Path) -> None:
     """A time-ordered synthetic log of about ``size`` events (default task, ~212 events per user)."""
 
+    from recsys_alibi.atomic import atomic_path
     from recsys_alibi.config import GenerateConfig
     from recsys_alibi.data.synthetic import generate_events
 
     cfg = GenerateConfig(users=max(10, round(size / 212)), items=max(1000, size // 100))
     df = generate_events(cfg, seed=0).sort("timestamp", maintain_order=True)
-    tmp = path.with_name(path.name + ".tmp")
-    df.write_parquet(tmp, row_group_size=1_000_000)
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        df.write_parquet(tmp, row_group_size=1_000_000)
 
 
 def run_polars(input_path: Path, output: Path) -> dict:

@@ -2,7 +2,8 @@
 
 Every command checks its output path before it reads or trains anything
 (:func:`check_output_dir`, :func:`check_output_file`): a path of the wrong kind (``--output``
-naming an existing file where a directory is written, or a directory where a file is written),
+naming an existing file where a directory is written, a directory where a file is written, or a
+device, FIFO or socket, which is never replaced: :func:`recsys_alibi.atomic.check_replaceable`),
 a parent that is a file, or a folder that is not writable is an :class:`OutputPathError` (exit
 code 2) naming the flag and the fix, so a long job never fails at its last step for a reason known
 at its first.
@@ -20,6 +21,8 @@ import errno
 import os
 import re
 from pathlib import Path
+
+from recsys_alibi.atomic import check_replaceable, describe_path, path_kind
 
 EXIT_USER_ERROR = 2
 EXIT_FAILURE = 1
@@ -62,13 +65,16 @@ def check_output_dir(path: str | Path, flag: str = "--output") -> Path:
         ``path`` as a ``Path``.
 
     Raises:
-        OutputPathError: ``path`` is an existing file, a parent is a file, or the directory (or
-            the nearest existing parent) is not writable.
+        OutputPathError: ``path`` exists and is not a directory (a file, a device, a FIFO), a
+            parent is a file, or the directory (or the nearest existing parent) is not writable.
     """
     path = Path(path)
-    if path.exists() and not path.is_dir():
+    kind = path_kind(path)
+    if kind not in (None, "directory") or (kind is None and os.path.lexists(path)):
+        kind = (kind or "dangling link").removeprefix("regular ")
         raise OutputPathError(
-            f"{flag} {path} is a file, but a directory is written there; give a directory path (new or existing)"
+            f"{flag} {describe_path(path)} is a {kind}, but a directory is written there; "
+            "give a directory path (new or existing)"
         )
     _writable_ancestor(path, flag)
     if path.is_dir():
@@ -84,12 +90,14 @@ def check_output_file(path: str | Path, flag: str = "--output", example: str = "
     Raises:
         OutputPathError: ``path`` is an existing directory, a parent is a file, or the folder it
             goes in is not writable.
+        OutputKindError: ``path`` (or a link's target) is a device, a FIFO, a socket: never replaced.
     """
     path = Path(path)
     if path.is_dir():
         raise OutputPathError(
             f"{flag} {path} is a directory, but a file is written there; give a file path, e.g. {path / example}"
         )
+    check_replaceable(path, flag)
     _writable_ancestor(path, flag)
     return path
 

@@ -4,16 +4,75 @@ A reader (or a job started again after a kill) sees either the old file or the c
 one, never half of it. ``os.replace`` is atomic on POSIX within one directory. Several files
 that belong together are written into a staging directory and moved into place together, the
 commit file last (:func:`publish_files`).
+
+Only a regular file is ever replaced. A target that exists and is anything else (a character or
+block device such as ``/dev/null``, a FIFO, a socket, a directory) is refused with
+:class:`OutputKindError` before anything is written, and checked again just before the rename
+(:func:`replace_file`), so that a job run as root never swaps a device node for a Parquet file.
+A symbolic link is followed: a link to a regular file (or a dangling link) is written through,
+its target replaced or created and the link kept; a link to anything else is refused like its
+target.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import stat
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+
+_KINDS = ((stat.S_ISDIR, "directory"), (stat.S_ISCHR, "character device"), (stat.S_ISBLK, "block device"),
+          (stat.S_ISFIFO, "FIFO (named pipe)"), (stat.S_ISSOCK, "socket"))
+
+
+class OutputKindError(ValueError):
+    """An output path that exists and is not of the kind written there (e.g. a device where a file goes)."""
+
+
+def path_kind(path: str | Path) -> str | None:
+    """What ``path`` is, following symbolic links: None when nothing is there (a dangling link, a
+    missing parent), else ``"regular file"``, ``"directory"``, ``"character device"``, ``"block device"``,
+    ``"FIFO (named pipe)"``, ``"socket"`` or ``"special file"``."""
+    try:
+        mode = os.stat(path).st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    if stat.S_ISREG(mode):
+        return "regular file"
+    return next((name for test, name in _KINDS if test(mode)), "special file")
+
+
+def describe_path(path: str | Path) -> str:
+    """``path``, with its target when it is a symbolic link (for messages)."""
+    return f"{path} (a link to {os.path.realpath(path)})" if os.path.islink(path) else str(path)
+
+
+def check_replaceable(path: str | Path, what: str = "output") -> None:
+    """Refuse a file output ``path`` that exists and is not a regular file (after following links).
+
+    Args:
+        path: where a file will be written (replaced when it is a regular file).
+        what: the flag or config key that named it, for the message.
+
+    Raises:
+        OutputKindError: ``path`` is a directory, a device, a FIFO, a socket or another special file.
+    """
+    kind = path_kind(path)
+    if kind is not None and kind != "regular file":
+        raise OutputKindError(
+            f"{what} {describe_path(path)} is a {kind}, not a regular file, and is never replaced; "
+            "give the path of a regular file (new or existing)"
+        )
+
+
+def replace_file(source: Path, target: Path) -> None:
+    """``os.replace(source, target)`` after :func:`check_replaceable` on ``target`` (the one rename of every writer)."""
+    check_replaceable(target)
+    os.replace(source, target)
 
 
 def _temp_beside(path: Path) -> Path:
@@ -40,12 +99,17 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     ``.NAME.*.tmp`` behind (:func:`stale_temps` finds them for a writer that owns ``path``).
     A ``path`` that is a symbolic link (also a dangling one) is written through: its target is
     replaced and the link kept, as a plain ``open(path, "w")`` would do.
+
+    Raises:
+        OutputKindError: ``path`` (or a link's target) exists and is not a regular file; raised
+            before the block runs, so nothing is written.
     """
+    check_replaceable(path)
     path = Path(os.path.realpath(path)) if os.path.islink(path) else Path(path)
     tmp = _temp_beside(path)
     try:
         yield tmp
-        os.replace(tmp, path)
+        replace_file(tmp, path)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
@@ -66,13 +130,19 @@ def publish_files(staging: Path, directory: Path, owned: tuple[str, ...], last: 
 
     Returns:
         The names moved, in order.
+
+    Raises:
+        OutputKindError: one of the ``owned`` names in ``directory`` is not a regular file;
+            nothing is moved or removed then.
     """
     names = [n for n in owned if n != last and (staging / n).is_file()]
     if last is not None and (staging / last).is_file():
         names.append(last)
     for name in owned:
+        check_replaceable(directory / name)
+    for name in owned:
         if name not in names and (directory / name).exists():
             (directory / name).unlink()
     for name in names:
-        os.replace(staging / name, directory / name)
+        replace_file(staging / name, directory / name)
     return names

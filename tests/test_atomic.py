@@ -1,13 +1,17 @@
-"""Atomic writes: old or new content, never half; a symbolic link is written through, not replaced."""
+"""Atomic writes: old or new content, never half; a symbolic link is written through, not replaced;
+only a regular file is ever replaced (never a device, a FIFO, a socket)."""
 
 from __future__ import annotations
 
 import os
+import stat
+from pathlib import Path
 
 import pytest
 
 from pipelines.cli import main
-from recsys_alibi.atomic import atomic_path, write_json_atomic
+from pipelines.outputs import OutputPathError, check_output_dir
+from recsys_alibi.atomic import OutputKindError, atomic_path, check_replaceable, publish_files, write_json_atomic
 
 
 def test_a_symlinked_output_file_is_written_through_and_the_link_kept(tmp_path):
@@ -48,3 +52,84 @@ def test_generate_into_a_symlinked_output_writes_the_linked_file(tmp_path, capsy
     link.symlink_to(tmp_path / "store" / "events.parquet")
     assert main(["generate", "--output", str(link), "--users", "5", "--items", "4", "--seed", "1"]) == 0
     assert link.is_symlink() and (tmp_path / "store" / "events.parquet").stat().st_size > 0
+
+
+# --- only regular files are replaced: a device, FIFO or socket at an output path is refused (issue 31, defect 9)
+
+
+def _fifo(path):
+    os.mkfifo(path)
+    return path
+
+
+def _error_line(capsys) -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: "), err
+    return err[0]
+
+
+def test_atomic_path_refuses_a_fifo_before_anything_is_written(tmp_path):
+    fifo = _fifo(tmp_path / "out.json")
+    ran = []
+    with pytest.raises(OutputKindError, match="FIFO"), atomic_path(fifo) as tmp:
+        ran.append(tmp)
+    assert ran == [] and stat.S_ISFIFO(os.lstat(fifo).st_mode) and os.listdir(tmp_path) == ["out.json"]
+
+
+def test_a_symlink_to_a_fifo_is_refused_and_both_kept(tmp_path):
+    fifo = _fifo(tmp_path / "pipe")
+    link = tmp_path / "out.json"
+    link.symlink_to(fifo)
+    with pytest.raises(OutputKindError, match=r"a link to .*pipe\) is a FIFO"):
+        write_json_atomic(link, {"a": 1})
+    assert link.is_symlink() and stat.S_ISFIFO(os.lstat(fifo).st_mode) and sorted(os.listdir(tmp_path)) == [
+        "out.json", "pipe"]  # fmt: skip
+
+
+def test_publish_files_moves_and_removes_nothing_when_a_target_is_a_fifo(tmp_path):
+    staging, out = tmp_path / "staging", tmp_path / "out"
+    staging.mkdir(), out.mkdir()
+    (staging / "a.json").write_text("new")
+    (out / "a.json").write_text("old")
+    (out / "c.png").write_text("old plot")  # an earlier writer's file this one does not stage
+    _fifo(out / "b.md")
+    with pytest.raises(OutputKindError, match="b.md is a FIFO"):
+        publish_files(staging, out, ("a.json", "b.md", "c.png"), last="a.json")
+    assert (out / "a.json").read_text() == "old" and (out / "c.png").read_text() == "old plot"
+    assert stat.S_ISFIFO(os.lstat(out / "b.md").st_mode) and (staging / "a.json").read_text() == "new"
+
+
+@pytest.mark.parametrize("command", ["generate", "diagnose"])
+def test_a_fifo_given_as_file_output_is_refused_with_one_line(tmp_path, capsys, command):
+    fifo = _fifo(tmp_path / "out")
+    args = ["--users", "5", "--items", "4"] if command == "generate" else ["--heads", "2", "--max-len", "16"]
+    assert main([command, "--output", str(fifo), *args]) == 2
+    assert "is a FIFO (named pipe), not a regular file" in _error_line(capsys)
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode) and os.listdir(tmp_path) == ["out"]
+
+
+def test_a_fifo_or_device_given_as_directory_output_is_refused_naming_its_kind(tmp_path):
+    fifo = _fifo(tmp_path / "report")
+    with pytest.raises(OutputPathError, match=r"report is a FIFO \(named pipe\), but a directory is written there"):
+        check_output_dir(fifo)
+    with pytest.raises(OutputPathError, match="/dev/null is a character device, but a directory is written there"):
+        check_output_dir("/dev/null", "--output")
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+
+
+def test_dev_null_is_never_replaced_by_an_output(tmp_path, capsys):
+    devnull = "/dev/null"
+    if not os.path.exists(devnull) or not stat.S_ISCHR(os.stat(devnull).st_mode):
+        pytest.skip("no character device /dev/null here")
+    # the guard: the validation itself must refuse it, so the writes below never reach the rename
+    with pytest.raises(OutputKindError, match="character device"):
+        check_replaceable(devnull)
+    link = tmp_path / "events.parquet"
+    link.symlink_to(devnull)
+    with pytest.raises(OutputKindError, match="character device"):
+        check_replaceable(link)
+    assert main(["generate", "--output", devnull, "--users", "5", "--items", "4"]) == 2
+    assert "/dev/null is a character device, not a regular file" in _error_line(capsys)
+    with pytest.raises(OutputKindError), atomic_path(link) as tmp:
+        tmp.write_bytes(b"never")
+    assert stat.S_ISCHR(os.stat(devnull).st_mode) and link.is_symlink() and not list(Path("/dev").glob(".null.*.tmp"))

@@ -38,7 +38,7 @@ from typing import TypeVar
 
 import pyarrow.parquet as pq
 
-from recsys_alibi.atomic import publish_files, stale_temps, write_json_atomic
+from recsys_alibi.atomic import publish_files, replace_file, stale_temps, write_json_atomic
 from recsys_alibi.data.ingest import DataError
 from recsys_alibi.data.schema import (
     EVENTS_FILE,
@@ -88,7 +88,7 @@ def keep_failed_rejects(rejects: Path, directory: Path) -> Path:
     prepared data, else ``rejects-failed.parquet`` beside the (untouched) prepared files."""
     prepared = (directory / MANIFEST_FILE).exists() or (directory / SEQUENCES_FILE).exists()
     target = directory / (FAILED_REJECTS_FILE if prepared else REJECTS_FILE)
-    os.replace(rejects, target)
+    replace_file(rejects, target)
     return target
 
 

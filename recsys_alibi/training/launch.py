@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from recsys_alibi.atomic import atomic_path
 from recsys_alibi.config import ConfigError, TrainConfig
 
 COMPLETE_MARKER = "COMPLETE"
@@ -84,4 +85,5 @@ def mark_complete(checkpoint_dir: str | Path) -> None:
     """Write the ``COMPLETE`` marker: this run's checkpoints are not to be resumed."""
     path = Path(checkpoint_dir)
     path.mkdir(parents=True, exist_ok=True)
-    (path / COMPLETE_MARKER).write_text("training finished\n")
+    with atomic_path(path / COMPLETE_MARKER) as tmp:  # never replaces a non-file there (OutputKindError)
+        tmp.write_text("training finished\n")
