@@ -16,7 +16,7 @@ published at once with ``manifest.json`` last, see :mod:`recsys_alibi.data.prepa
 
 How it runs within bounded memory (the input may be larger than memory):
 
-A. streaming passes over the input (Polars streaming engine): rows are tagged (canonical
+A. (:mod:`~recsys_alibi.data.prepare_ingest`) streaming passes over the input (Polars streaming engine): rows are tagged (canonical
    columns + reject reason); good events are sunk to ``P`` user-hash partitions in Arrow IPC
    (``P = ceil(estimated rows / data.partition_rows)``, 1 for small inputs) in a temporary
    directory inside ``output_dir``, then rejects to one Parquet file (a second pass: sharing
@@ -24,7 +24,7 @@ A. streaming passes over the input (Polars streaming engine): rows are tagged (c
    input is Parquet and its row count, read from the footers, equals the good events);
 A'. text ids: one pass over the partitions' id columns decides their type (Int64 only when
    every value round-trips, ``ingest.integer_id_columns``);
-B. per partition (in memory, ``WORKERS`` at a time in threads): ids typed, ``min_value``
+B. (:mod:`~recsys_alibi.data.prepare_clean`) per partition (in memory, ``WORKERS`` at a time in threads): ids typed, ``min_value``
    filter, user and item ids replaced by their ranks in the partition, sort by (user, time at
    full precision, source row) as a radix sort on the user codes, exact-duplicate removal (a
    user's events all live in one partition, so this is exact; the sub-second part is then
@@ -33,7 +33,7 @@ B. per partition (in memory, ``WORKERS`` at a time in threads): ids typed, ``min
    ~17-21 bytes per event) and its file deleted;
 C. the iterative k-core on the codes of all events at once (two Int32 arrays), then each
    partition filtered in place;
-D. per partition: vocabulary indices, raw ids restored; events and sequences are streamed
+D. (:mod:`~recsys_alibi.data.prepare_write`) per partition: vocabulary indices, raw ids restored; events and sequences are streamed
    into their output files by the polars Parquet writer, one partition at a time, while a
    second thread draws the history-length histogram.
 
@@ -48,12 +48,10 @@ from __future__ import annotations
 import importlib
 import json
 import logging
-import math
 import shutil
 import tempfile
 import threading
 import uuid
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
@@ -61,72 +59,21 @@ from pathlib import Path
 
 import numpy as np
 import polars as pl
-from polars.io.plugins import register_io_source
 
 from recsys_alibi.config import DataConfig
-from recsys_alibi.data.cleaning import (
-    dense_codes,
-    filter_min_value,
-    k_core_mask,
-    sort_permutation,
-    sorted_duplicates,
-)
-from recsys_alibi.data.errors import read_error
-from recsys_alibi.data.ingest import (
-    DataError,
-    QuotedLinesError,
-    Source,
-    cast_integer_ids,
-    integer_id_columns,
-    rejected_rows,
-    scan_source,
-    tag_rows,
-    valid_events,
-)
+from recsys_alibi.data.cleaning import k_core_mask
+from recsys_alibi.data.ingest import DataError, QuotedLinesError, Source, integer_id_columns, scan_source
+from recsys_alibi.data.prepare_clean import ITEM_CODE, USER_CODE, ItemCoder, Part, clean_partition
+from recsys_alibi.data.prepare_ingest import WORKERS, ipc_rows, n_partitions, parquet_rows, sink_partitions, sink_rejects
+from recsys_alibi.data.prepare_write import write_outputs
 from recsys_alibi.data.prepared import PREPARE_ID_KEY, STAGING_PREFIX, clean_stale, keep_failed_rejects, prepare_lock, publish
-from recsys_alibi.data.schema import (
-    COUNT,
-    EVENT_TYPE,
-    EVENTS_FILE,
-    ITEM_ID,
-    ITEM_IDX,
-    ITEMS_FILE,
-    LENGTH,
-    REJECT_REASON,
-    REJECTS_FILE,
-    SEQUENCES_FILE,
-    SOURCE_ROW,
-    STATS_FILE,
-    SUBSECOND,
-    TIMESTAMP,
-    USER_ID,
-    VALUE,
-)
-from recsys_alibi.data.sequences import (
-    build_vocabulary,
-    group_sequences,
-    read_items,
-    read_sequences,
-)
-from recsys_alibi.data.stats import (
-    HISTOGRAM_FILE,
-    history_length_summary,
-    plot_history_lengths,
-    sparsity,
-)
+from recsys_alibi.data.schema import COUNT, ITEM_ID, ITEM_IDX, ITEMS_FILE, REJECT_REASON, REJECTS_FILE, STATS_FILE, TIMESTAMP, USER_ID
+from recsys_alibi.data.sequences import build_vocabulary, read_items, read_sequences
+from recsys_alibi.data.stats import HISTOGRAM_FILE, history_length_summary, plot_history_lengths, sparsity
 
 __all__ = ["DataError", "PrepareResult", "prepare", "read_items", "read_sequences"]
 
 log = logging.getLogger(__name__)
-
-BUCKET = "_bucket"
-CODE = "_code"
-USER_CODE = "_u"
-ITEM_CODE = "_i"
-HASH_SEED = 20240101  # fixed: the partition of a user never changes between runs
-BYTES_PER_TEXT_ROW = 20  # estimate of rows in a text input, for the number of partitions
-GZIP_RATIO = 4
-WORKERS = 2  # partitions cleaned at once (each one more partition's working space in memory)
 
 
 @dataclass(frozen=True)
@@ -195,41 +142,18 @@ def _prepare_in_work_dir(cfg: DataConfig, source: Source, out: Path) -> PrepareR
         shutil.rmtree(work, ignore_errors=True)
 
 
-def _parquet_rows(source: Source) -> int | None:
-    """The exact row count of a Parquet input from its footers; None for other inputs."""
-    if source.fmt != "parquet":
-        return None
-    try:
-        return pl.scan_parquet(list(source.paths)).select(pl.len()).collect().item()
-    except (pl.exceptions.PolarsError, OSError):  # e.g. gzipped Parquet
-        return None
-
-
-def _n_partitions(cfg: DataConfig, source: Source, rows: int | None) -> int:
-    if rows is None:  # estimated from the file sizes
-        ratio = 8 if source.fmt == "parquet" else BYTES_PER_TEXT_ROW
-        size = sum(p.stat().st_size * (GZIP_RATIO if p.name.endswith(".gz") else 1) for p in source.paths)
-        rows = size // ratio
-    n = math.ceil(rows / cfg.partition_rows)
-    return 1 if n <= 1 else WORKERS * math.ceil(n / WORKERS)  # whole rounds of WORKERS threads
-
-
-def _rows(files: list[Path]) -> int:
-    return pl.scan_ipc(files).select(pl.len()).collect().item() if files else 0
-
-
 def _prepare(cfg: DataConfig, source: Source, out: Path, work: Path) -> PrepareResult:
     """Every output into ``work`` (tagged with a new prepare id), then published into ``out``."""
     prepare_id = uuid.uuid4().hex
     tag = {PREPARE_ID_KEY: prepare_id}
-    rows = _parquet_rows(source)
-    n_parts = _n_partitions(cfg, source, rows)
-    parts = _ingest(cfg, source, work, n_parts)  # A
-    n_valid = sum(_rows(files) for files in parts)
+    rows = parquet_rows(source)
+    n_parts = n_partitions(cfg, source, rows)
+    parts = sink_partitions(cfg, source, work, n_parts)  # A
+    n_valid = sum(ipc_rows(files) for files in parts)
     int_ids = integer_id_columns(pl.scan_ipc([f for files in parts for f in files]), source.text_ids) if n_valid else []
     rejects_path = work / REJECTS_FILE
     if n_valid != rows:  # some rows are rejects, or the row count is unknown: a second pass
-        _sink_rejects(cfg, source, rejects_path, tag)
+        sink_rejects(cfg, source, rejects_path, tag)
     rejects_by_reason = (
         pl.scan_parquet(rejects_path).group_by(REJECT_REASON).len().sort(REJECT_REASON).collect()
         if rejects_path.exists()
@@ -249,19 +173,19 @@ def _prepare(cfg: DataConfig, source: Source, out: Path, work: Path) -> PrepareR
 
     # B: per partition, min_value filter, local codes, sort, duplicate removal (held slim in memory);
     # WORKERS partitions at a time (numpy and polars release the GIL), codes made global in order
-    coder = _ItemCoder()
-    cleaned: list[_Part] = []
+    coder = ItemCoder()
+    cleaned: list[Part] = []
     n_after_min = n_users_seen = 0
     parts = [files for files in parts if files]
     with ThreadPoolExecutor(WORKERS) as pool:
-        for files, (users, items, frame, n_min) in zip(parts, pool.map(partial(_clean_partition, cfg, int_ids), parts)):
+        for files, (users, items, frame, n_min) in zip(parts, pool.map(partial(clean_partition, cfg, int_ids), parts)):
             for f in files:  # free the disk as we go
                 f.unlink()
             if frame.height:
                 item_codes = coder.encode(items)[frame[ITEM_ID].to_numpy()]  # local codes -> global ones
                 frame = frame.with_columns(pl.col(USER_ID) + n_users_seen, pl.Series(ITEM_ID, item_codes))
                 frame = frame.rename({USER_ID: USER_CODE, ITEM_ID: ITEM_CODE})
-                cleaned.append(_Part(users=users, frame=frame, user_offset=n_users_seen))
+                cleaned.append(Part(users=users, frame=frame, user_offset=n_users_seen))
                 n_users_seen += users.len()
                 n_after_min += n_min
     n_after_dedup = sum(p.frame.height for p in cleaned)
@@ -306,7 +230,7 @@ def _prepare(cfg: DataConfig, source: Source, out: Path, work: Path) -> PrepareR
     # (matplotlib holds the GIL, the polars writer mostly does not)
     with ThreadPoolExecutor(1) as plotter:
         histogram = plotter.submit(plot_history_lengths, lengths, work / HISTOGRAM_FILE)
-        t_min, t_max = _write_outputs(cleaned, item_ids, idx_of_code, work, tag)
+        t_min, t_max = write_outputs(cleaned, item_ids, idx_of_code, work, tag)
         vocab.write_parquet(work / ITEMS_FILE, metadata=tag)
         histogram.result()
 
@@ -344,206 +268,3 @@ def _prepare(cfg: DataConfig, source: Source, out: Path, work: Path) -> PrepareR
     (work / STATS_FILE).write_text(json.dumps(stats, indent=2) + "\n")
     publish(work, out, prepare_id)
     return PrepareResult(output_dir=out, counts=counts, stats=stats)
-
-
-def _ingest(cfg: DataConfig, source: Source, work: Path, n_parts: int) -> list[list[Path]]:
-    """A: a streaming pass; good events to user-hash partitions (Arrow IPC)."""
-    valid = valid_events(tag_rows(source, cfg))
-    if n_parts == 1:
-        _stream(source, valid.sink_ipc(work / "valid.ipc", compression=None, lazy=True))
-        return [[work / "valid.ipc"]]
-    bucket = (pl.col(USER_ID).hash(HASH_SEED) % n_parts).alias(BUCKET)
-    partitions = pl.PartitionBy(work / "valid", key=BUCKET, include_key=False)
-    _stream(source, valid.with_columns(bucket).sink_ipc(partitions, compression=None, lazy=True, mkdir=True))
-    return [sorted((work / "valid" / f"{BUCKET}={p}").glob("*.ipc")) for p in range(n_parts)]
-
-
-def _sink_rejects(cfg: DataConfig, source: Source, path: Path, tag: dict[str, str]) -> None:
-    """A, second pass: rejected rows to Parquet (one pass for both sinks would cache the whole input)."""
-    _stream(source, rejected_rows(tag_rows(source, cfg), source.raw_columns).sink_parquet(path, metadata=tag, lazy=True))
-
-
-def _stream(source: Source, sink: pl.LazyFrame) -> None:
-    try:
-        sink.collect(engine="streaming")
-    except pl.exceptions.ShapeError as err:  # the CSV rows and the lines counted beside them differ
-        if source.fmt == "csv":
-            raise QuotedLinesError(f"rows of '{source.paths[0]}' span lines") from None
-        raise read_error(source.paths, source.fmt, err, "check the file or --format") from None
-    except (pl.exceptions.PolarsError, OSError) as err:
-        raise read_error(source.paths, source.fmt, err, "check the file or --format") from None
-
-
-@dataclass
-class _Part:
-    """One user-hash partition after cleaning, held slim in memory (~20 bytes per event).
-
-    Attributes:
-        users: raw ids of the partition's users in sorted order.
-        frame: one row per event (after the k-core: the events it kept), sorted by (user,
-            time, source row): ``_u`` Int32 global user code (``user_offset`` + position in
-            ``users``), ``_i`` Int32 item code, ``timestamp``, and ``event_type`` (Enum) and
-            ``value`` when present.
-        user_offset: global code of the partition's first user.
-    """
-
-    users: pl.Series
-    frame: pl.DataFrame
-    user_offset: int
-
-
-class _ItemCoder:
-    """Dense Int32 codes of raw item ids, shared by all partitions (new ids get the next codes).
-
-    ``prepare`` encodes the distinct items of each partition, in partition order, so the codes do
-    not depend on thread timing. Integer ids spanning at most ``MAX_TABLE_SPAN`` values use a
-    numpy lookup table (one gather per id); other ids (strings, sparse integers) a hash map.
-    """
-
-    MAX_TABLE_SPAN = 1 << 25
-
-    def __init__(self) -> None:
-        self._chunks: list[pl.Series] = []  # raw ids in code order
-        self._n = 0
-        self._base = 0
-        self._table: np.ndarray | None = None
-        self._hash: pl.DataFrame | None = None
-
-    def ids(self) -> pl.Series:
-        """Raw id of every code (position = code)."""
-        return pl.concat(self._chunks) if self._chunks else pl.Series(ITEM_ID, [], dtype=pl.Int64)
-
-    def encode(self, ids: pl.Series) -> np.ndarray:
-        """(E,) int32 codes of ``ids`` (no nulls)."""
-        if self._hash is None and ids.dtype == pl.Int64 and self._fit_table(ids):
-            arr = ids.to_numpy()
-            assert self._table is not None
-            codes = self._table[arr - self._base]
-            new = codes < 0
-            if new.any():
-                seen = np.zeros(self._table.shape[0], dtype=bool)
-                seen[arr[new] - self._base] = True
-                fresh = np.flatnonzero(seen) + self._base  # the new ids, sorted
-                self._table[fresh - self._base] = np.arange(self._n, self._n + fresh.shape[0], dtype=np.int32)
-                self._add(pl.Series(ITEM_ID, fresh, dtype=pl.Int64))
-                codes = self._table[arr - self._base]
-            return codes
-        if self._hash is None:  # from now on: hash map (holding the codes given so far)
-            self._hash = pl.DataFrame({ITEM_ID: self.ids().cast(ids.dtype), CODE: np.arange(self._n, dtype=np.int32)})
-            self._table = None
-        unique = ids.unique(maintain_order=True)
-        fresh = unique.filter(~unique.is_in(self._hash[ITEM_ID].implode()))
-        if fresh.len():
-            self._add(fresh.rename(ITEM_ID))
-            added = pl.DataFrame({ITEM_ID: fresh, CODE: np.arange(self._n - fresh.len(), self._n, dtype=np.int32)})
-            self._hash = pl.concat([self._hash, added])
-        return ids.replace_strict(self._hash[ITEM_ID], self._hash[CODE], return_dtype=pl.Int32).to_numpy()
-
-    def _add(self, fresh: pl.Series) -> None:
-        self._chunks.append(fresh)
-        self._n += fresh.len()
-
-    def _fit_table(self, ids: pl.Series) -> bool:
-        lo, hi = int(ids.min()), int(ids.max())  # type: ignore[arg-type]
-        if self._table is not None:
-            lo, hi = min(lo, self._base), max(hi, self._base + self._table.shape[0] - 1)
-            if lo == self._base and hi == self._base + self._table.shape[0] - 1:
-                return True
-        if hi - lo + 1 > self.MAX_TABLE_SPAN:
-            return False
-        table = np.full(hi - lo + 1, -1, dtype=np.int32)
-        if self._table is not None:
-            table[self._base - lo : self._base - lo + self._table.shape[0]] = self._table
-        self._table, self._base = table, lo
-        return True
-
-
-def _clean_partition(
-    cfg: DataConfig, int_ids: list[str], files: list[Path]
-) -> tuple[pl.Series, pl.Series, pl.DataFrame, int]:
-    """B for one partition: id types, min_value filter, local codes, sort, exact duplicates (thread-safe).
-
-    ``int_ids`` are the text id columns that become Int64 (``ingest.integer_id_columns``).
-    Events are sorted and de-duplicated with their ``_subsecond`` part, which is then dropped.
-
-    Returns:
-        ``(users, items, frame, n_after_min)``: the partition's distinct user and item ids
-        (ascending); its events after the min_value filter and the duplicate removal, sorted by
-        (user, time, source row), with ``user_id`` and ``item_id`` replaced by their positions
-        in ``users`` and ``items`` (Int32; bijections, so duplicates stay duplicates) and
-        ``event_type`` as an Enum; the event count after the min_value filter.
-    """
-    df = cast_integer_ids(filter_min_value(pl.scan_ipc(files), cfg.min_value), int_ids).collect()
-    users, user_codes = dense_codes(df[USER_ID])
-    timestamps = df[TIMESTAMP].to_numpy()
-    subseconds = df[SUBSECOND] if SUBSECOND in df.columns and bool((df[SUBSECOND] != 0).any()) else None
-    if df[SOURCE_ROW].is_sorted():
-        perm = sort_permutation(user_codes, timestamps, None if subseconds is None else subseconds.to_numpy())
-    else:
-        keys = [df[SOURCE_ROW].to_numpy()] + ([] if subseconds is None else [subseconds.to_numpy()])
-        perm = np.lexsort((*keys, timestamps, user_codes))
-    items, item_codes = dense_codes(df[ITEM_ID])
-    columns = [pl.Series(USER_ID, user_codes), pl.Series(ITEM_ID, item_codes), df[TIMESTAMP]]
-    if EVENT_TYPE in df.columns:  # a partition-local Enum: 1-2 bytes per event, cheap to turn back into strings
-        columns.append(df[EVENT_TYPE].cast(pl.Enum(df[EVENT_TYPE].unique().drop_nulls().sort())))
-    if VALUE in df.columns:
-        columns.append(df[VALUE])
-    if subseconds is not None:
-        columns.append(subseconds)
-    frame = pl.DataFrame(columns).gather(perm)
-    if cfg.drop_duplicates:  # sorted: the first of equal rows is the first in source order
-        duplicate = sorted_duplicates(frame)
-        frame = frame.filter(~duplicate) if duplicate.any() else frame
-    return users, items, frame.drop(SUBSECOND, strict=False), df.height
-
-
-def _write_outputs(
-    parts: list[_Part], item_ids: pl.Series, idx_of_code: np.ndarray, out: Path, tag: dict[str, str]
-) -> tuple[int | None, int | None]:
-    """D: events and sequences of every partition (after the k-core), each streamed into one file.
-
-    Each output is a polars lazy source that yields one partition at a time, sunk with the
-    (multi-threaded) polars Parquet writer; nothing larger than a partition is materialised.
-
-    Returns:
-        The smallest and largest timestamp kept (None when nothing was kept).
-    """
-    has = {c: c in parts[0].frame.columns for c in (EVENT_TYPE, VALUE)}
-
-    def events(*_: object) -> Iterator[pl.DataFrame]:
-        for part in parts:
-            sub = part.frame
-            cols = [part.users.gather(sub[USER_CODE] - part.user_offset).alias(USER_ID), item_ids.gather(sub[ITEM_CODE]).alias(ITEM_ID), sub[TIMESTAMP]]
-            if has[EVENT_TYPE]:  # ~8x faster than cast(pl.String), which builds every string anew
-                kinds = sub[EVENT_TYPE]
-                cols.append(kinds.dtype.categories.gather(kinds.to_physical()).alias(EVENT_TYPE))  # type: ignore[attr-defined]
-            if has[VALUE]:
-                cols.append(sub[VALUE])
-            yield pl.DataFrame(cols)
-
-    bounds: list[tuple[int, int]] = []
-
-    def sequences(*_: object) -> Iterator[pl.DataFrame]:
-        for part in parts:
-            sub = part.frame
-            if sub.height == 0:
-                continue
-            item_idx = pl.Series(ITEM_IDX, idx_of_code[sub[ITEM_CODE].to_numpy()], dtype=pl.Int32)
-            users = pl.col(USER_CODE).set_sorted().alias(USER_ID)  # sorted keys: groups are slices
-            seq = group_sequences(sub.lazy().select(users, TIMESTAMP, item_idx)).collect()
-            bounds.append((sub[TIMESTAMP].min(), sub[TIMESTAMP].max()))  # type: ignore[arg-type]
-            yield seq.with_columns(part.users.gather(seq[USER_ID] - part.user_offset).alias(USER_ID))
-
-    user_type, item_type = parts[0].users.dtype, item_ids.dtype
-    events_schema = {USER_ID: user_type, ITEM_ID: item_type, TIMESTAMP: pl.Int64}
-    if has[EVENT_TYPE]:
-        events_schema[EVENT_TYPE] = pl.String
-    if has[VALUE]:
-        events_schema[VALUE] = pl.Float32
-    seq_schema = {USER_ID: user_type, ITEM_IDX: pl.List(pl.Int32), TIMESTAMP: pl.List(pl.Int64), LENGTH: pl.Int32}
-    for name, source, schema in ((EVENTS_FILE, events, events_schema), (SEQUENCES_FILE, sequences, seq_schema)):
-        lazy = register_io_source(source, schema=schema)
-        lazy.sink_parquet(out / name, compression="zstd", compression_level=1, metadata=tag)
-    t_min = min(lo for lo, _ in bounds) if bounds else None
-    t_max = max(hi for _, hi in bounds) if bounds else None
-    return t_min, t_max

@@ -193,7 +193,7 @@ def test_readers_fail_with_the_command_to_run(tmp_path):
 
 
 def test_item_coder_table_growth_and_hash_fallback():
-    from recsys_alibi.data.prepare import _ItemCoder
+    from recsys_alibi.data.prepare_clean import ItemCoder as _ItemCoder
 
     coder = _ItemCoder()
     assert coder.encode(pl.Series([10, 12, 10])).tolist() == [0, 1, 0]
@@ -223,7 +223,7 @@ def test_string_ids_across_partitions(tmp_path):
 @pytest.mark.parametrize("string_ids", [False, True])
 def test_clean_partition_matches_the_reference_in_any_row_order(tmp_path, string_ids):
     from recsys_alibi.data.cleaning import drop_exact_duplicates, sort_events
-    from recsys_alibi.data.prepare import _clean_partition
+    from recsys_alibi.data.prepare_clean import clean_partition as _clean_partition
 
     rng = random.Random(4)
     n = 3000

@@ -1,0 +1,85 @@
+"""Step A of ``prepare``: streaming passes over the input into a work directory.
+
+Good events go to ``P`` user-hash partitions in Arrow IPC (:func:`sink_partitions`; ``P`` from
+:func:`n_partitions`, 1 for small inputs), rejected rows to one Parquet file
+(:func:`sink_rejects`, a second pass: sharing one scan between the two sinks would cache the
+whole input in memory). A user's events all land in one partition, so each partition can be
+sorted and de-duplicated on its own (:mod:`recsys_alibi.data.prepare_clean`).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import polars as pl
+
+from recsys_alibi.config import DataConfig
+from recsys_alibi.data.errors import read_error
+from recsys_alibi.data.ingest import QuotedLinesError, Source, rejected_rows, tag_rows, valid_events
+from recsys_alibi.data.schema import USER_ID
+
+BUCKET = "_bucket"
+HASH_SEED = 20240101  # fixed: the partition of a user never changes between runs
+BYTES_PER_TEXT_ROW = 20  # estimate of rows in a text input, for the number of partitions
+GZIP_RATIO = 4
+WORKERS = 2  # partitions cleaned at once (each one more partition's working space in memory)
+
+
+def parquet_rows(source: Source) -> int | None:
+    """The exact row count of a Parquet input from its footers; None for other inputs."""
+    if source.fmt != "parquet":
+        return None
+    try:
+        return pl.scan_parquet(list(source.paths)).select(pl.len()).collect().item()
+    except (pl.exceptions.PolarsError, OSError):  # e.g. gzipped Parquet
+        return None
+
+
+def n_partitions(cfg: DataConfig, source: Source, rows: int | None) -> int:
+    """Partitions for ``rows`` events (estimated from the file sizes when None): whole rounds of ``WORKERS``."""
+    if rows is None:  # estimated from the file sizes
+        ratio = 8 if source.fmt == "parquet" else BYTES_PER_TEXT_ROW
+        size = sum(p.stat().st_size * (GZIP_RATIO if p.name.endswith(".gz") else 1) for p in source.paths)
+        rows = size // ratio
+    n = math.ceil(rows / cfg.partition_rows)
+    return 1 if n <= 1 else WORKERS * math.ceil(n / WORKERS)  # whole rounds of WORKERS threads
+
+
+def ipc_rows(files: list[Path]) -> int:
+    """Rows in Arrow IPC ``files`` (from their metadata)."""
+    return pl.scan_ipc(files).select(pl.len()).collect().item() if files else 0
+
+
+def sink_partitions(cfg: DataConfig, source: Source, work: Path, n_parts: int) -> list[list[Path]]:
+    """A: a streaming pass; good events to user-hash partitions (Arrow IPC)."""
+    valid = valid_events(tag_rows(source, cfg))
+    if n_parts == 1:
+        stream(source, valid.sink_ipc(work / "valid.ipc", compression=None, lazy=True))
+        return [[work / "valid.ipc"]]
+    bucket = (pl.col(USER_ID).hash(HASH_SEED) % n_parts).alias(BUCKET)
+    partitions = pl.PartitionBy(work / "valid", key=BUCKET, include_key=False)
+    stream(source, valid.with_columns(bucket).sink_ipc(partitions, compression=None, lazy=True, mkdir=True))
+    return [sorted((work / "valid" / f"{BUCKET}={p}").glob("*.ipc")) for p in range(n_parts)]
+
+
+def sink_rejects(cfg: DataConfig, source: Source, path: Path, tag: dict[str, str]) -> None:
+    """A, second pass: rejected rows to Parquet (one pass for both sinks would cache the whole input)."""
+    stream(source, rejected_rows(tag_rows(source, cfg), source.raw_columns).sink_parquet(path, metadata=tag, lazy=True))
+
+
+def stream(source: Source, sink: pl.LazyFrame) -> None:
+    """Run a lazy sink on the streaming engine; a read failure becomes one line naming the file.
+
+    Raises:
+        QuotedLinesError: CSV rows span lines (their fields cannot be counted per line).
+        DataError: the input cannot be read.
+    """
+    try:
+        sink.collect(engine="streaming")
+    except pl.exceptions.ShapeError as err:  # the CSV rows and the lines counted beside them differ
+        if source.fmt == "csv":
+            raise QuotedLinesError(f"rows of '{source.paths[0]}' span lines") from None
+        raise read_error(source.paths, source.fmt, err, "check the file or --format") from None
+    except (pl.exceptions.PolarsError, OSError) as err:
+        raise read_error(source.paths, source.fmt, err, "check the file or --format") from None

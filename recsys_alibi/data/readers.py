@@ -1,0 +1,275 @@
+"""The lazy reader of each input format: files -> a :class:`Source` of raw columns.
+
+:func:`scan_source` finds the files (:mod:`recsys_alibi.data.formats`), picks the reader of the
+format and returns a ``LazyFrame`` of the raw columns plus ``source_row`` (the row's position in
+the input) and, for formats with a field count, ``_fields_ok``; nothing but a few sniffed lines
+is read. :mod:`recsys_alibi.data.ingest` maps the raw columns onto the canonical ones.
+
+* CSV/TSV, MovieLens, SASRec and S3-Rec are read as text (every column String); NDJSON reads the
+  mapped fields as text; Parquet keeps its types.
+* a CSV row with more or fewer fields than the header, or a MovieLens / SASRec line with the
+  wrong number of fields, gets ``_fields_ok`` False (a ``bad_field_count`` reject).
+* formats without timestamps (SASRec, S3-Rec) have no timestamp column: the line order is the time.
+"""
+
+from __future__ import annotations
+
+import gzip
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import polars as pl
+
+from recsys_alibi.config import DataConfig
+from recsys_alibi.data.errors import DataError, read_error
+from recsys_alibi.data.formats import (
+    FORMAT_HELP,
+    FORMATS,
+    MOVIELENS_CSV_HEADER,
+    head_bytes,
+    header_separator,
+    infer_format,
+    is_movielens_csv,
+    resolve_paths,
+    stem_suffix,
+)
+from recsys_alibi.data.schema import EVENT_TYPE, ITEM_ID, SOURCE_ROW, TIMESTAMP, USER_ID, VALUE
+
+FIELDS_OK = "_fields_ok"  # internal: False for a line/row with the wrong number of fields
+INFER_ROWS = 1000  # NDJSON lines read to infer the column types (mapped columns are then read as text)
+
+
+@dataclass(frozen=True)
+class Source:
+    """A lazily scanned input.
+
+    Attributes:
+        frame: raw columns, ``source_row`` Int64 (0-based position of the event in the input)
+            and, for formats with a field count, ``_fields_ok`` Boolean.
+        fmt: the format it was read as.
+        columns: canonical name -> raw column name (absent: not in this input).
+        paths: the files read, in reading order.
+        text: True when every raw column was read as a string (text formats).
+        raw_columns: the source's own columns (what a rejects file keeps).
+        text_ids: canonical id columns read as text whose type ``data.id_type: auto`` decides
+            after reading (:func:`integer_id_columns`): Int64 when every value round-trips.
+    """
+
+    frame: pl.LazyFrame
+    fmt: str
+    columns: dict[str, str]
+    paths: tuple[Path, ...]
+    text: bool
+    raw_columns: tuple[str, ...] = field(default=())
+    text_ids: tuple[str, ...] = field(default=())
+
+
+class QuotedLinesError(DataError):
+    """A CSV record spans several lines (a quoted newline): its fields cannot be counted per line."""
+
+
+Read = tuple[pl.LazyFrame, dict[str, str], bool, tuple[str, ...]]  # frame, columns, text, text ids
+
+
+def scan_source(cfg: DataConfig, input_path: str | Path, fmt: str | None = None, *, count_fields: bool = True) -> Source:
+    """Scan the input lazily; nothing but a few sniffed lines is read here.
+
+    Args:
+        cfg: ``format``, ``columns``, ``separator``, ``has_header``, ``id_type`` are used.
+        input_path: a file, a directory, or a glob.
+        fmt: overrides ``cfg.format``; ``None`` or ``"auto"`` infers it.
+        count_fields: check each CSV row's number of fields against the header (off only for
+            a CSV whose quoted fields span lines, see :class:`QuotedLinesError`).
+
+    Raises:
+        DataError: missing input, unknown format, unreadable file (naming the file, and the line
+            or byte where it can), empty input, missing column.
+    """
+    paths = resolve_paths(input_path)
+    fmt = fmt or cfg.format
+    if fmt == "auto":
+        fmt = infer_format(paths)
+    if fmt not in FORMATS:
+        raise DataError(f"unknown format '{fmt}'; {FORMAT_HELP} (or auto)")
+    try:
+        if fmt == "csv":
+            frame, columns, text, text_ids = _read_csv(cfg, paths, count_fields)
+        else:
+            frame, columns, text, text_ids = _READERS[fmt](cfg, paths)
+        schema = frame.collect_schema()
+    except DataError:
+        raise
+    except (pl.exceptions.PolarsError, OSError, ValueError) as err:
+        if isinstance(err, pl.exceptions.NoDataError):
+            raise DataError(f"empty input: '{paths[0]}' has no rows; point --input at the event log") from None
+        raise read_error(paths, fmt, err, f"check the file or {FORMAT_HELP}") from None
+    raw = tuple(name for name in schema.names() if name not in (SOURCE_ROW, FIELDS_OK))
+    if text and any("\ufffd" in name for name in raw):  # polars replaced bytes of a non-UTF-8 header
+        raise read_error(paths, fmt, ValueError("the header is not UTF-8"), "convert the file to UTF-8")
+    _check_columns(cfg, fmt, columns, raw)
+    if text and cfg.id_type != "auto":
+        text_ids = ()
+    return Source(frame=frame, fmt=fmt, columns=columns, paths=tuple(paths), text=text, raw_columns=raw, text_ids=text_ids)
+
+
+def _with_row(lf: pl.LazyFrame) -> pl.LazyFrame:
+    return lf.with_row_index(SOURCE_ROW).with_columns(pl.col(SOURCE_ROW).cast(pl.Int64))
+
+
+def _mapped(cfg: DataConfig) -> dict[str, str]:
+    cols = cfg.columns
+    mapping = {USER_ID: cols.user_id, ITEM_ID: cols.item_id}
+    for canon, raw in ((TIMESTAMP, cols.timestamp), (EVENT_TYPE, cols.event_type), (VALUE, cols.value)):
+        if raw is not None:
+            mapping[canon] = raw
+    return mapping
+
+
+def _check_columns(cfg: DataConfig, fmt: str, columns: dict[str, str], raw: tuple[str, ...]) -> None:
+    for canon, name in columns.items():
+        if name not in raw:
+            shown = ", ".join(raw[:12]) + (", ..." if len(raw) > 12 else "")
+            fix = f"map it with --set data.columns.{canon}=NAME"
+            if canon == TIMESTAMP:
+                fix += " (or null to use the line order as time)"
+            elif canon in (EVENT_TYPE, VALUE):
+                fix += " (or null when the input has none)"
+            other = header_separator(raw[0]) if fmt == "csv" and len(raw) == 1 else None
+            if other is not None:  # the header was not split: another separator
+                fix = f"the header looks '{other}'-separated: set --set data.separator='{other}', or {fix}"
+            raise DataError(f"column '{name}' (data.columns.{canon}) is not in the {fmt} input columns [{shown}]; {fix}")
+    if cfg.min_value is not None and VALUE not in columns:
+        raise DataError("data.min_value is set but the input has no value column; map one with --set data.columns.value=NAME")
+
+
+def _read_parquet(cfg: DataConfig, paths: list[Path]) -> Read:
+    plain = [p for p in paths if not stem_suffix(p)[1]]
+    if len(plain) == len(paths):
+        lf = pl.scan_parquet(paths, hive_partitioning=False)
+    else:  # Parquet compresses inside; a gzipped Parquet file is read whole into memory
+        frames = []
+        for p in paths:
+            if stem_suffix(p)[1]:
+                with gzip.open(p, "rb") as fh:
+                    frames.append(pl.read_parquet(fh.read()).lazy())
+            else:
+                frames.append(pl.scan_parquet(p))
+        lf = pl.concat(frames, how="vertical")
+    return _with_row(lf), _mapped(cfg), False, ()
+
+
+def _separator(cfg: DataConfig, paths: list[Path]) -> str:
+    """``data.separator``; else tab for ``.tsv``; else the first of ``SEPARATORS`` in the header line."""
+    if cfg.separator is not None:
+        return cfg.separator
+    name, _ = stem_suffix(paths[0])
+    if name.endswith(".tsv"):
+        return "\t"
+    first = head_bytes(paths[0], 4096).decode("utf-8", "replace").split("\n", 1)[0]
+    return header_separator(first) or ","
+
+
+def _field_counts(paths: list[Path], separator: str, skip_header: bool) -> pl.LazyFrame:
+    """(rows,) Int64 ``_fields``: fields per line of the files (quoted separators not counted)."""
+    frames = [pl.scan_lines(p).slice(1) if skip_header else pl.scan_lines(p) for p in paths]
+    line = pl.col("line").str.replace_all(r'"[^"]*"', "")
+    return pl.concat(frames, how="vertical").select(line.str.count_matches(separator, literal=True).alias("_fields") + 1)
+
+
+def _read_csv(cfg: DataConfig, paths: list[Path], count_fields: bool = True) -> Read:
+    """CSV/TSV, every column as text; with ``count_fields`` each row's field count is checked.
+
+    Polars pads a short row with nulls and (``truncate_ragged_lines``) drops a long row's extra
+    fields; so the fields of each line are counted beside it (``_fields_ok``) and a row whose
+    count differs from the header's is rejected (``bad_field_count``).
+    """
+    separator = _separator(cfg, paths)
+    lf = pl.scan_csv(
+        paths,
+        separator=separator,
+        has_header=cfg.has_header,
+        infer_schema=False,  # every column as String: bad values become rejects, not read errors
+        truncate_ragged_lines=True,
+        raise_if_empty=True,
+    )
+    names = lf.collect_schema().names()
+    if not cfg.has_header:  # name columns column_1, column_2, ... whatever the polars version
+        lf = lf.rename({old: f"column_{i}" for i, old in enumerate(names, start=1)})
+    if count_fields:
+        counts = _field_counts(paths, separator, cfg.has_header)
+        lf = pl.concat([lf, counts], how="horizontal").select(
+            pl.exclude("_fields"), (pl.col("_fields") == len(names)).alias(FIELDS_OK)
+        )
+    return _with_row(lf), _mapped(cfg), True, (USER_ID, ITEM_ID)
+
+
+def _read_ndjson(cfg: DataConfig, paths: list[Path]) -> Read:
+    """One JSON object per line; only the mapped fields are read, as text, so a late type change is no error.
+
+    The fields and their types are inferred from the first ``INFER_ROWS`` lines (a mapped field
+    absent there is reported missing); then only the mapped fields are read, each as String (a
+    JSON number as its text), so a string timestamp or id after those lines, or an unmapped
+    field that changes type, is parsed like any other line. Id fields that were numbers there
+    are typed later by :func:`integer_id_columns` (Int64 when every value round-trips); string
+    ids stay strings. A rejects file holds the mapped fields only.
+    """
+    inferred = pl.scan_ndjson(paths, infer_schema_length=INFER_ROWS).collect_schema()
+    mapped = _mapped(cfg)
+    schema = {raw: inferred[raw] if inferred[raw].is_nested() else pl.String for raw in mapped.values() if raw in inferred}
+    lf = pl.scan_ndjson(paths, schema=schema) if schema else pl.scan_ndjson(paths, infer_schema_length=INFER_ROWS)
+    numbers = {raw for raw in schema if not inferred[raw].is_nested() and inferred[raw] != pl.String}
+    text_ids = tuple(c for c in (USER_ID, ITEM_ID) if mapped[c] in numbers)
+    return _with_row(lf), mapped, False, text_ids
+
+
+def _split_lines(
+    paths: list[Path], pattern: str, names: list[tuple[int, str]], fields: int, skip: str | None = None
+) -> pl.LazyFrame:
+    """A text file whose fields are separated by the regex ``pattern``, known by position.
+
+    Blank lines are skipped, and so are lines equal to ``skip`` ignoring case (a header);
+    ``_fields_ok`` is False for a line with other than ``fields`` fields.
+    """
+    line = pl.col("line").str.strip_chars()
+    parts = line.str.replace_all(pattern, "\x1f").str.split("\x1f")  # a regex split: mark, then split
+    keep = (line != "") if skip is None else (line != "") & (line.str.to_lowercase() != skip)
+    lf = pl.scan_lines(paths).filter(keep).select(parts.alias("_parts"))
+    picked = [pl.col("_parts").list.get(i, null_on_oob=True).alias(name) for i, name in names]
+    return lf.select(*picked, (pl.col("_parts").list.len() == fields).alias(FIELDS_OK))
+
+
+def _read_movielens(cfg: DataConfig, paths: list[Path]) -> Read:
+    """``ratings.dat`` (``u::i::r::t``), tab-separated ``u.data`` or GroupLens ``ratings.csv``
+    (header ``userId,movieId,rating,timestamp``, skipped): four fields per line."""
+    head = head_bytes(paths[0], 4096).decode("utf-8", "replace")
+    names = [USER_ID, ITEM_ID, VALUE, TIMESTAMP]
+    separator = "::" if "::" in head else "," if is_movielens_csv(head) else "\t"
+    lf = _split_lines(paths, separator, list(enumerate(names)), 4, skip=MOVIELENS_CSV_HEADER)
+    return _with_row(lf), {n: n for n in names}, True, (USER_ID, ITEM_ID)
+
+
+def _read_sasrec(cfg: DataConfig, paths: list[Path]) -> Read:
+    """``user item`` per line (spaces or tabs), each user's lines in time order; the line order is the time."""
+    lf = _split_lines(paths, r"\s+", [(0, USER_ID), (1, ITEM_ID)], 2)
+    return _with_row(lf), {USER_ID: USER_ID, ITEM_ID: ITEM_ID}, True, (USER_ID, ITEM_ID)  # no timestamp: line order
+
+
+def _read_s3rec(cfg: DataConfig, paths: list[Path]) -> Read:
+    """``user item item ...`` per line in time order; one event per item, the event order is the time."""
+    tokens = pl.col("line").str.replace_all(r"\s+", " ").str.strip_chars().str.split(" ")
+    lf = (
+        pl.scan_lines(paths)
+        .filter(pl.col("line").str.strip_chars() != "")
+        .select(tokens.list.first().alias(USER_ID), tokens.list.slice(1).alias(ITEM_ID))
+        .explode(ITEM_ID, empty_as_null=True)  # a line with a user only: one event with a missing item (a reject)
+    )
+    return _with_row(lf), {USER_ID: USER_ID, ITEM_ID: ITEM_ID}, True, (USER_ID, ITEM_ID)  # no timestamp: line order
+
+
+_READERS = {
+    "parquet": _read_parquet,
+    "ndjson": _read_ndjson,
+    "movielens": _read_movielens,
+    "sasrec": _read_sasrec,
+    "s3rec": _read_s3rec,
+}
