@@ -39,7 +39,7 @@ from recsys_alibi.data import schema
 from recsys_alibi.data.ingest import DataError, resolve_paths
 from recsys_alibi.data.loader import FlatSequences
 from recsys_alibi.data.prepared import check_file, check_prepared, read_consistent
-from recsys_alibi.data.sequences import vocabulary_difference
+from recsys_alibi.data.sequences import read_parquet_file, vocabulary_difference
 from recsys_alibi.data.time_gaps import checked_timestamps, gap_buckets, has_real_timestamps
 
 log = logging.getLogger(__name__)
@@ -387,7 +387,7 @@ def open_input(
         raise DataError(f"no users to score in {sequences}; check --input")
     remap, unknown_items = None, 0
     if items_path is not None and items_path.is_file():
-        input_items = read_consistent(items_path.parent, items_path.name, pl.read_parquet, prepare_id)
+        input_items = read_consistent(items_path.parent, items_path.name, read_parquet_file, prepare_id)
         remap, unknown_items = vocabulary_remap(input_items, model_items)
         if remap is not None and not (remap > 0).any():
             raise DataError(

@@ -25,7 +25,7 @@ import polars as pl
 import pyarrow.parquet as pq
 
 from recsys_alibi.data.ingest import DataError
-from recsys_alibi.data.prepared import PREPARE_ID_KEY, check_prepared, mixed_error, read_consistent
+from recsys_alibi.data.prepared import PREPARE_ID_KEY, check_prepared, mixed_error, read_consistent, unreadable_error
 from recsys_alibi.data.schema import LENGTH, SEQUENCES_FILE, TIMESTAMP
 from recsys_alibi.data.sequences import SEQUENCES_SCHEMA, read_parquet_file
 from recsys_alibi.data.splits import Protocol, fit_length, resolve_cutoff
@@ -167,7 +167,7 @@ def read_sequence_rows(
         groups = row_groups_of(path, rows)
         table = parquet.read_row_groups(groups.tolist(), columns=columns)
     except (OSError, ValueError) as err:
-        raise DataError(f"cannot read {path}: {str(err).splitlines()[0]}; run `recsys-alibi prepare` again") from None
+        raise unreadable_error(path, err) from None
     if expected is not None and (found is None or found.decode() != expected):  # this open file's own id
         raise mixed_error(path)
     frame = pl.from_arrow(table)

@@ -36,6 +36,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TypeVar
 
+import polars as pl
 import pyarrow.parquet as pq
 
 from recsys_alibi.atomic import publish_files, replace_file, stale_temps, write_json_atomic
@@ -58,7 +59,6 @@ FAILED_REJECTS_FILE = "rejects-failed.parquet"  # the rejects of a run that fail
 OUTPUTS = (EVENTS_FILE, ITEMS_FILE, SEQUENCES_FILE, REJECTS_FILE, STATS_FILE, HISTOGRAM_FILE, FAILED_REJECTS_FILE)
 FINGERPRINT_FILES = (SEQUENCES_FILE, ITEMS_FILE)  # the data a model is trained on
 COMPLETE, PUBLISHING = "complete", "publishing"
-_CHUNK = 1 << 20
 T = TypeVar("T")
 
 
@@ -169,19 +169,28 @@ def check_prepared(directory: str | Path, prepare_id: str | None = None) -> str 
 
 
 def file_prepare_id(path: Path) -> str | None:
-    """The prepare id a prepared file carries (Parquet footer or ``stats.json``), None without one."""
-    if path.suffix == ".json":
-        try:
-            value = json.loads(path.read_text()).get(PREPARE_ID_KEY)
-        except (OSError, ValueError, AttributeError):
-            return None
-        return value if isinstance(value, str) else None
+    """The prepare id a prepared file carries (Parquet footer or ``stats.json``), None without one.
+
+    Raises:
+        DataError: the file is missing or unreadable (:func:`unreadable_error`), never reported
+            as a mixed directory.
+    """
     try:
-        meta = pq.read_metadata(path).metadata or {}
-    except (OSError, ValueError):
-        return None
-    raw = meta.get(PREPARE_ID_KEY.encode())
+        if path.suffix == ".json":
+            value = json.loads(path.read_text()).get(PREPARE_ID_KEY)
+            return value if isinstance(value, str) else None
+        raw = (pq.read_metadata(path).metadata or {}).get(PREPARE_ID_KEY.encode())
+    except (OSError, ValueError, AttributeError) as err:  # ArrowInvalid is a ValueError
+        raise unreadable_error(path, err) from None
     return raw.decode() if raw is not None else None
+
+
+def unreadable_error(path: Path, err: BaseException) -> DataError:
+    """The one-line error of a prepared file that is missing or cannot be read (truncated, not Parquet)."""
+    if not path.exists():
+        return DataError(f"{path} not found; run `recsys-alibi prepare` to create the prepared directory")
+    first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    return DataError(f"cannot read {path}: {first}; run `recsys-alibi prepare` again")
 
 
 def mixed_error(path: Path) -> DataError:
@@ -235,26 +244,44 @@ def _fingerprint(directory: Path) -> str:
     digest = hashlib.sha256()
     for name in FINGERPRINT_FILES:
         digest.update(name.encode())
-        digest.update(parquet_data_sha256(directory / name).encode())
+        digest.update(parquet_content_sha256(directory / name).encode())
     return digest.hexdigest()
 
 
-def parquet_data_sha256(path: Path) -> str:
-    """sha256 of a Parquet file's bytes before its footer (the column data and page headers).
+def parquet_content_sha256(path: Path) -> str:
+    """sha256 of a Parquet file's rows: column names, dtypes and values, rows sorted by their scalar columns.
 
-    The footer (schema, row-group offsets and the key-value metadata with the prepare id) is
-    left out: two files with the same data written the same way hash the same.
+    Only the content counts, not the layout: the same rows in another order, other row groups or
+    pages, another compression, or another prepare id in the footer hash the same (e.g. the same
+    events prepared with another ``data.partition_rows``). 0.05 s for the ML-1M sequences (1M events).
+
+    Raises:
+        DataError: the file is missing or unreadable (:func:`unreadable_error`).
     """
-    size = path.stat().st_size
-    with path.open("rb") as handle:
-        handle.seek(size - 8)
-        tail = handle.read(8)
-        if size < 12 or tail[4:] != b"PAR1":
-            raise DataError(f"{path} is not a Parquet file; run `recsys-alibi prepare` again")
-        end = size - 8 - int.from_bytes(tail[:4], "little")
-        handle.seek(0)
-        digest, left = hashlib.sha256(), end
-        while left > 0 and (chunk := handle.read(min(_CHUNK, left))):
-            digest.update(chunk)
-            left -= len(chunk)
+    try:
+        frame = pl.read_parquet(path)
+    except (pl.exceptions.PolarsError, OSError) as err:
+        raise unreadable_error(path, err) from None
+    keys = [name for name, dtype in frame.schema.items() if not dtype.is_nested()]  # user_id (unique), item_idx ...
+    frame = frame.sort(keys, maintain_order=True) if keys else frame
+    digest = hashlib.sha256()
+    for column in frame.get_columns():
+        digest.update(f"{column.name}\0{column.dtype}\0".encode())
+        _hash_values(digest, column.rechunk())
     return digest.hexdigest()
+
+
+def _hash_values(digest, column: pl.Series) -> None:
+    """Feed one column's values to ``digest`` in a form that does not depend on its memory layout."""
+    if column.null_count():
+        digest.update(column.is_null().to_numpy().tobytes())
+    if isinstance(column.dtype, pl.List):
+        digest.update(column.list.len().fill_null(0).cast(pl.Int64).to_numpy().tobytes())
+        _hash_values(digest, pl.Series(column.to_arrow().flatten()))  # the elements of the non-null lists
+    elif column.dtype == pl.String:
+        digest.update(column.str.len_bytes().fill_null(0).cast(pl.Int64).to_numpy().tobytes())
+        digest.update(column.fill_null("").str.join("").item().encode())
+    elif column.dtype.is_numeric() or column.dtype.is_temporal() or column.dtype == pl.Boolean:
+        digest.update(column.fill_null(0).to_numpy().tobytes())
+    else:  # any other type (not in prepared files) by its text form
+        _hash_values(digest, column.cast(pl.String))

@@ -19,7 +19,7 @@ from pathlib import Path
 import polars as pl
 
 from recsys_alibi.data.ingest import DataError
-from recsys_alibi.data.prepared import read_consistent
+from recsys_alibi.data.prepared import read_consistent, unreadable_error
 from recsys_alibi.data.schema import (
     COUNT,
     ITEM_ID,
@@ -70,12 +70,10 @@ def build_sequences(events: pl.LazyFrame) -> pl.LazyFrame:
 
 def read_parquet_file(path: Path, columns: list[str] | None = None) -> pl.DataFrame:
     """``pl.read_parquet(path, columns=columns)``; DataError (naming ``prepare``) when missing or unreadable."""
-    if not path.is_file():
-        raise DataError(f"{path} not found; run `recsys-alibi prepare` to create the prepared directory")
     try:
         return pl.read_parquet(path, columns=columns)
     except (pl.exceptions.PolarsError, OSError) as err:
-        raise DataError(f"cannot read {path}: {str(err).splitlines()[0]}; run `recsys-alibi prepare` again") from None
+        raise unreadable_error(path, err) from None
 
 
 def _read(prepared_dir: str | Path, name: str, expected: dict[str, pl.DataType], prepare_id: str | None) -> pl.DataFrame:

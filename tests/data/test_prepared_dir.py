@@ -150,3 +150,37 @@ def test_a_second_prepare_into_a_directory_being_prepared_is_refused(tmp_path):
         with pytest.raises(DataError, match="another `recsys-alibi prepare` is writing"):
             prepare(LOOSE, events, out)
     assert prepare(LOOSE, events, out).counts["users"] == 6  # the lock is released with the block
+
+
+@pytest.mark.parametrize("name", ["sequences.parquet", "items.parquet"])
+def test_a_truncated_prepared_file_is_reported_unreadable_by_every_reader(tmp_path, name):
+    out = tmp_path / "prepared"
+    prepare(LOOSE, _events(tmp_path / "a.csv", 6, ["a", "b", "c"]), out)
+    path = out / name
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])  # e.g. a copy cut short by a full disk
+    readers = _readers(out, tmp_path)
+    if name == "items.parquet":  # the readers that read the vocabulary
+        readers = [readers[1], readers[5], readers[6]]
+    else:
+        readers = [r for i, r in enumerate(readers) if i not in (1, 4)]  # not the vocabulary, not stats.json
+    for read in readers:
+        with pytest.raises(DataError) as err:
+            read()
+        assert str(err.value).startswith(f"cannot read {path}: ") and "mixed" not in str(err.value), err.value
+        assert str(err.value).endswith("run `recsys-alibi prepare` again") and "\n" not in str(err.value)
+
+
+def test_data_fingerprint_depends_on_the_events_not_on_the_partitioning(tmp_path):
+    events = _events(tmp_path / "a.csv", 400, [f"i{k}" for k in range(30)])  # 1600 events
+    prepare(LOOSE, events, tmp_path / "one")
+    prepare(LOOSE.model_copy(update={"partition_rows": 1000}), events, tmp_path / "two")  # 2 user-hash partitions
+    one, two = (pl.read_parquet(tmp_path / d / "sequences.parquet") for d in ("one", "two"))
+    assert not one.equals(two) and one.sort("user_id").equals(two.sort("user_id"))  # other row order, same rows
+    assert data_sha256(tmp_path / "one") == data_sha256(tmp_path / "two")
+    for d in ("one", "two"):
+        (tmp_path / d / "manifest.json").unlink()  # computed again from the files: the same value
+    assert data_sha256(tmp_path / "one") == data_sha256(tmp_path / "two")
+    other = tmp_path / "b.csv"
+    other.write_text(events.read_text().replace("u7,", "u7x,", 1))  # one event of another user
+    prepare(LOOSE, other, tmp_path / "three")
+    assert data_sha256(tmp_path / "three") != data_sha256(tmp_path / "two")
