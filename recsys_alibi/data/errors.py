@@ -8,7 +8,10 @@ byte is at fault and what to do:
 * text that is not UTF-8: the file, line and byte of the first invalid byte, and how to convert it;
 * NDJSON: the file and line of the first line that is not a JSON object;
 * Parquet: the first file whose footer or data cannot be read, or whose schema differs from the
-  first file's.
+  first file's;
+* any format: a ``.gz`` file that does not decompress to its end (truncated or corrupt), checked
+  first (:func:`broken_gzip`). Python's ``gzip`` raises ``EOFError`` or ``zlib.error`` there, which
+  are not ``OSError``: every gzip read of an input goes through :data:`GZIP_ERRORS`.
 """
 
 from __future__ import annotations
@@ -16,12 +19,14 @@ from __future__ import annotations
 import codecs
 import gzip
 import json
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
 import polars as pl
 
 CHUNK = 1 << 20  # bytes read at a time while looking for the broken spot
+GZIP_ERRORS = (OSError, EOFError, zlib.error)  # what reading a truncated or corrupt .gz raises (BadGzipFile is an OSError)
 
 
 class DataError(ValueError):
@@ -38,13 +43,37 @@ def first_line(err: BaseException) -> str:
 
 
 def _open(path: Path):
-    return gzip.open(path, "rb") if path.name.lower().endswith(".gz") else open(path, "rb")
+    return gzip.open(path, "rb") if is_gzip(path) else open(path, "rb")
 
 
 def _chunks(path: Path) -> Iterator[bytes]:
     with _open(path) as fh:
         while chunk := fh.read(CHUNK):
             yield chunk
+
+
+def is_gzip(path: Path) -> bool:
+    """Whether ``path`` is read as gzip (its name ends with ``.gz``, any case)."""
+    return path.name.lower().endswith(".gz")
+
+
+def broken_gzip(path: Path) -> str | None:
+    """Why a ``.gz`` file does not decompress to its end (truncated, corrupt), or None (also for other files)."""
+    if not is_gzip(path):
+        return None
+    try:
+        for _ in _chunks(path):
+            pass
+    except GZIP_ERRORS as err:
+        return first_line(err)
+    return None
+
+
+def gzip_error(path: Path, problem: str) -> DataError:
+    """The one-line error of a ``.gz`` input that does not decompress to its end."""
+    return DataError(
+        f"cannot read '{path}': a truncated or corrupt gzip file ({problem}); copy it again or remove it from the input"
+    )
 
 
 def invalid_utf8(path: Path) -> tuple[int, int, int] | None:
@@ -81,7 +110,7 @@ def bad_ndjson_line(path: Path) -> tuple[int, str] | None:
         for number, raw in enumerate(fh, start=1):
             if number == 1 and raw.startswith(codecs.BOM_UTF8):
                 strip = "sed '1s/^\\xEF\\xBB\\xBF//'"
-                gz = path.name.lower().endswith(".gz")
+                gz = is_gzip(path)
                 how = f"zcat '{path}' | {strip} | gzip > NEW.gz" if gz else f"{strip.replace('sed', 'sed -i', 1)} '{path}'"
                 return number, f"preceded by a UTF-8 byte-order mark (BOM), which NDJSON does not allow; remove it, e.g. {how}"
             if not raw.strip():
@@ -100,7 +129,7 @@ def bad_parquet_file(paths: list[Path]) -> tuple[Path, str] | None:
     reference = None
     for path in paths:
         try:
-            if path.name.lower().endswith(".gz"):
+            if is_gzip(path):
                 with gzip.open(path, "rb") as fh:
                     frame = pl.read_parquet(fh.read())
                 schema = frame.schema
@@ -126,6 +155,10 @@ def read_error(paths: list[Path] | tuple[Path, ...], fmt: str, err: BaseExceptio
         fix: advice to end the message with when nothing more precise is found.
     """
     paths = list(paths)
+    for path in paths:  # a .gz cut short (an interrupted copy) is the most likely cause, whatever the format
+        problem = broken_gzip(path)
+        if problem is not None:
+            return gzip_error(path, problem)
     if fmt == "parquet":
         found = bad_parquet_file(paths)
         if found is not None:
@@ -135,7 +168,7 @@ def read_error(paths: list[Path] | tuple[Path, ...], fmt: str, err: BaseExceptio
         found_utf8 = invalid_utf8(path)
         if found_utf8 is not None:
             line, offset, byte = found_utf8
-            gz = path.name.lower().endswith(".gz")
+            gz = is_gzip(path)
             plain = Path(path.name[:-3] if gz else path.name)
             target = path.with_name(f"{plain.stem}.utf8{plain.suffix}" + (".gz" if gz else ""))
             convert = (

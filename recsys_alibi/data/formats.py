@@ -13,7 +13,7 @@ import gzip
 import re
 from pathlib import Path
 
-from recsys_alibi.data.errors import DataError, first_line
+from recsys_alibi.data.errors import GZIP_ERRORS, DataError, first_line, gzip_error
 
 FORMATS = ("parquet", "csv", "ndjson", "movielens", "sasrec", "s3rec")
 SNIFF_LINES = 200  # lines read to infer a text format
@@ -75,7 +75,9 @@ def head_bytes(path: Path, n: int = 1 << 16) -> bytes:
     try:
         with opener(path, "rb") as fh:
             return fh.read(n)
-    except OSError as err:  # bad gzip, permissions
+    except GZIP_ERRORS as err:  # permissions; a truncated or corrupt .gz (EOFError, zlib.error)
+        if stem_suffix(path)[1]:
+            raise gzip_error(path, first_line(err)) from None
         raise DataError(f"cannot read '{path}': {first_line(err)}; check the file") from None
 
 

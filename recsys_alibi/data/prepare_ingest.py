@@ -15,7 +15,7 @@ from pathlib import Path
 import polars as pl
 
 from recsys_alibi.config import DataConfig
-from recsys_alibi.data.errors import read_error
+from recsys_alibi.data.errors import is_gzip, read_error
 from recsys_alibi.data.ingest import QuotedLinesError, Source, rejected_rows, tag_rows, valid_events
 from recsys_alibi.data.schema import USER_ID
 
@@ -40,7 +40,7 @@ def n_partitions(cfg: DataConfig, source: Source, rows: int | None) -> int:
     """Partitions for ``rows`` events (estimated from the file sizes when None): whole rounds of ``WORKERS``."""
     if rows is None:  # estimated from the file sizes
         ratio = 8 if source.fmt == "parquet" else BYTES_PER_TEXT_ROW
-        size = sum(p.stat().st_size * (GZIP_RATIO if p.name.endswith(".gz") else 1) for p in source.paths)
+        size = sum(p.stat().st_size * (GZIP_RATIO if is_gzip(p) else 1) for p in source.paths)
         rows = size // ratio
     n = math.ceil(rows / cfg.partition_rows)
     return 1 if n <= 1 else WORKERS * math.ceil(n / WORKERS)  # whole rounds of WORKERS threads

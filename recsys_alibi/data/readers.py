@@ -21,7 +21,7 @@ from pathlib import Path
 import polars as pl
 
 from recsys_alibi.config import DataConfig
-from recsys_alibi.data.errors import DataError, read_error
+from recsys_alibi.data.errors import GZIP_ERRORS, DataError, read_error
 from recsys_alibi.data.formats import (
     FORMAT_HELP,
     FORMATS,
@@ -99,7 +99,7 @@ def scan_source(cfg: DataConfig, input_path: str | Path, fmt: str | None = None,
         schema = frame.collect_schema()
     except DataError:
         raise
-    except (pl.exceptions.PolarsError, OSError, ValueError) as err:
+    except (pl.exceptions.PolarsError, ValueError, *GZIP_ERRORS) as err:  # a gzipped Parquet file is read by Python's gzip
         if isinstance(err, pl.exceptions.NoDataError):
             raise DataError(f"empty input: '{paths[0]}' has no rows; point --input at the event log") from None
         raise read_error(paths, fmt, err, f"check the file or {FORMAT_HELP}") from None

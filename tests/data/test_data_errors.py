@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import io
 
 import polars as pl
 import pytest
@@ -93,3 +94,46 @@ def test_ndjson_with_a_byte_order_mark_is_named_with_the_fix(tmp_path):
     gz.write_bytes(gzip.compress(path.read_bytes()))
     assert f"'{gz}' line 1 is preceded by a UTF-8 byte-order mark (BOM), which NDJSON does not allow; remove it, " \
         f"e.g. zcat '{gz}' | sed '1s/^\\xEF\\xBB\\xBF//' | gzip > NEW.gz" in _error(gz)
+
+
+def _payloads() -> dict[str, tuple[str, bytes]]:
+    """(file name, uncompressed bytes) of 400 events in each format."""
+    pairs = [(u, (u * 7 + t) % 30, 1000 * u + t) for u in range(20) for t in range(20)]
+    parquet = io.BytesIO()
+    pl.DataFrame(pairs, schema=["user_id", "item_id", "timestamp"], orient="row").write_parquet(parquet)
+    return {
+        "csv": ("day.csv", ("user_id,item_id,timestamp\n" + "".join(f"u{u},i{i},{t}\n" for u, i, t in pairs)).encode()),
+        "ndjson": ("day.ndjson", "".join(f'{{"user_id": "u{u}", "item_id": {i}, "timestamp": {t}}}\n' for u, i, t in pairs).encode()),
+        "movielens": ("day.dat", "".join(f"{u}::{i}::4::{t}\n" for u, i, t in pairs).encode()),
+        "sasrec": ("day.txt", "".join(f"{u} {i}\n" for u, i, _ in pairs).encode()),
+        "s3rec": ("day.txt", "".join(f"{u} " + " ".join(str(i) for i in range(20)) + "\n" for u in range(20)).encode()),
+        "parquet": ("day.parquet", parquet.getvalue()),
+    }
+
+
+@pytest.mark.parametrize("fmt", ["csv", "ndjson", "movielens", "sasrec", "s3rec", "parquet"])
+@pytest.mark.parametrize("damage", ["truncated", "corrupt"])
+@pytest.mark.parametrize("inferred", [False, True])
+def test_a_truncated_or_corrupt_gz_in_an_input_folder_is_one_line_naming_it(tmp_path, fmt, damage, inferred):
+    name, payload = _payloads()[fmt]
+    folder = tmp_path / "in"
+    folder.mkdir()
+    whole = gzip.compress(payload)
+    (folder / f"1{name}.gz").write_bytes(whole)
+    if damage == "truncated":  # an interrupted copy
+        broken = whole[: len(whole) * 2 // 3]
+    else:  # a flipped byte in the stream's trailer (CRC) makes gzip refuse it at the end
+        broken = whole[:-6] + bytes([whole[-6] ^ 0xFF]) + whole[-5:]
+    (folder / f"2{name}.gz").write_bytes(broken)
+    source = folder / "*.gz" if inferred else folder
+    given = None if inferred and fmt not in ("sasrec", "s3rec") else fmt
+    message = _error(source, fmt=given)
+    assert f"cannot read '{folder / f'2{name}.gz'}': a truncated or corrupt gzip file" in message
+    assert "Traceback" not in message
+
+
+def test_a_truncated_gz_named_first_fails_in_format_sniffing_with_one_line(tmp_path):
+    whole = gzip.compress(b"user_id,item_id,timestamp\n" + b"u1,a,1\n" * 50_000)
+    path = tmp_path / "events.gz"  # no format in the name: the first lines are sniffed
+    path.write_bytes(whole[:200])
+    assert f"cannot read '{path}': a truncated or corrupt gzip file" in _error(path)
