@@ -15,6 +15,12 @@ of the prepared data (tag ``recsys_alibi.data_sha256``, the same for a copy of t
 another split (protocol and temporal cutoff, tag ``recsys_alibi.train_split``), or other counts of
 users, items and training events (``data.*`` metrics; the only record of runs made before the tags).
 
+Warm start (``train.init_from``, :mod:`pipelines.warm_start`): a new run starts from a logged model's
+weights, items matched by raw id (:mod:`recsys_alibi.training.warm_start`), with the ``train.warm``
+schedule; a model of another architecture is refused before training. The run is tagged
+``lineage.init_from``, ``lineage.parent_run_id`` and the counts of new items, users and events. A
+resumed warm run keeps its schedule and never loads the parent's weights over its checkpoint.
+
 Training and validation follow ``evaluate.protocol``: under ``temporal`` they use only the events
 before the cutoff (:func:`recsys_alibi.data.splits.fit_split`), so no test target is trained on.
 """
@@ -33,6 +39,7 @@ from recsys_alibi.training.data_rules import resolve_max_len
 from recsys_alibi.training.datamodule import SequenceDataModule
 from recsys_alibi.training.fit import check_sharding, fit_ranker
 from recsys_alibi.training.launch import check_accelerator, launch_rank, mark_complete, resumable_checkpoint
+from pipelines.warm_start import WarmStart, data_counts, resolve_warm_start
 from serving.pyfunc import pyfunc_flavour
 
 log = logging.getLogger(__name__)
@@ -57,6 +64,7 @@ class TrainJobResult:
     rank: int = 0
     world_size: int = 1
     resumed_from: str | None = None  # the last.ckpt this run continued
+    warm_start: WarmStart | None = None  # what train.init_from started from (None: from scratch, not asked)
 
     def summary(self) -> str:
         if self.rank != 0 or self.model is None:
@@ -64,9 +72,10 @@ class TrainJobResult:
         version = f", version {self.model.version}" if self.model.version else ""
         where = f" on {self.world_size} processes" if self.world_size > 1 else ""
         resumed = f" (resumed from {self.resumed_from})" if self.resumed_from else ""
+        warm = f"\n{self.warm_start.line()}" if self.warm_start else ""
         return (
             f"trained {self.epochs} epochs{where} in {self.train_seconds:.0f} s{resumed}; best validation NDCG@10 "
-            f"{self.best_val_ndcg_at_10:.4f}; model runs:/{self.run_id}/model{version}"
+            f"{self.best_val_ndcg_at_10:.4f}; model runs:/{self.run_id}/model{version}{warm}"
         )
 
 
@@ -115,13 +124,15 @@ def run_train(config: JobConfig, prepared_dir: str | Path, *, progress: bool = T
     )  # fmt: skip
     checkpoints = Path(config.output) / "checkpoints"
     resume = resumable_checkpoint(checkpoints) if config.train.resume else None
+    config, warm = resolve_warm_start(config, prepared_dir, resume)  # train.init_from, refused before training
+    callbacks = training_callbacks(config) + (warm.callbacks() if warm else [])
     rank = launch_rank(config.train.devices)
     if rank != 0:  # the checkpoint directory is rank 0's (ModelCheckpoint broadcasts it)
         for name in ("recsys_alibi", "pipelines", "serving"):  # INFO lines come from rank 0 only
             logging.getLogger(name).setLevel(max(logging.getLogger(name).getEffectiveLevel(), logging.WARNING))
         fit = fit_ranker(
             config, datamodule, resume.parent if resume else checkpoints, None,
-            callbacks=training_callbacks(config), progress=False, resume_from=resume,
+            callbacks=callbacks, progress=False, resume_from=resume,
         )  # fmt: skip
         _check_rank(rank, fit.is_global_zero)
         return TrainJobResult(
@@ -132,7 +143,8 @@ def run_train(config: JobConfig, prepared_dir: str | Path, *, progress: bool = T
     if config.train.resume and resume is None:
         log.info("train.resume: no unfinished checkpoint under %s; starting a new run", checkpoints)
     setup_tracking(config.tracking)
-    return _train_and_track(config, prepared_dir, datamodule, checkpoints, resume, progress=progress, register=register)
+    return _train_and_track(config, prepared_dir, datamodule, checkpoints, resume, callbacks, warm, progress=progress,
+                            register=register)  # fmt: skip
 
 
 def _check_rank(launch: int, is_global_zero: bool) -> None:
@@ -151,6 +163,8 @@ def _train_and_track(
     datamodule: SequenceDataModule,
     checkpoints: Path,
     resume: Path | None,
+    callbacks: list,
+    warm: WarmStart | None,
     *,
     progress: bool,
     register: bool,
@@ -178,17 +192,19 @@ def _train_and_track(
             log_config(config)
             mlflow.set_tags({
                 "recsys_alibi.position": config.model.position, "recsys_alibi.prepared": str(prepared_dir),
-                DATA_TAG: fingerprint, SPLIT_TAG: split_tag(datamodule),
+                DATA_TAG: fingerprint, SPLIT_TAG: split_tag(datamodule), **data_counts(prepared_dir),
+                **(warm.tags() if warm else {}),
             })  # fmt: skip
         else:
             mlflow.set_tags({"recsys_alibi.resumed_from": str(resume), "recsys_alibi.resumed_prepared": str(prepared_dir)})
         mlflow.log_metrics(data_fingerprint(datamodule))
         logger = MLFlowLogger(tracking_uri=tracking_uri(config.tracking), run_id=run_id)
         checkpoint_dir = checkpoints / run_id
+        if warm is not None and resume is None:
+            warm.write_marker(checkpoint_dir)  # a resume of this run keeps the warm schedule, loads no weights
         fit = fit_ranker(
-            config, datamodule, checkpoint_dir, logger,
-            callbacks=training_callbacks(config), progress=progress, resume_from=resume,
-        )  # fmt: skip
+            config, datamodule, checkpoint_dir, logger, callbacks=callbacks, progress=progress, resume_from=resume
+        )
         _check_rank(0, fit.is_global_zero)
         mark_complete(checkpoint_dir)
         mlflow.log_metrics(
@@ -208,6 +224,7 @@ def _train_and_track(
         checkpoint=fit.best_checkpoint,
         world_size=fit.world_size,
         resumed_from=str(resume) if resume else None,
+        warm_start=warm,
     )
 
 

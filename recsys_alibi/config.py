@@ -146,6 +146,21 @@ class ModelConfig(_Section):
         return self
 
 
+class WarmConfig(_Section):
+    """The schedule of a warm-started run (``train.init_from``): each key replaces its ``train.*`` value.
+
+    None keeps the ``train.*`` value. Chosen from measurements on the default data (docs/scheduling.md).
+    """
+
+    max_epochs: int | None = Field(None, ge=1)
+    lr: float | None = Field(None, gt=0)
+    warmup_steps: int | None = Field(None, ge=0)
+    patience: int | None = Field(None, ge=1)
+
+
+INIT_FROM = re.compile(r"champion|runs:/[^/\s]+/.+|models:/[^/@\s]+(/\d+|@[A-Za-z0-9_\-]+)")
+
+
 class TrainConfig(_Section):
     """Optimisation and the Lightning trainer."""
 
@@ -175,8 +190,22 @@ class TrainConfig(_Section):
     windows: Literal["last", "all"] = "last"  # train on each history's last max_len + 1 events, or on all of it
     batch_tokens: int | None = Field(None, ge=1)  # length-bucketed batches of <= this many padded tokens (recsys_alibi.data.buckets)
     num_workers: int = Field(0, ge=0)  # training-batch worker processes (a GPU outruns one collating process)
+    # short-to-long training: [[epoch, window], ...], window = items or "whole", from that epoch (0-based) on; the
+    # model's max_len becomes the last window (recsys_alibi.training.context_schedule); None: model.max_len throughout
+    context_schedule: list[list[int | Literal["whole"]]] | None = None
     attention_health: bool = True  # log per-head entropy / zero-weight share at each validation (ALiBi)
     zero_share_threshold: float = Field(0.05, ge=0, le=1)  # warn when a head has more exactly-zero weights
+    # warm start (recsys_alibi.training.warm_start): runs:/ID/model, models:/NAME/V, models:/NAME@ALIAS, or
+    # champion (models:/<tracking.registered_model>@<tracking.champion_alias>; none yet: from scratch)
+    init_from: str | None = None
+    warm: WarmConfig = WarmConfig()  # the schedule of a warm-started run
+
+    @field_validator("init_from")
+    @classmethod
+    def _model_uri(cls, value: str | None) -> str | None:
+        if value is None or INIT_FROM.fullmatch(value):
+            return value
+        raise ValueError("must be runs:/RUN_ID/model, models:/NAME/VERSION, models:/NAME@ALIAS or champion")
 
     @field_validator("limit_train_batches")
     @classmethod
@@ -186,10 +215,40 @@ class TrainConfig(_Section):
         raise ValueError("must be a number of batches (an integer >= 1) or a fraction in (0, 1]")
 
 
+    @field_validator("context_schedule", mode="before")
+    @classmethod
+    def _schedule_pairs(cls, value: Any) -> Any:
+        """[[epoch, window], ...]: epochs ascending from 0, windows integers >= 2 (int64) or "whole"."""
+        if value is None:
+            return value
+        form = "a list of [epoch, window] pairs such as [[0, 200], [25, 1000]] (window: items >= 2 or 'whole')"
+        if not isinstance(value, list) or not value:
+            raise ValueError(f"must be {form}, or null for model.max_len throughout")
+        for i, entry in enumerate(value):
+            if not isinstance(entry, list) or len(entry) != 2:
+                raise ValueError(f"entry {i} ({entry!r:.40}) is not [epoch, window]: must be {form}")
+            epoch, window = entry
+            if type(epoch) is not int or not 0 <= epoch <= INT64_MAX:
+                raise ValueError(f"entry {i}: the epoch {epoch!r:.40} must be an integer >= 0")
+            if window != "whole" and (type(window) is not int or not 2 <= window <= INT64_MAX):
+                raise ValueError(f"entry {i}: the window {window!r:.40} must be an integer >= 2 (items) or 'whole'")
+        epochs = [entry[0] for entry in value]
+        if epochs[0] != 0:
+            raise ValueError(f"the first window must start at epoch 0 (got {epochs[0]})")
+        if any(b <= a for a, b in zip(epochs, epochs[1:])):
+            raise ValueError(f"the epochs must be strictly ascending (got {epochs})")
+        return value
+
     @model_validator(mode="after")
     def _one_batching(self) -> "TrainConfig":
         if self.packing and self.batch_tokens is not None:
             raise ValueError("train.packing and train.batch_tokens are two ways to batch: set one of them")
+        schedule = self.context_schedule
+        if schedule and schedule[-1][0] >= self.max_epochs:
+            raise ValueError(
+                f"train.context_schedule switches at epoch {schedule[-1][0]} but train.max_epochs={self.max_epochs} "
+                f"trains epochs 0..{self.max_epochs - 1}: the switch would never happen"
+            )
         return self
 
 
@@ -249,6 +308,10 @@ class ScoreConfig(_Section):
     overwrite: bool = False  # replace another job's rankings in --output instead of refusing (same job: resumed)
     engine: Literal["local", "ray"] = "local"  # --engine: this process (or torchrun shards), or a Ray actor pool
     ray: RayConfig = RayConfig()
+    # business rules (serving.rules): Parquet of item_id (every user) or user_id, item_id (per user)
+    allow: str | None = None  # rankings hold only these items (a user absent from a per-user file: none)
+    deny: str | None = None  # rankings never hold these items
+    changed_since: str | None = None  # a previous output: rank only users whose history changed (serving.changed)
 
     @field_validator("device")
     @classmethod
@@ -278,6 +341,9 @@ class TrackingConfig(_Section):
         return alias
 
 
+SEEN_RULE_SECTIONS = ("evaluate", "score")  # sections whose exclude_seen is one setting (JobConfig)
+
+
 class JobConfig(_Section):
     """The whole job: one YAML file, every section optional."""
 
@@ -290,6 +356,53 @@ class JobConfig(_Section):
     evaluate: EvaluateConfig = EvaluateConfig()
     score: ScoreConfig = ScoreConfig()
     tracking: TrackingConfig = TrackingConfig()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_exclude_seen(cls, data: Any) -> Any:
+        """``evaluate.exclude_seen`` and ``score.exclude_seen`` are one setting (the seen-item rule of
+        ``recsys_alibi.evaluation.ranking``): the one given sets both; both given and different: an error."""
+        if not isinstance(data, dict):
+            return data
+        given = {}
+        for name in SEEN_RULE_SECTIONS:
+            section = data.get(name)
+            if isinstance(section, dict) and "exclude_seen" in section:
+                given[name] = section["exclude_seen"]
+            elif isinstance(section, _Section) and "exclude_seen" in section.model_fields_set:
+                given[name] = section.exclude_seen  # type: ignore[attr-defined]
+        values = [v for v in given.values() if isinstance(v, bool)]  # anything else: refused by its own key
+        if len(values) == 2 and values[0] != values[1]:
+            raise ValueError(
+                f"evaluate.exclude_seen={str(values[0]).lower()} and score.exclude_seen={str(values[1]).lower()} differ: "
+                "they are one setting "
+                "(what is evaluated is what is served); set one of them"
+            )
+        if len(values) != 1 or len(given) != 1:
+            return data
+        data = dict(data)
+        for name in SEEN_RULE_SECTIONS:
+            section = data.get(name)
+            if isinstance(section, _Section):
+                data[name] = section.model_copy(update={"exclude_seen": values[0]})
+            else:
+                data[name] = {**(section if isinstance(section, dict) else {}), "exclude_seen": values[0]}
+        return data
+
+    @model_validator(mode="after")
+    def _schedule_fits_positions(self) -> "JobConfig":
+        """Learned positions: the table has the last window's rows; no earlier window may be longer."""
+        schedule = self.train.context_schedule
+        if self.model.position != "learned" or not schedule or schedule[-1][1] == "whole":
+            return self
+        last = schedule[-1][1]
+        longer = [window for _, window in schedule if window == "whole" or window > last]
+        if longer:
+            raise ValueError(
+                f"train.context_schedule: model.position=learned has a table of the last window's {last} positions; "
+                f"the window {longer[0]} is beyond it (use model.position=alibi, or end on the longest window)"
+            )
+        return self
 
 
 def _set_dotted(tree: dict[str, Any], dotted: str, value: Any, origin: str) -> None:
@@ -435,4 +548,9 @@ def with_overrides(config: JobConfig, **sections: dict[str, Any]) -> JobConfig:
             tree[name].update(fields)
         else:
             tree[name] = fields
+    seen = [fields["exclude_seen"] for name, fields in sections.items()
+            if name in SEEN_RULE_SECTIONS and "exclude_seen" in fields]  # fmt: skip
+    if len(seen) == 1:  # one setting: changing it in one section changes it in both
+        for name in SEEN_RULE_SECTIONS:
+            tree[name]["exclude_seen"] = seen[0]
     return JobConfig.model_validate(tree)

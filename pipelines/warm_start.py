@@ -1,0 +1,183 @@
+"""``train.init_from``: the model a new training run starts from, and the lineage it leaves.
+
+The job-layer half of warm starting (the weights are built by
+:mod:`recsys_alibi.training.warm_start`): resolve the URI (``champion`` is
+``models:/<tracking.registered_model>@<tracking.champion_alias>``, pinned to the version holding
+the alias now; no champion yet: the run starts from scratch and says so), load the model and its
+vocabulary, map the prepared directory's items onto the model's by raw ``item_id``
+(:func:`serving.inputs.vocabulary_remap`, as ``score`` and the promotion gate do), refuse another
+architecture (one line, before training), and apply the warm schedule (``train.warm``).
+
+A warm run writes ``checkpoints/<run_id>.warm_start.json`` beside its checkpoint directory: a
+resumed run (``--resume``) finds it, keeps the warm schedule and never loads the parent's weights over its
+checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from recsys_alibi.atomic import write_json_atomic
+from recsys_alibi.config import JobConfig, with_overrides
+from recsys_alibi.data.partition import read_lengths
+from recsys_alibi.data.prepare import read_items
+from recsys_alibi.tracking import tracking_uri
+
+log = logging.getLogger(__name__)
+
+MARKER = "warm_start.json"  # checkpoints/<run_id>.warm_start.json of a warm-started run
+USERS_TAG, EVENTS_TAG = "recsys_alibi.data.users", "recsys_alibi.data.events"  # every run: size of its prepared data
+
+
+@dataclass(frozen=True)
+class WarmStart:
+    """Where a run started from and what its data has that the parent's had not.
+
+    ``uri`` is None for a cold start asked for by ``champion`` with no champion yet (``reason``
+    says so). ``new_users`` / ``new_events``: users and events of this data minus the parent's
+    (its run tags); exact when the data only grew, as under ``data.append``; None when the parent
+    run has no counts. ``state``: the initial weights (not kept for a resumed run).
+    """
+
+    uri: str | None
+    parent_run_id: str | None = None
+    kept_items: int = 0
+    new_items: int = 0
+    dropped_items: int = 0
+    new_users: int | None = None
+    new_events: int | None = None
+    reason: str = ""
+    state: dict | None = field(default=None, repr=False, compare=False)
+
+    def line(self) -> str:
+        """One line for the run's summary."""
+        if self.uri is None:
+            return f"cold start: {self.reason}"
+        users = "n/a" if self.new_users is None else self.new_users
+        events = "n/a" if self.new_events is None else self.new_events
+        return (
+            f"warm start from {self.uri} (run {self.parent_run_id}): {self.kept_items} items kept, {self.new_items} new, "
+            f"{self.dropped_items} dropped; {users} new users, {events} new events"
+        )
+
+    def tags(self) -> dict[str, str]:
+        """The run's lineage tags ``lineage.init_from``, ``lineage.parent_run_id``, ``lineage.new_*``."""
+        if self.uri is None:
+            return {"lineage.init_from": f"none ({self.reason})"}
+        counts = {"kept_items": self.kept_items, "new_items": self.new_items, "dropped_items": self.dropped_items,
+                  "new_users": self.new_users, "new_events": self.new_events}  # fmt: skip
+        return {
+            "lineage.init_from": self.uri, "lineage.parent_run_id": str(self.parent_run_id),
+            **{f"lineage.{key}": str(value) for key, value in counts.items() if value is not None},
+        }  # fmt: skip
+
+    def callbacks(self) -> list:
+        """``[InitialWeights]`` when there are weights to load, else ``[]``."""
+        if self.state is None:
+            return []
+        from recsys_alibi.training.warm_start import InitialWeights
+
+        return [InitialWeights(self.state)]
+
+    def write_marker(self, checkpoint_dir: Path) -> None:
+        """``<run_id>.warm_start.json`` beside the run's checkpoint directory (read back on resume)."""
+        if self.uri is not None:
+            checkpoint_dir.parent.mkdir(parents=True, exist_ok=True)
+            write_json_atomic(marker_path(checkpoint_dir), {k: v for k, v in asdict(self).items() if k != "state"})
+
+
+def marker_path(checkpoint_dir: Path) -> Path:
+    """Where a warm run's start is recorded: beside its checkpoint directory, not in it (Lightning wants it empty)."""
+    return checkpoint_dir.with_name(f"{checkpoint_dir.name}.{MARKER}")
+
+
+def data_counts(prepared_dir: Path) -> dict[str, str]:
+    """``{USERS_TAG, EVENTS_TAG}`` of a prepared directory (only its ``length`` column is read)."""
+    lengths = read_lengths(prepared_dir)
+    return {USERS_TAG: str(lengths.size), EVENTS_TAG: str(int(lengths.sum()))}
+
+
+def resolve_warm_start(config: JobConfig, prepared_dir: Path, resume: Path | None) -> tuple[JobConfig, WarmStart | None]:
+    """The config to train with (the warm schedule applied) and the run's warm start, or None (cold).
+
+    Args:
+        resume: the ``last.ckpt`` being resumed, or None for a new run. A resumed warm run keeps
+            the warm schedule and loads no weights (its checkpoint holds them).
+
+    Raises:
+        ModelUriError: ``train.init_from`` names no loadable model.
+        WarmStartError: that model has another architecture (one line naming the keys).
+    """
+    if resume is not None:
+        marker = marker_path(resume.parent)
+        if not marker.is_file():
+            return config, None
+        return warm_schedule(config), WarmStart(**json.loads(marker.read_text()))
+    source = config.train.init_from
+    if source is None:
+        return config, None
+    import mlflow
+
+    mlflow.set_tracking_uri(tracking_uri(config.tracking))
+    if source == "champion":
+        from pipelines.promotion import current_champion
+
+        name, alias = config.tracking.registered_model, config.tracking.champion_alias
+        held = current_champion(name, alias)
+        if held is None:
+            reason = f"train.init_from=champion and models:/{name}@{alias} does not exist yet"
+            log.info("%s: training from scratch", reason)
+            return config, WarmStart(uri=None, reason=reason)
+        source = f"models:/{name}/{held.version}"
+    warm = load_warm_start(config, prepared_dir, source)
+    log.info(warm.line())
+    return warm_schedule(config), warm
+
+
+def load_warm_start(config: JobConfig, prepared_dir: Path, uri: str) -> WarmStart:
+    """Load ``uri`` and build the initial weights for ``config.model`` on ``prepared_dir``'s vocabulary.
+
+    Raises:
+        ModelUriError, WarmStartError: as :func:`resolve_warm_start`.
+    """
+    from recsys_alibi.tracking import load_ranker
+    from recsys_alibi.training.warm_start import warm_state_dict
+    from serving.inputs import vocabulary_remap
+
+    loaded = load_ranker(uri)
+    items = read_items(prepared_dir)
+    remap, unknown = vocabulary_remap(items, loaded.items)  # new item_idx -> old item_idx by raw item_id, 0: new
+    rows = np.arange(items.height + 1, dtype=np.int64) if remap is None else remap
+    state = warm_state_dict(loaded.model.state_dict(), rows, loaded.model.cfg, config.model, config.seed, source=uri)
+    kept = items.height - unknown
+    new_users = new_events = None
+    if loaded.run_id is not None:
+        now = data_counts(prepared_dir)
+        parent = _parent_counts(loaded.run_id)
+        if parent is not None:
+            new_users, new_events = int(now[USERS_TAG]) - parent[0], int(now[EVENTS_TAG]) - parent[1]
+    return WarmStart(
+        uri=uri, parent_run_id=loaded.run_id, kept_items=kept, new_items=unknown,
+        dropped_items=loaded.items.height - kept, new_users=new_users, new_events=new_events, state=state,
+    )  # fmt: skip
+
+
+def _parent_counts(run_id: str) -> tuple[int, int] | None:
+    """(users, events) of the parent run's prepared data from its tags (``lineage.data.*`` of older pipeline runs)."""
+    import mlflow
+
+    tags = mlflow.MlflowClient().get_run(run_id).data.tags
+    users = tags.get(USERS_TAG, tags.get("lineage.data.users"))
+    events = tags.get(EVENTS_TAG, tags.get("lineage.data.events"))
+    return None if users is None or events is None else (int(users), int(events))
+
+
+def warm_schedule(config: JobConfig) -> JobConfig:
+    """``config`` with the set keys of ``train.warm`` in place of their ``train.*`` values."""
+    changes = {key: value for key, value in config.train.warm.model_dump().items() if value is not None}
+    return with_overrides(config, train=changes) if changes else config

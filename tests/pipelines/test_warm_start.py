@@ -1,0 +1,100 @@
+"""``train.init_from``: a warm-started run's lineage, its refusal of another model, and ``--resume``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import mlflow
+import numpy as np
+
+from pipelines.cli import main
+from recsys_alibi.config import DataConfig
+from recsys_alibi.data.prepare import prepare
+from recsys_alibi.training import warm_start
+from recsys_alibi.training.launch import COMPLETE_MARKER
+from test_train import TINY, _train
+
+
+
+def _walks(path: Path, n_users: int, n_items: int) -> Path:
+    """``n_users`` users walking items ``i0..i<n_items - 1>`` (8 events each), prepared into ``path``."""
+    rng = np.random.default_rng(0)
+    starts = rng.integers(0, n_items, n_users)
+    rows = [f"u{u},i{(start + 3 * t) % n_items},{t}" for u, start in enumerate(starts) for t in range(8)]
+    events = path.with_suffix(".csv")
+    events.write_text("user_id,item_id,timestamp\n" + "\n".join(rows) + "\n")
+    prepare(DataConfig(min_events_per_user=1, min_events_per_item=1), events, path)
+    return path
+
+
+def _runs() -> list:
+    return mlflow.search_runs(search_all_experiments=True, output_format="list", order_by=["attributes.start_time"])
+
+
+def test_warm_run_records_its_parent_and_what_is_new(tmp_path, mlflow_store, capsys, monkeypatch):
+    loads = []
+    monkeypatch.setattr(warm_start.InitialWeights, "setup", lambda self, *a, **k: loads.append(len(self.state)))
+    day1, day2 = _walks(tmp_path / "day1", 30, 10), _walks(tmp_path / "day2", 42, 13)  # 12 new users, 3 new items
+    assert main(_train(day1, tmp_path / "job")) == 0
+    (parent,) = _runs()
+    capsys.readouterr()
+    warm = ("train.warm.max_epochs=2", "train.warm.lr=0.0005")
+    assert main(_train(day2, tmp_path / "job", f"train.init_from=runs:/{parent.info.run_id}/model", *warm)) == 0
+    printed = capsys.readouterr().out
+    child = _runs()[-1]
+    tags = child.data.tags
+    assert tags["lineage.parent_run_id"] == parent.info.run_id
+    assert tags["lineage.init_from"] == f"runs:/{parent.info.run_id}/model"
+    assert (tags["lineage.new_items"], tags["lineage.kept_items"], tags["lineage.dropped_items"]) == ("3", "10", "0")
+    assert (tags["lineage.new_users"], tags["lineage.new_events"]) == ("12", str(12 * 8))
+    assert child.data.params["train.max_epochs"] == "2" and child.data.params["train.lr"] == "0.0005"  # warm schedule
+    assert (
+        f"warm start from runs:/{parent.info.run_id}/model (run {parent.info.run_id}): 10 items kept, 3 new, "
+        "0 dropped; 12 new users, 96 new events" in printed
+    )
+    assert loads == [sum(1 for _ in parent_state_keys())]  # the weights were loaded once, for the new run
+
+    # killed after its first epoch: --resume continues it with the warm schedule, without loading the parent again
+    (marker,) = (tmp_path / "job" / "checkpoints").glob(f"{child.info.run_id}/{COMPLETE_MARKER}")
+    marker.unlink()
+    assert main([*_train(day2, tmp_path / "job", f"train.init_from=runs:/{parent.info.run_id}/model"), "--resume"]) == 0
+    printed = capsys.readouterr().out
+    assert f"mlflow_run_id: {child.info.run_id}" in printed and "resumed from" in printed
+    assert "warm start from" in printed and loads == [loads[0]]
+    assert len(_runs()) == 2
+
+
+def parent_state_keys():
+    """The state-dict keys of the TINY model (what InitialWeights loads)."""
+    from recsys_alibi.config import load_config
+    from recsys_alibi.model.transformer import AlibiRanker
+
+    return AlibiRanker(load_config(None, TINY).model, 5).state_dict().keys()
+
+
+def test_another_architecture_is_refused_before_training_with_one_line(tmp_path, mlflow_store, capsys):
+    day1 = _walks(tmp_path / "day1", 30, 10)
+    assert main(_train(day1, tmp_path / "job")) == 0
+    (parent,) = _runs()
+    capsys.readouterr()
+    uri = f"runs:/{parent.info.run_id}/model"
+    assert main(_train(day1, tmp_path / "job", f"train.init_from={uri}", "model.d_model=16")) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        f"error: cannot warm-start from {uri}: it is another model (model.d_model=8 (now 16)); set the same "
+        "model.* values or leave train.init_from unset to train from scratch"
+    ]
+    assert len(_runs()) == 1  # refused before any run started
+    assert main(_train(day1, tmp_path / "job", "train.init_from=runs:/no-such-run/model")) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: cannot load model 'runs:/no-such-run/model'")
+
+
+def test_init_from_champion_without_one_starts_cold_and_says_so(tmp_path, mlflow_store, capsys):
+    day1 = _walks(tmp_path / "day1", 30, 10)
+    assert main(_train(day1, tmp_path / "job", "train.init_from=champion", "train.warm.max_epochs=3")) == 0
+    printed = capsys.readouterr().out
+    assert "cold start: train.init_from=champion and models:/recsys-alibi-ranker@champion does not exist yet" in printed
+    (run,) = _runs()
+    assert run.data.params["train.max_epochs"] == "1"  # the cold schedule
+    assert run.data.tags["lineage.init_from"].startswith("none (train.init_from=champion")
