@@ -26,6 +26,7 @@ import numpy as np
 
 from recsys_alibi.config import JobConfig, with_overrides
 from recsys_alibi.data.partition import read_fit_cutoff, read_fit_lengths
+from recsys_alibi.training.context_schedule import resolve_schedule
 
 log = logging.getLogger(__name__)
 
@@ -53,19 +54,29 @@ def max_len_from_lengths(fit_lengths: np.ndarray, quantile: float = 0.75, cap: i
     return int(min(cap, max(MAX_LEN_STEP, MAX_LEN_STEP * round(q / MAX_LEN_STEP))))
 
 
+def _fit_lengths(config: JobConfig, prepared_dir: str | Path, prepare_id: str | None) -> np.ndarray:
+    """(U,) events per user that training may use under ``evaluate.protocol``."""
+    ev = config.evaluate
+    cutoff = read_fit_cutoff(prepared_dir, ev.protocol, ev.temporal_cutoff, prepare_id)
+    return read_fit_lengths(prepared_dir, ev.protocol, cutoff, prepare_id)
+
+
 def resolve_max_len(config: JobConfig, prepared_dir: str | Path, prepare_id: str | None = None) -> JobConfig:
     """``config`` with ``model.max_len: auto`` replaced by the value of its data (else unchanged).
+
+    With ``train.context_schedule`` its ``"whole"`` windows become the longest fit history and
+    ``model.max_len`` the last window (:func:`recsys_alibi.training.context_schedule.resolve_schedule`).
 
     Raises:
         DataError: the prepared directory cannot be read.
         ValueError: the directory holds no user.
     """
     model = config.model
+    if config.train.context_schedule:  # its last window is the model's max_len ("whole": the longest history)
+        return resolve_schedule(config, int(np.max(_fit_lengths(config, prepared_dir, prepare_id), initial=2)))
     if model.max_len != "auto":
         return config
-    ev = config.evaluate
-    cutoff = read_fit_cutoff(prepared_dir, ev.protocol, ev.temporal_cutoff, prepare_id)
-    lengths = read_fit_lengths(prepared_dir, ev.protocol, cutoff, prepare_id)
+    lengths = _fit_lengths(config, prepared_dir, prepare_id)
     max_len = max_len_from_lengths(lengths, model.max_len_quantile, model.max_len_cap)
     log.info(
         "model.max_len=auto: %d items (%g quantile of %d users' histories: %.0f events, rounded to %d, cap %d)",

@@ -19,6 +19,7 @@ uninterrupted one.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
@@ -51,6 +52,9 @@ from recsys_alibi.data.prepared import check_prepared
 from recsys_alibi.data.schema import ITEM_IDX, LENGTH, TIMESTAMP, USER_ID
 from recsys_alibi.data.splits import HISTORY_TIME_GAPS, MIN_FIT, Protocol, fit_split
 from recsys_alibi.data.time_gaps import check_real_timestamps, with_time_gaps
+from recsys_alibi.training.context_schedule import window_at
+
+log = logging.getLogger(__name__)
 
 
 def first_targets(examples: pl.DataFrame) -> np.ndarray:
@@ -85,8 +89,10 @@ class SequenceDataModule(L.LightningDataModule):
 
     Args:
         prepared_dir: output of ``recsys-alibi prepare``.
-        model_cfg: gives ``max_len`` (training window, items).
-        train_cfg: batch sizes (``batch_size`` is global, see the module doc), ``val_users``.
+        model_cfg: gives ``max_len`` (training window, items; validation's history cut).
+        train_cfg: batch sizes (``batch_size`` is global, see the module doc), ``val_users``;
+            ``context_schedule``, when set, gives each epoch's training window instead of
+            ``model.max_len`` (``"whole"`` resolved first: ``data_rules.resolve_max_len``).
         seed: picks the fixed validation subset when ``val_users`` is set; shuffles each epoch.
         protocol: ``evaluate.protocol``; training and validation stay inside its fit prefix.
         cutoff: ``evaluate.temporal_cutoff`` (seconds; None: the default cutoff of the data).
@@ -143,6 +149,7 @@ class SequenceDataModule(L.LightningDataModule):
         self.valid_rows = valid_rows
         self.rank: int | None = None
         self.world_size: int | None = None
+        self._window: int | None = None  # the training window of the last loader built
 
     def setup(self, stage: str | None = None) -> None:
         """Read this rank's part (rank and world size from the trainer; 0 and 1 without one)."""
@@ -214,14 +221,29 @@ class SequenceDataModule(L.LightningDataModule):
         """``train.batch_size / world_size`` windows per step on each rank."""
         return self.train_cfg.batch_size // (self.world_size or 1)
 
+    def train_window(self) -> int:
+        """The training window (items) of the trainer's current epoch: ``train.context_schedule``
+        (:mod:`recsys_alibi.training.context_schedule`) or ``model.max_len``."""
+        schedule = self.train_cfg.context_schedule
+        if not schedule:
+            return self.model_cfg.max_len
+        epoch = self.trainer.current_epoch if self.trainer is not None else 0
+        return window_at(schedule, epoch)
+
     def train_dataloader(self) -> DataLoader:
+        window = self.train_window()
+        if self.train_cfg.context_schedule and window != self._window:
+            log.info("training windows of %d items from this epoch on (train.context_schedule)", window)
+        self._window = window
+        return self.train_loader(window)
+
+    def train_loader(self, max_len: int) -> DataLoader:
+        """Training batches of windows of up to ``max_len + 1`` events (this rank's users)."""
         if self.rank is None:
             self.load()
-        dataset = NextItemWindows(
-            self.train_histories, self.model_cfg.max_len, self.train_cfg.windows, gaps=self.train_gaps
-        )
+        dataset = NextItemWindows(self.train_histories, max_len, self.train_cfg.windows, gaps=self.train_gaps)
         collate = (
-            partial(collate_packed_next_item, row_len=self.model_cfg.max_len)
+            partial(collate_packed_next_item, row_len=max_len)
             if self.train_cfg.packing
             else collate_next_item
         )

@@ -29,6 +29,7 @@ import torch
 from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 
 from recsys_alibi.config import ConfigError, JobConfig
+from recsys_alibi.training.context_schedule import warn_unreached
 from recsys_alibi.training.datamodule import SequenceDataModule
 from recsys_alibi.training.launch import check_accelerator
 from recsys_alibi.training.module import VAL_MONITOR, RankerModule
@@ -115,6 +116,8 @@ def fit_ranker(
         log_every_n_steps=10,
         deterministic=False,
         use_distributed_sampler=False,  # each rank already reads only its own users
+        # train.context_schedule: each epoch's loader is built with that epoch's window (also after a resume)
+        reload_dataloaders_every_n_epochs=1 if train.context_schedule else 0,
     )
     started = time.perf_counter()
     with _process_group_released(), warnings.catch_warnings():
@@ -122,6 +125,7 @@ def fit_ranker(
             warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
         trainer.fit(module, datamodule=datamodule, ckpt_path=str(resume_from) if resume_from else None)
     seconds = time.perf_counter() - started
+    warn_unreached(train.context_schedule, trainer.current_epoch)
     best = checkpoint.best_model_path
     if best and trainer.is_global_zero:
         state = torch.load(best, map_location="cpu", weights_only=False)["state_dict"]

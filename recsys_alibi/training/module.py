@@ -30,6 +30,7 @@ from recsys_alibi.config import ModelConfig, TrainConfig
 from recsys_alibi.evaluation.metrics import hit_rate_at_k, mrr, ndcg_at_k, per_user_metrics
 from recsys_alibi.evaluation.ranking import mask_seen, target_ranks
 from recsys_alibi.model.transformer import AlibiRanker
+from recsys_alibi.training.context_schedule import scheduled_steps
 from recsys_alibi.training.losses import build_loss
 from recsys_alibi.training.sharding import (
     TABLE_KEY,
@@ -256,7 +257,7 @@ class RankerModule(L.LightningModule):
             lr=self.train_cfg.lr,
             betas=(0.9, 0.98),
         )
-        total = max(1, int(self.trainer.estimated_stepping_batches))
+        total = max(1, scheduled_steps(self.trainer))  # over all epochs, also across a train.context_schedule switch
         warmup = min(self.train_cfg.warmup_steps, total // 2)
         self._schedule = (warmup, total)
         schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: warmup_cosine(step, warmup, total))
