@@ -11,16 +11,24 @@ fairseq and Hugging Face (``group_by_length``: "megabatches" of shuffled example
 length); the order of the batches is then shuffled again, so an epoch is not ordered by length.
 One shared causal mask serves each batch: with right padding, padded keys never reach real
 queries (``recsys_alibi.model.attention``).
+
+Under data-parallel training every step all-reduces the gradients, so every rank must take the
+same number of steps in an epoch, while the batch count under a token budget depends on the
+rank's own lengths. :class:`EqualStepBuckets` plans the batches of every rank (from window
+lengths every rank knows, :func:`rank_window_lengths`: no communication) and splits the rank's
+own batches until it has as many as the rank with the most.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 from torch.utils.data import Sampler
 
-__all__ = ["LengthBuckets", "plan_batches"]
+from recsys_alibi.data.partition import train_part
+
+__all__ = ["EqualStepBuckets", "LengthBuckets", "plan_batches", "rank_buckets", "rank_window_lengths"]
 
 POOL_BATCHES = 50  # batches' worth of windows sorted together (a fairseq-style megabatch)
 
@@ -87,6 +95,117 @@ class LengthBuckets(Sampler[list[int]]):
 
     def __len__(self) -> int:
         return len(self.batches(self.epoch))
+
+
+class EqualStepBuckets(LengthBuckets):
+    """:class:`LengthBuckets` of one rank that serves as many batches as the rank with the most.
+
+    Every rank plans the batches of every rank (same lengths, seed and epoch everywhere, so the
+    same plans; no communication) and takes the largest count K. Its own batches are those of
+    ``LengthBuckets(every_rank[rank], ...)``; while there are fewer than K, the batch with the
+    most windows is split in two halves in place (each half stays within the token budget), so
+    every window is still served exactly once per epoch. Only when every batch holds a single
+    window are the first batches served again (as ``train_part`` pads the users by wrapping around).
+
+    Args:
+        every_rank: per rank, (W_r,) int64 window lengths in the order of that rank's dataset
+            (:func:`rank_window_lengths`).
+        rank: this process's rank, an index into ``every_rank``.
+        batch_tokens, max_rows, seed: as :class:`LengthBuckets` (``max_rows`` per rank).
+
+    Raises:
+        ValueError: ``rank`` outside ``every_rank``; a budget below 1.
+
+    Example:
+        >>> ranks = [np.array([5, 5, 5, 5]), np.array([5, 50, 5, 50])]
+        >>> [len(EqualStepBuckets(ranks, r, batch_tokens=100, max_rows=8, seed=0)) for r in range(2)]
+        [2, 2]
+    """
+
+    def __init__(self, every_rank: Sequence[np.ndarray], rank: int, batch_tokens: int, max_rows: int, seed: int) -> None:
+        if not 0 <= rank < len(every_rank):
+            raise ValueError(f"rank {rank} outside the {len(every_rank)} ranks")
+        super().__init__(every_rank[rank], batch_tokens, max_rows, seed)
+        self.every_rank = [LengthBuckets(lengths, batch_tokens, max_rows, seed) for lengths in every_rank]
+        self.rank = rank
+        self._planned: tuple[int, list[list[int]]] | None = None  # (epoch, batches): __len__ and __iter__ agree
+
+    def batches(self, epoch: int) -> list[list[int]]:
+        """This rank's batches of epoch ``epoch``: as many as the rank with the most."""
+        if self._planned is not None and self._planned[0] == epoch:
+            return self._planned[1]
+        counts = [len(sampler.batches(epoch)) for sampler in self.every_rank]
+        out = split_to_count(super().batches(epoch), max(counts))
+        self._planned = (epoch, out)
+        return out
+
+
+def split_to_count(batches: list[list[int]], count: int) -> list[list[int]]:
+    """``batches`` cut to ``count`` batches: the one with the most rows halved in place, repeatedly.
+
+    A batch of one row cannot be split: when every batch is one row, the first ones are repeated.
+
+    Example:
+        >>> split_to_count([[1], [2, 3, 4, 5], [6, 7]], 5)
+        [[1], [2], [3], [4, 5], [6, 7]]
+    """
+    out = list(batches)
+    while out and len(out) < count:
+        j = max(range(len(out)), key=lambda i: len(out[i]))  # the first of the largest
+        if len(out[j]) < 2:
+            out += [out[i % len(batches)] for i in range(count - len(out))]
+            break
+        half = len(out[j]) // 2
+        out[j : j + 1] = [out[j][:half], out[j][half:]]
+    return out
+
+
+def rank_window_lengths(fit_lengths: np.ndarray, max_len: int, world_size: int) -> list[np.ndarray]:
+    """Per rank, the lengths of its training windows under ``train.windows=last``.
+
+    Each training user (fit prefix of ``m >= 3`` events) gives one window of its last
+    ``min(m - 1, max_len + 1)`` training events (history ``m - 1``,
+    :func:`recsys_alibi.data.splits.fit_split`; :class:`recsys_alibi.data.loader.NextItemWindows`),
+    and rank ``r`` holds the users of :func:`recsys_alibi.data.partition.train_part`.
+
+    Args:
+        fit_lengths: (R,) int fit-prefix lengths of the training users, in row order (every rank reads them).
+        max_len: ``model.max_len``.
+        world_size: the number of training processes.
+
+    Returns:
+        ``world_size`` arrays of int64 window lengths, each in its rank's dataset order.
+    """
+    windows = np.minimum(np.asarray(fit_lengths, dtype=np.int64) - 1, max_len + 1)
+    return [train_part(windows, rank, world_size) for rank in range(world_size)]
+
+
+def rank_buckets(
+    lengths: np.ndarray, fit_lengths: np.ndarray, max_len: int, rank: int, world_size: int,
+    batch_tokens: int, max_rows: int, seed: int,
+) -> LengthBuckets:
+    """The batch sampler of rank ``rank`` of ``world_size`` under a token budget (``train.batch_tokens``).
+
+    One process: :class:`LengthBuckets` over ``lengths``. Several: :class:`EqualStepBuckets` over
+    every rank's window lengths (:func:`rank_window_lengths`), so every rank takes the same
+    number of steps.
+
+    Args:
+        lengths: (W,) int64 window lengths of this rank's dataset, in its order.
+        fit_lengths, max_len: as :func:`rank_window_lengths` (the window of this epoch).
+        rank, world_size: this process and the number of training processes.
+        batch_tokens, max_rows, seed: as :class:`LengthBuckets` (``max_rows`` per rank).
+
+    Raises:
+        RuntimeError: the planned lengths of this rank are not its dataset's (the ranks could not
+            agree on their step count; a bug, not a user error).
+    """  # fmt: skip
+    if world_size == 1:
+        return LengthBuckets(lengths, batch_tokens, max_rows, seed)
+    every_rank = rank_window_lengths(fit_lengths, max_len, world_size)
+    if not np.array_equal(every_rank[rank], lengths):
+        raise RuntimeError(f"rank {rank}: the planned window lengths differ from the dataset's; steps would differ")
+    return EqualStepBuckets(every_rank, rank, batch_tokens, max_rows, seed)
 
 
 def plan_batches(lengths: np.ndarray, max_users: int, max_tokens: int) -> Iterator[tuple[int, int]]:

@@ -31,7 +31,7 @@ import torch
 from torch.utils.data import DataLoader, Sampler
 
 from recsys_alibi.config import ConfigError, ModelConfig, TrainConfig
-from recsys_alibi.data.buckets import LengthBuckets
+from recsys_alibi.data.buckets import rank_buckets
 from recsys_alibi.data.loader import (
     FlatSequences,
     HistoryTargets,
@@ -132,6 +132,7 @@ class SequenceDataModule(L.LightningDataModule):
         fit = read_fit_lengths(self.prepared_dir, protocol, self.cutoff, pid)  # (U,) events training may use
         self.n_items = read_items(self.prepared_dir, pid).height
         self.train_rows = np.flatnonzero(fit >= MIN_FIT["train"])  # (R_train,) rows of sequences.parquet
+        self.train_fit = fit[self.train_rows]  # (R_train,) their fit lengths: every rank plans every rank's batches
         if self.train_rows.size == 0:
             if protocol == "leave_one_out":
                 raise ValueError("no user has 4 or more events: nothing to train on (lower data.min_events_per_user?)")
@@ -251,8 +252,9 @@ class SequenceDataModule(L.LightningDataModule):
         loading = dict(collate_fn=collate, num_workers=workers, persistent_workers=workers > 0,
                        pin_memory=torch.cuda.is_available())  # fmt: skip
         if self.train_cfg.batch_tokens is not None:  # similar lengths together, a padded-token budget per batch
-            lengths = dataset.ends - dataset.starts
-            buckets = LengthBuckets(lengths, self.train_cfg.batch_tokens, self.per_rank_batch_size(), self.seed)
+            lengths = dataset.ends - dataset.starts  # several ranks: as many batches on each (each step all-reduces)
+            buckets = rank_buckets(lengths, self.train_fit, max_len, self.rank, self.world_size,
+                                   self.train_cfg.batch_tokens, self.per_rank_batch_size(), self.seed)  # fmt: skip
             return DataLoader(dataset, batch_sampler=buckets, **loading)
         sampler = EpochShuffle(len(dataset), self.seed)
         return DataLoader(dataset, batch_size=self.per_rank_batch_size(), sampler=sampler, **loading)

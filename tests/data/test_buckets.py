@@ -1,11 +1,12 @@
-"""Length-bucketed batches: every window once, a padded-token budget, attention bounded by lengths."""
+"""Length-bucketed batches: every window once, a padded-token budget, attention bounded by lengths;
+under data-parallel training as many batches on every rank."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from recsys_alibi.data.buckets import LengthBuckets
+from recsys_alibi.data.buckets import EqualStepBuckets, LengthBuckets, rank_window_lengths, split_to_count
 
 
 def _lengths() -> np.ndarray:
@@ -48,3 +49,30 @@ def test_a_window_longer_than_the_budget_gets_its_own_batch():
     assert sorted(map(sorted, batches)) == [[0, 2], [1]]
     with pytest.raises(ValueError, match="batch_tokens"):
         LengthBuckets(np.array([1]), 0, 8, seed=0)
+
+
+# --- data-parallel training: every rank takes as many steps (issue 31, defect 11)
+
+
+def test_every_rank_serves_as_many_batches_each_window_once_within_the_budget():
+    lengths = _lengths()
+    every_rank = [lengths[:1500], np.sort(lengths[1500:])[::-1].copy()]  # the second rank has the long tail
+    plain = [len(LengthBuckets(x, 8192, 32, seed=2).batches(e)) for x in every_rank for e in range(3)]
+    assert plain[:3] != plain[3:]  # without equalising, the ranks would disagree (a collective mismatch)
+    for epoch in range(3):
+        served = [EqualStepBuckets(every_rank, r, 8192, 32, seed=2).batches(epoch) for r in range(2)]
+        assert len(served[0]) == len(served[1]) == max(plain[epoch], plain[3 + epoch])
+        for x, batches in zip(every_rank, served):
+            assert sorted(i for b in batches for i in b) == list(range(1500))  # every window exactly once
+            assert all(len(b) <= 32 and len(b) * x[b].max() <= 8192 for b in batches)
+
+
+def test_split_to_count_halves_the_largest_batch_and_repeats_only_single_windows():
+    assert split_to_count([[1, 2, 3], [4]], 3) == [[1], [2, 3], [4]]
+    assert split_to_count([[1], [2]], 4) == [[1], [2], [1], [2]]  # nothing left to split: wrap around
+    assert split_to_count([[1, 2]], 1) == [[1, 2]]
+
+
+def test_rank_window_lengths_follow_the_users_each_rank_reads():
+    fit = np.array([3, 10, 40, 5, 7])  # fit-prefix lengths m; one window of min(m - 1, max_len + 1) events
+    assert [x.tolist() for x in rank_window_lengths(fit, max_len=8, world_size=2)] == [[2, 9, 9], [4, 6, 2]]

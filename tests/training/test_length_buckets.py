@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 
 from recsys_alibi.config import ConfigError
 from recsys_alibi.training.datamodule import SequenceDataModule
 from recsys_alibi.training.fit import fit_ranker
-from tests.training.training_fixtures import tiny_config, write_walks
+from tests.training.training_fixtures import TINY, tiny_config, write_walks
 
 
 def test_batch_tokens_bounds_every_batch_and_trains(tmp_path):
@@ -26,3 +30,39 @@ def test_batch_tokens_bounds_every_batch_and_trains(tmp_path):
 def test_packing_and_batch_tokens_together_is_a_config_error(tmp_path):
     with pytest.raises(ConfigError, match="batch_tokens"):
         tiny_config(tmp_path, "train.packing=true", "train.batch_tokens=128")
+
+
+# --- data-parallel training: the same number of steps on every rank (issue 31, defect 11)
+
+
+def test_ddp_ranks_take_equal_token_budget_steps_every_epoch(tmp_path):
+    prepared = write_walks(tmp_path / "prepared")
+    config = tiny_config(tmp_path / "out", "train.batch_tokens=64")
+    ranks = [SequenceDataModule(prepared, config.model, config.train, config.seed) for _ in range(2)]
+    for r, dm in enumerate(ranks):
+        dm.load(r, 2)
+    loaders = [dm.train_dataloader() for dm in ranks]
+    for epoch in range(4):
+        for loader in loaders:
+            loader.batch_sampler.set_epoch(epoch)
+        served = [list(loader.batch_sampler) for loader in loaders]
+        assert len(served[0]) == len(served[1]) == len(loaders[0]) == len(loaders[1])  # gloo aborted on 38 vs 42
+        for loader, batches in zip(loaders, served):
+            windows = loader.dataset
+            assert sorted(i for b in batches for i in b) == list(range(len(windows)))  # each window once
+            assert all(len(b) * max(windows.ends[b] - windows.starts[b]) <= 64 for b in batches)
+
+
+@pytest.mark.slow
+def test_cli_ddp_with_batch_tokens_trains_on_two_processes(tmp_path):
+    """``train.batch_tokens`` with ``train.devices=2 train.strategy=ddp`` (gloo): exit 0, one run."""
+    prepared = write_walks(tmp_path / "prepared")
+    args = [sys.executable, "-m", "pipelines.cli", "train", "--prepared", str(prepared), "--quiet"]
+    for item in [*TINY, "train.max_epochs=1", "train.batch_tokens=64", f"output={tmp_path / 'job'}",
+                 "train.devices=2", "train.strategy=ddp", "train.accelerator=cpu"]:  # fmt: skip
+        args += ["--set", item]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore",
+           "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}  # fmt: skip
+    proc = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "trained 1 epochs on 2 processes" in proc.stdout and proc.stdout.count("mlflow_run_id: ") == 1
