@@ -55,6 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--users", type=int)
     p.add_argument("--items", type=int)
     p.add_argument("--seed", type=int)
+    p.add_argument("--days", type=int, help="write the log as N daily files day-001.parquet ... into the --output directory")
 
     p = sub.add_parser("prepare", help="events -> cleaned events, vocabulary, sequences, rejects")
     _common(p)
@@ -100,7 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 FLAG_KEYS = {
-    "users": "generate.users", "items": "generate.items", "seed": "seed",
+    "users": "generate.users", "items": "generate.items", "seed": "seed", "days": "generate.days",
     "format": "data.format", "k": "score.k", "engine": "score.engine",
     "heads": "model.n_heads", "max_len": "model.max_len",
 }  # flag (argparse dest) -> the config key it sets
@@ -122,8 +123,10 @@ def _default_prepared(config: JobConfig, given: Path | None) -> Path:
 
 
 def _cmd_generate(config: JobConfig, args) -> str:
-    from pipelines.data_steps import run_generate
+    from pipelines.data_steps import run_generate, run_generate_days
 
+    if config.generate.days is not None:
+        return run_generate_days(config, check_output_dir(args.output or Path(config.output) / "days")).summary()
     output = check_output_file(args.output or Path(config.output) / "events.parquet", example="events.parquet")
     return run_generate(config, output).summary()
 

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
 from recsys_alibi.atomic import atomic_path, stale_temps
 from pipelines.outputs import check_outside_input
 from recsys_alibi.config import JobConfig
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -41,6 +44,54 @@ def run_generate(config: JobConfig, output: str | Path) -> GenerateJobResult:
         users=events.get_column("user_id").n_unique(),
         items=events.get_column("item_id").n_unique(),
     )
+
+
+DAY_FILE = "day-{:03d}.parquet"  # generate --days: day-001.parquet, day-002.parquet, ...
+
+
+@dataclass(frozen=True)
+class GenerateDaysResult:
+    """The daily files of ``generate --days`` and, per day, its events and what first appears in it."""
+
+    directory: Path
+    files: tuple[Path, ...]
+    events: tuple[int, ...]
+    new_users: tuple[int, ...]  # users whose first event is in that day
+    new_items: tuple[int, ...]  # items whose first event is in that day
+
+    def summary(self) -> str:
+        lines = [f"generated {sum(self.events)} events as {len(self.files)} daily files -> {self.directory}"]
+        for path, events, users, items in zip(self.files, self.events, self.new_users, self.new_items):
+            lines.append(f"  {path.name}: {events} events, {users} new users, {items} new items")
+        return "\n".join(lines)
+
+
+def run_generate_days(config: JobConfig, directory: str | Path) -> GenerateDaysResult:
+    """Write the synthetic log as ``config.generate.days`` daily files into ``directory``
+    (:func:`recsys_alibi.data.synthetic.split_days`); each file atomic, temporary files a killed run
+    left removed first, and ``day-*.parquet`` files of an earlier run with more days removed."""
+    from recsys_alibi.data.synthetic import generate_events, split_days
+
+    cfg = config.generate
+    days = split_days(generate_events(cfg, config.seed), cfg.days, cfg.items, config.seed)
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    files = tuple(directory / DAY_FILE.format(d + 1) for d in range(len(days)))
+    for stale in [p for f in files for p in stale_temps(f)] + sorted(set(directory.glob("day-*.parquet")) - set(files)):
+        log.info("generate --days: removing %s (left by an earlier run)", stale)
+        stale.unlink()
+    seen_users: set[int] = set()
+    seen_items: set[int] = set()
+    new_users, new_items = [], []
+    for path, day in zip(files, days):
+        with atomic_path(path) as tmp:
+            day.write_parquet(tmp)
+        users, items = set(day.get_column("user_id").to_list()), set(day.get_column("item_id").to_list())
+        new_users.append(len(users - seen_users))
+        new_items.append(len(items - seen_items))
+        seen_users |= users
+        seen_items |= items
+    return GenerateDaysResult(directory, files, tuple(d.height for d in days), tuple(new_users), tuple(new_items))
 
 
 def run_prepare(config: JobConfig, input_path: str | Path | None, output_dir: str | Path):

@@ -117,6 +117,9 @@ def run_pipeline(config: JobConfig, *, progress: bool = True) -> PipelineResult:
     out = Path(config.output)
     input_path = config.data.input
     if config.generate.enabled:
+        if config.generate.days is not None:
+            raise ValueError("generate.days writes daily files with `recsys-alibi generate --days N`; a pipeline reads "
+                             "one day: set data.input to a day file and generate.enabled=false (docs/scheduling.md)")
         generated = run_generate(config, out / "events.parquet")
         log.info(generated.summary())
         input_path = str(generated.path)

@@ -56,6 +56,7 @@ class GenerateConfig(_Section):
     distance: int = Field(64, ge=1)  # long-range probe: an answer comes exactly D events after its cue (D >= 3)
     min_events: int = Field(20, ge=3)  # shortest history generated, events
     max_events: int = Field(3000, ge=3)  # longest history generated, events
+    days: int | None = Field(None, ge=1)  # `generate --days N`: the log as N daily files in a directory (synthetic.split_days)
 
     @model_validator(mode="after")
     def _events_range(self) -> "GenerateConfig":

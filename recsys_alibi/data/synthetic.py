@@ -53,6 +53,14 @@ Two tasks (``GenerateConfig.task``):
     events before the last two hold one whole episode: a training window of ``model.max_len >=
     2 * D + EPISODE_GAP - 1`` holds the cues and answers of one episode.
 
+**Daily files** (:func:`split_days`, ``generate --days N``): the same log cut into N periods of
+equal time (``day-001`` ... ``day-N``), for a job that runs once per period on the day's events.
+Users arrive over time by construction (each starts at a random time). Items arrive too:
+``LATE_ITEM_SHARE`` of the catalog (drawn at random, seeded) is released at a time drawn uniformly
+between the end of day 1 and the end of the log, and a late item's events before its release are
+dropped (the user never saw it). So day 1 holds most of the catalog and every later day brings
+new users and new items.
+
 Timestamps are integer seconds: each user starts at a random time in the first half of 2024
 and events follow with strictly positive log-normal gaps (median ~10 minutes, long tail), so
 a user's timestamps are strictly increasing. Everything is vectorised with numpy (no Python
@@ -87,6 +95,7 @@ TASTE_DIM = 16  # dimensions of the latent item vectors and user tastes
 TASTE_BETA = 3.0  # strength of the taste in the affinities (larger: more concentrated)
 TASTE_TILT = 0.5  # popularity tilt of the affinities: -TASTE_TILT * log(item id)
 TASTE_BLOCK = 4_000_000  # user x item affinities held at once (bounds peak memory)
+LATE_ITEM_SHARE = 0.2  # daily files: share of the catalog released after day 1
 A_CUES = 1  # long-range probe: cues of kind a (its answer is the query of kind b: one learns fast)
 
 
@@ -366,3 +375,42 @@ def _block_frame(first_user: int, lengths: np.ndarray, items: np.ndarray, rng: n
             EVENT_TYPE: pl.Series(EVENT_TYPES, dtype=pl.String).gather(kinds),
         }
     )
+
+
+def split_days(events: pl.DataFrame, days: int, n_items: int, seed: int) -> list[pl.DataFrame]:
+    """Cut a generated log into ``days`` time-ordered periods, releasing items over time (module doc).
+
+    Args:
+        events: a log of :func:`generate_events` (``item_id`` 1..``n_items``, ``timestamp`` seconds).
+        days: number of periods P >= 1, each ``(max - min + 1) / P`` seconds long (the last one
+            ends at the last event).
+        n_items: catalog size N of the log.
+        seed: the log's seed; the late items and their release times come from its own stream
+            (``default_rng([seed, 2])``), so the days depend on ``(log, days, seed)`` only.
+
+    Returns:
+        P frames with the columns of ``events``, in its row order; day ``d`` holds the kept events
+        with ``edges[d] <= timestamp < edges[d + 1]``. With P = 1 the whole log, nothing dropped.
+
+    Raises:
+        ValueError: ``days < 1`` or an empty log.
+
+    Example:
+        >>> log = generate_events(GenerateConfig(users=30, items=40, max_events=50), seed=0)
+        >>> [day.height > 0 for day in split_days(log, 3, 40, seed=0)]
+        [True, True, True]
+    """
+    if days < 1:
+        raise ValueError(f"generate.days must be >= 1, got {days}")
+    if events.height == 0:
+        raise ValueError("the log has no events to cut into days")
+    ts = events.get_column(TIMESTAMP).to_numpy()
+    edges = np.linspace(ts.min(), ts.max() + 1, days + 1)  # (P + 1,) float seconds
+    release = np.full(n_items + 1, -np.inf)  # item id -> release time
+    if days > 1:
+        rng = np.random.default_rng([seed, 2])
+        late = rng.choice(np.arange(1, n_items + 1), size=round(LATE_ITEM_SHARE * n_items), replace=False)
+        release[late] = rng.uniform(edges[1], edges[-1], size=late.shape[0])
+    kept = ts >= release[events.get_column(ITEM_ID).to_numpy()]
+    day = np.clip(np.searchsorted(edges, ts, side="right") - 1, 0, days - 1)
+    return [events.filter(pl.Series(kept & (day == d))) for d in range(days)]
