@@ -180,6 +180,18 @@ def open_manifest(output_dir: Path, identity: dict[str, Any], *, overwrite: bool
     return manifest
 
 
+def withdraw_manifest(output_dir: Path, *, remove_dir: bool = False) -> None:
+    """Undo :func:`open_manifest` of a run refused before any shard (its input was bad).
+
+    Deletes ``_manifest.json`` (it records no shard: no rankings are lost) and, with
+    ``remove_dir`` (the run created ``output_dir``), the directory when nothing else is left
+    in it; a failed staging's input report (``_input/``: stats, rejects) is kept.
+    """
+    (output_dir / MANIFEST).unlink(missing_ok=True)
+    if remove_dir and output_dir.is_dir() and not any(output_dir.iterdir()):
+        output_dir.rmdir()
+
+
 def done_shards(output_dir: Path, manifest: Manifest) -> set[int]:
     """Indices of shards recorded in ``manifest`` whose part file exists (rule 2)."""
     done = set()

@@ -49,6 +49,7 @@ from serving.manifest import (
     part_name,
     record_shard,
     write_atomic,
+    withdraw_manifest,
     write_json_atomic,
 )
 from serving.rank import ShardRanker
@@ -232,15 +233,26 @@ class _ScoreJob:
     # ------------------------------------------------------------------ rank 0 steps
 
     def _open(self) -> tuple[Manifest, ScoreInput | None]:
-        """Rank 0: check/create the manifest, stage and open the input, fix the shard plan."""
+        """Rank 0: check/create the manifest, stage and open the input, fix the shard plan.
+
+        An input refused here (bad data, no users) withdraws a manifest this run created
+        (:func:`serving.manifest.withdraw_manifest`): the directory holds no rankings, so the same
+        command with the input fixed is a new job there, not "another job's rankings".
+        """
+        new_dir, new_manifest = not self.output_dir.exists(), not (self.output_dir / MANIFEST).exists()
         manifest = open_manifest(self.output_dir, self.identity, overwrite=self.config.score.overwrite)
         if manifest.complete:  # a kill may have come between completing and releasing
             release_staged(self.output_dir / STAGED_INPUT)
             return manifest, None
-        source = open_input(
-            self.input_path, self.items, self.config.data, self.output_dir / STAGED_INPUT,
-            time_gap_buckets=self.ranker.time_gap_buckets,
-        )  # fmt: skip
+        try:
+            source = open_input(
+                self.input_path, self.items, self.config.data, self.output_dir / STAGED_INPUT,
+                time_gap_buckets=self.ranker.time_gap_buckets,
+            )  # fmt: skip
+        except Exception:
+            if new_manifest:
+                withdraw_manifest(self.output_dir, remove_dir=new_dir)
+            raise
         n_shards = max(1, -(-source.n_users // self.config.score.shard_users))
         if manifest.users is not None and (manifest.users, manifest.n_shards) != (source.n_users, n_shards):
             raise OutputDirError(

@@ -103,6 +103,32 @@ def test_bare_sequences_with_bad_keys_or_indices_are_refused(tmp_path, users, hi
     assert not list((tmp_path / "out").glob("part-*.parquet"))
 
 
+def test_a_refused_input_leaves_no_manifest_so_the_fixed_input_is_scored_there(tmp_path):
+    """A refused run holds no rankings: the same command with the input fixed is not "another job"."""
+    path = tmp_path / "users.parquet"
+    bad = pl.DataFrame({schema.USER_ID: ["a", "b", "a"], schema.ITEM_IDX: pl.Series([[1], [2], [3]], dtype=pl.List(pl.Int32))})
+    bad.write_parquet(path)
+    with pytest.raises(DataError, match="repeat a user_id"):
+        _run(path, tmp_path / "out")
+    assert not (tmp_path / "out").exists()  # created by the refused run, left empty: removed
+    (tmp_path / "kept").mkdir()
+    (tmp_path / "kept" / "notes.txt").write_text("mine")
+    with pytest.raises(DataError, match="repeat a user_id"):
+        _run(path, tmp_path / "kept")
+    assert sorted(p.name for p in (tmp_path / "kept").iterdir()) == ["notes.txt"]
+    bad.with_columns(pl.Series(schema.USER_ID, ["a", "b", "c"])).write_parquet(path)  # fixed: another fingerprint
+    for out in (tmp_path / "out", tmp_path / "kept"):
+        result = _run(path, out)
+        assert (result.users, result.shards, result.rows) == (3, 1, 30)  # K = 10 each
+    events = tmp_path / "events.csv"  # raw events, every row rejected: the input report stays, no manifest
+    events.write_text("user_id,item_id,timestamp\nu1,1001,-5\nu2,1002,-7\n")
+    with pytest.raises(DataError):
+        _run(events, tmp_path / "raw")
+    assert not (tmp_path / "raw" / "_manifest.json").exists()
+    events.write_text("user_id,item_id,timestamp\nu1,1001,5\nu2,1002,7\n")
+    assert _run(events, tmp_path / "raw").rows == 20
+
+
 def test_float_item_indices_are_refused(tmp_path):
     path = tmp_path / "users.parquet"
     pl.DataFrame({schema.USER_ID: ["a"], schema.ITEM_IDX: pl.Series([[1.7]], dtype=pl.List(pl.Float64))}).write_parquet(path)
