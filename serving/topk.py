@@ -34,7 +34,9 @@ def chunked_topk(
             history, not only the context the model saw).
         k: items kept per row (>= 1).
         chunk: catalog rows scored at once (>= 1).
-        exclude_seen: give seen items -inf (never ranked).
+        exclude_seen: give every seen item -inf (never ranked): the one seen-item rule of
+            ``recsys_alibi.evaluation.ranking``, so what is served here is what ``evaluate``
+            counts as a hit.
 
     Returns:
         values (B, K') float32 and item indices (B, K') int64, best first, K' = min(k, N + 1).

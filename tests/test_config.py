@@ -181,3 +181,24 @@ def test_integers_are_read_as_yaml_1_2_so_leading_zeros_are_decimal(tmp_path):
     # YAML 1.1 sexagesimal (1:30 = 90) and binary are text now, so a strict integer key refuses them
     assert "invalid config at 'evaluate.temporal_cutoff'" in _error(tmp_path, None, ("evaluate.temporal_cutoff=1:30",))
     assert "invalid config at 'score.k'" in _error(tmp_path, None, ("score.k=0b11",))
+
+
+def test_exclude_seen_is_one_setting_for_evaluation_and_serving(tmp_path):
+    """Issue 31 defect 3: what is evaluated is what is served. The key given sets both sections; two
+    different values are one error line."""
+    from recsys_alibi.config import JobConfig, ScoreConfig, with_overrides
+
+    for key in ("evaluate", "score"):
+        config = load_config(None, [f"{key}.exclude_seen=false"])
+        assert (config.evaluate.exclude_seen, config.score.exclude_seen) == (False, False)
+    (tmp_path / "c.yaml").write_text("evaluate:\n  exclude_seen: false\nscore:\n  exclude_seen: true\n")
+    with pytest.raises(ConfigError) as caught:
+        load_config(tmp_path / "c.yaml")
+    assert str(caught.value) == (
+        "invalid config at 'config': evaluate.exclude_seen=false and score.exclude_seen=true differ: they are one "
+        "setting (what is evaluated is what is served); set one of them"
+    )
+    assert load_config(tmp_path / "c.yaml", ["score.exclude_seen=false"]).evaluate.exclude_seen is False
+    assert with_overrides(JobConfig(), score={"exclude_seen": False}).evaluate.exclude_seen is False
+    assert JobConfig(score=ScoreConfig(exclude_seen=False)).evaluate.exclude_seen is False
+    assert JobConfig().evaluate.exclude_seen is JobConfig().score.exclude_seen is True

@@ -208,8 +208,11 @@ def collate_packed_next_item(samples: list[np.ndarray], row_len: int) -> dict[st
 
 
 class HistoryTargets(Dataset):
-    """Evaluation samples: (last ``max_len`` events of a history, its held-out target item), with
-    ``gaps`` (aligned time-gap buckets) the history as a (2, n) array, items over gaps."""
+    """Validation samples: (last ``max_len`` events of a history, its held-out target item, the
+    whole history). ``gaps`` (aligned time-gap buckets): the window is a (2, n) array, items
+    over gaps. The whole history is the seen set masked under ``exclude_seen``: the model reads
+    only the window, but every earlier item is seen (the seen-item rule of
+    ``recsys_alibi.evaluation.ranking``, as ``evaluate`` applies it)."""
 
     def __init__(
         self, histories: FlatSequences, targets: np.ndarray, max_len: int | None, gaps: FlatSequences | None = None
@@ -225,20 +228,23 @@ class HistoryTargets(Dataset):
     def __len__(self) -> int:
         return len(self.rows)
 
-    def __getitem__(self, i: int) -> tuple[np.ndarray, int]:
+    def __getitem__(self, i: int) -> tuple[np.ndarray, int, np.ndarray]:
         u = int(self.rows[i])
-        history = self.histories.get(u, last=self.max_len)
+        seen = self.histories.get(u)
+        history = seen if self.max_len is None else seen[-self.max_len :]
         if self.gaps is not None:
             history = np.stack([history, self.gaps.get(u, last=self.max_len)])
-        return history, int(self.targets[u])
+        return history, int(self.targets[u]), seen
 
 
-def collate_history_targets(samples: list[tuple[np.ndarray, int]]) -> dict[str, torch.Tensor]:
-    """-> ``history`` (B, L) int64 right-padded, ``lengths`` (B,), ``targets`` (B,) int64, and with
-    time gaps ``history_gaps`` (B, L) int64."""
+def collate_history_targets(samples: list[tuple[np.ndarray, int, np.ndarray]]) -> dict[str, torch.Tensor]:
+    """-> ``history`` (B, L) int64 right-padded model input, ``lengths`` (B,), ``targets`` (B,)
+    int64, ``seen`` (B, S) int64 the whole histories right-padded (S >= L), and with time gaps
+    ``history_gaps`` (B, L) int64."""
     items, gap_rows = _split_gaps([s[0] for s in samples])
     history, lengths = pad_right(items)
-    batch = {"history": history, "lengths": lengths, "targets": torch.tensor([s[1] for s in samples])}
+    seen = pad_right([s[2] for s in samples])[0] if any(len(s[2]) > len(h) for s, h in zip(samples, items)) else history
+    batch = {"history": history, "lengths": lengths, "targets": torch.tensor([s[1] for s in samples]), "seen": seen}
     if gap_rows is not None:
         batch["history_gaps"] = pad_right(gap_rows)[0]
     return batch

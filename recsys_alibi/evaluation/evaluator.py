@@ -3,8 +3,10 @@
 ``evaluate`` takes one row per user (``user_id``, ``history`` list<int32> of item indices 1..N
 in time order, ``targets`` list<int32> of held-out items: one for leave-one-out, several for
 the temporal split), scores the whole catalog in batches of ``cfg.batch_size`` users, masks
-seen items (``ranking.mask_seen``, targets kept), ranks the targets (``ranking.target_ranks``)
-and averages the metrics of ``metrics.py``:
+the seen items of the whole history when ``cfg.exclude_seen`` (``ranking.mask_seen``; a seen
+target is masked too and counts as a miss: the one seen-item rule of ``ranking``, the same as
+training validation, the promotion gate and ``score``), ranks the targets
+(``ranking.target_ranks``) and averages the metrics of ``metrics.py``:
 
 - ``metrics``: with the default context: the whole history, clipped to the last
   ``scorer.max_context`` events when the scorer has a limit;
@@ -324,7 +326,7 @@ def _score_pass(
             scores = scores.detach().to(torch.float32, copy=True)  # masked in place: never touch the scorer's tensor
             if torch.isnan(scores[:, 1:]).any():
                 raise ValueError(f"scorer '{scorer.name}' returned NaN scores; fix the model before evaluating")
-            scores = mask_seen(scores, seen, exclude_seen=cfg.exclude_seen, keep=tgt)
+            scores = mask_seen(scores, seen, exclude_seen=cfg.exclude_seen)  # seen targets too: misses
             tgt_in = tgt[:, 0] if int(n_tgt.max()) == 1 else tgt  # (B,) fast path for one target each
             ranks = target_ranks(scores, tgt_in, ties=cfg.ties).reshape(len(rows), -1)  # (B, T)
             tied[rows] = _tie_sensitive(scores, tgt_in, ranks, cfg.ties).cpu().numpy()
@@ -468,6 +470,14 @@ def evaluate(
         )
         notes.append(msg)
         logger.warning("%s: %s", scorer.name, msg)
+    if cfg.exclude_seen:
+        seen_targets = int(examples.select(pl.col(TARGETS).list.set_intersection(HISTORY).list.len() > 0).sum().item())
+        if seen_targets:
+            notes.append(
+                f"{seen_targets} of {len(order)} users ({seen_targets / len(order):.1%}) have a target already in their "
+                "history: with evaluate.exclude_seen=true it is masked and counts as a miss, as score never serves it "
+                "(set exclude_seen=false to rank every item)"
+            )
     seconds = time.perf_counter() - start
     logger.info("%s: evaluated %d users in %.1fs", scorer.name, len(order), seconds)
     return EvaluationResult(

@@ -7,7 +7,7 @@ list of the whole catalog (1 = best), and returns the mean over users as a Pytho
 - 1-D, shape (U,): one held-out item per user (leave-one-out), every entry >= 1; or
 - 2-D, shape (U, T): up to T held-out items per user (temporal split), right-padded with 0
   (0 = "no target in this slot"); every row holds at least one rank >= 1 and the ranks of
-  one row are distinct (``ranking.target_ranks`` guarantees both).
+  one row are distinct, ``MISS_RANK`` aside (``ranking.target_ranks`` guarantees both).
 
 Definitions, for one user with relevant set R (n = |R| targets) and rank r_t of target t:
 - ``HR@K``     1 if any r_t <= K else 0 (hit rate).
@@ -21,6 +21,10 @@ Definitions, for one user with relevant set R (n = |R| targets) and rank r_t of 
 - ``MRR``      1 / min_t r_t (reciprocal rank of the best-ranked target); no cut-off.
 - ``Coverage@K`` share of the catalog (items 1..N, padding 0 excluded) that appears in at
   least one user's top-K list.
+
+A target that cannot be served (a seen item masked under ``exclude_seen``: the seen-item rule
+of ``ranking``) has rank ``MISS_RANK``: it counts as a target (in n) that is never in the top
+K, and its reciprocal rank is 0, not 1 / MISS_RANK.
 
 Per-user values (``per_user_metrics``) feed the history-length slices; the scalar functions
 are their means. ``reference_metrics`` is a plain-Python loop kept beside the vectorised path
@@ -37,6 +41,7 @@ import numpy as np
 import torch
 
 __all__ = [
+    "MISS_RANK",
     "coverage_at_k",
     "hit_rate_at_k",
     "metric_names",
@@ -46,6 +51,9 @@ __all__ = [
     "recall_at_k",
     "reference_metrics",
 ]
+
+
+MISS_RANK = 2**62  # the rank of a target that cannot be served (masked): beyond every K, reciprocal rank 0
 
 
 def _rank_matrix(ranks: Any) -> np.ndarray:
@@ -106,7 +114,8 @@ def _ndcg(r: np.ndarray, k: int) -> np.ndarray:
 
 
 def _rr(r: np.ndarray) -> np.ndarray:
-    return 1.0 / r.min(axis=1)
+    best = r.min(axis=1)
+    return np.where(best >= MISS_RANK, 0.0, 1.0 / best)
 
 
 def hit_rate_at_k(ranks: Any, k: int) -> float:
@@ -218,5 +227,5 @@ def reference_metrics(rank_lists: Sequence[Sequence[int]], ks: Sequence[int]) ->
             sums[f"HR@{k}"] = sums.get(f"HR@{k}", 0.0) + (1.0 if in_top else 0.0)
             sums[f"NDCG@{k}"] = sums.get(f"NDCG@{k}", 0.0) + dcg / idcg
             sums[f"Recall@{k}"] = sums.get(f"Recall@{k}", 0.0) + len(in_top) / n
-        sums["MRR"] = sums.get("MRR", 0.0) + 1.0 / min(ranks)
+        sums["MRR"] = sums.get("MRR", 0.0) + (0.0 if min(ranks) >= MISS_RANK else 1.0 / min(ranks))
     return {name: total / len(rank_lists) for name, total in sums.items()}

@@ -6,11 +6,17 @@ one against the other.
 
 Protocol choices, stated once:
 
-- **Seen items.** With ``exclude_seen`` the items of a user's history get score -inf and so
-  cannot be recommended or count as a hit. A held-out target that also occurs earlier in the
-  history (re-consumption) is *not* masked: it is passed as ``keep`` and stays rankable with
-  its own score. Dropping such users, or masking their target, would make repeat-heavy data
-  look harder or easier than it is; keeping the target is the usual full-ranking protocol.
+- **Seen items: one rule** for reports (``evaluate``), training validation, the promotion gate
+  and what ``score`` / the pyfunc / Ray serve. With ``exclude_seen`` every item of the user's
+  *whole* history (not only the model's input window) gets score -inf: it is never served and
+  never counts as a hit. A held-out target that occurs earlier in the history
+  (re-consumption) is masked like every other seen item and counts as a **miss**: its rank is
+  ``MISS_RANK`` (beyond every K; HR@K, NDCG@K and Recall@K count it as not found, and its
+  reciprocal rank for MRR is 0). The candidate set therefore never depends on the answer, and
+  HR@K equals the hit rate of the top-K that ``score`` serves. With ``exclude_seen`` false
+  every item is ranked, seen or not (the setting for data with re-consumption). More
+  generally, a target whose score is -inf (masked, or so scored by the scorer) is a miss:
+  ``score`` never serves an item at -inf.
 - **Ties.** ``target_ranks`` returns ``1 + #items with a strictly higher score`` by default
   (``ties="optimistic"``): a target tied with other items is placed ahead of them. This is
   the convention of most public evaluation code, but note that it is *optimistic*: a
@@ -30,7 +36,10 @@ from typing import Literal
 
 import torch
 
+from recsys_alibi.evaluation.metrics import MISS_RANK  # re-exported: ranks and metrics share it
+
 __all__ = [
+    "MISS_RANK",
     "ChunkedTopK",
     "Ties",
     "mask_seen",
@@ -49,25 +58,29 @@ def mask_seen(
     scores: torch.Tensor,
     history: torch.Tensor,
     exclude_seen: bool = True,
-    keep: torch.Tensor | None = None,
     *,
     offset: int = 0,
 ) -> torch.Tensor:
-    """Set the padding column and (optionally) every seen item to -inf, **in place**.
+    """Set the padding column and (with ``exclude_seen``) every seen item to -inf, **in place**.
+
+    The one seen-item rule (module docstring): nothing is kept rankable, held-out targets
+    included, so the candidate set never depends on the answer.
 
     Args:
         scores: (B, C) float; column j holds item ``offset + j``. C = N+1 and offset 0 for the
             full catalog; a catalog chunk otherwise (then column 0 is padding only if offset 0).
-        history: (B, L) int64 item indices, right-padded with 0 (padding is ignored).
+        history: (B, L) int64 item indices of the user's whole history, right-padded with 0
+            (padding is ignored).
         exclude_seen: mask the history items; the padding column is masked regardless.
-        keep: (B,) or (B, T) int64 item indices never masked by the history (the held-out
-            targets, see the module docstring); 0 entries are ignored.
         offset: item index of column 0 (for catalog chunks).
 
     Returns:
         ``scores`` itself, modified in place; a copy when ``scores`` is an inference tensor
         (made under ``torch.inference_mode``) and inference mode is off now, since such
         tensors cannot be written in place. Always use the returned tensor.
+
+    Raises:
+        ValueError: ``scores`` is not (B, C) or ``history`` not (B, L).
     """
     if scores.is_inference() and not torch.is_inference_mode_enabled():
         scores = scores.clone()
@@ -75,14 +88,6 @@ def mask_seen(
         raise ValueError(f"scores (B, C) and history (B, L) expected, got {tuple(scores.shape)}, {tuple(history.shape)}")
     n_rows, n_cols = scores.shape
     if exclude_seen and history.numel():
-        restore = None
-        if keep is not None:  # remember the kept items' scores, put them back after masking
-            keep = keep.to(scores.device, torch.int64).reshape(n_rows, -1)  # (B, T)
-            k_cols = keep - offset
-            k_ok = (keep > 0) & (k_cols >= 0) & (k_cols < n_cols)
-            k_rows = torch.arange(n_rows, device=scores.device).unsqueeze(1).expand_as(keep)
-            restore = (k_rows[k_ok], k_cols[k_ok])
-            saved = scores[restore]
         history = history.to(scores.device, torch.int64)
         if offset == 0 and int(history.max()) < n_cols and int(history.min()) >= 0:
             scores.scatter_(1, history, _NEG_INF)  # padding 0 hits column 0, masked anyway
@@ -91,23 +96,18 @@ def mask_seen(
             cols = history - offset
             inside = (history > 0) & (cols >= 0) & (cols < n_cols)
             scores[rows[inside], cols[inside]] = _NEG_INF
-        if restore is not None:
-            scores[restore] = saved
     if offset == 0 and n_cols:
         scores[:, 0] = _NEG_INF
     return scores
 
 
-def mask_seen_reference(
-    scores: torch.Tensor, history: torch.Tensor, exclude_seen: bool = True, keep: torch.Tensor | None = None
-) -> torch.Tensor:
+def mask_seen_reference(scores: torch.Tensor, history: torch.Tensor, exclude_seen: bool = True) -> torch.Tensor:
     """Row-by-row Python version of ``mask_seen`` (full catalog, offset 0); returns a copy."""
     out = scores.clone()
     for b in range(out.shape[0]):
-        kept = set() if keep is None else {int(i) for i in keep[b].reshape(-1).tolist() if i > 0}
         if exclude_seen:
             for item in history[b].tolist():
-                if item > 0 and item not in kept:
+                if item > 0:
                     out[b, item] = _NEG_INF
         out[b, 0] = _NEG_INF
     return out
@@ -130,7 +130,7 @@ def _distinct_positions(ranks: torch.Tensor, valid: torch.Tensor, ties: Ties) ->
 
 
 def target_ranks(scores: torch.Tensor, targets: torch.Tensor, ties: Ties = "optimistic") -> torch.Tensor:
-    """1-based rank of each target among all columns of its row.
+    """1-based rank of each target among all columns of its row; ``MISS_RANK`` for a -inf target.
 
     Args:
         scores: (B, N+1) float, already masked (masked items at -inf); no NaN.
@@ -139,9 +139,10 @@ def target_ranks(scores: torch.Tensor, targets: torch.Tensor, ties: Ties = "opti
             ``"pessimistic"``: rank = #columns with a score >= the target's (see module doc).
 
     Returns:
-        Same shape as ``targets``, int64. For (B, T) input: 0 for padding slots and for repeats
+        Same shape as ``targets``, int64. A target scored -inf (a masked seen item) is a miss:
+        ``MISS_RANK`` (module docstring). For (B, T) input: 0 for padding slots and for repeats
         of a target already earlier in the row (each item counts once); targets tied with each
-        other get consecutive ranks, so the ranks of a row are distinct.
+        other get consecutive ranks, so the ranks of a row are distinct (misses aside).
     """
     if ties not in ("optimistic", "pessimistic"):
         raise ValueError(f"ties must be 'optimistic' or 'pessimistic', got {ties!r}")
@@ -149,8 +150,10 @@ def target_ranks(scores: torch.Tensor, targets: torch.Tensor, ties: Ties = "opti
     if targets.ndim == 1:
         t_scores = scores.gather(1, targets.unsqueeze(1))  # (B, 1)
         if ties == "optimistic":
-            return 1 + (scores > t_scores).sum(dim=1)
-        return (scores >= t_scores).sum(dim=1)
+            ranks = 1 + (scores > t_scores).sum(dim=1)
+        else:
+            ranks = (scores >= t_scores).sum(dim=1)
+        return torch.where(torch.isneginf(t_scores[:, 0]), MISS_RANK, ranks)
     if targets.ndim != 2:
         raise ValueError(f"targets must be (B,) or (B, T), got shape {tuple(targets.shape)}")
     # count greater / greater-or-equal columns by binary search in each sorted row
@@ -166,11 +169,12 @@ def target_ranks(scores: torch.Tensor, targets: torch.Tensor, ties: Ties = "opti
     dup[:, 1:] = sorted_t[:, 1:] == sorted_t[:, :-1]
     repeat = torch.zeros_like(dup).scatter_(1, order, dup)  # (B, T): repeat of an earlier slot
     valid = (targets > 0) & ~repeat
-    return _distinct_positions(ranks, valid, ties)
+    missed = valid & torch.isneginf(t_scores)  # masked targets take no position among the others
+    return torch.where(missed, MISS_RANK, _distinct_positions(ranks, valid & ~missed, ties))
 
 
 def target_ranks_reference(scores: torch.Tensor, targets: torch.Tensor, ties: Ties = "optimistic") -> torch.Tensor:
-    """Python-loop version of ``target_ranks`` (same shapes, same tie and repeat rules)."""
+    """Python-loop version of ``target_ranks`` (same shapes, same tie, repeat and miss rules)."""
     two_d = targets.ndim == 2
     t2 = targets.reshape(targets.shape[0], -1)
     out = torch.zeros_like(t2, dtype=torch.int64)
@@ -184,6 +188,9 @@ def target_ranks_reference(scores: torch.Tensor, targets: torch.Tensor, ties: Ti
             if t in seen:
                 continue
             seen.add(t)
+            if row[t] == _NEG_INF:  # masked: a miss, no position taken
+                out[b, j] = MISS_RANK
+                continue
             firsts.append((j, t))
         # tied targets: optimistic spreads downward in rank order, pessimistic upward
         raw = []
@@ -260,7 +267,7 @@ class ChunkedTopK:
         running = ChunkedTopK(k=100)
         for start in range(0, n_items + 1, chunk):
             part = hidden @ table[start:start + chunk].T          # (B, C)
-            mask_seen(part, history, keep=None, offset=start)
+            mask_seen(part, history, offset=start)
             running.update(part, offset=start)
         values, items = running.result()                          # (B, K), (B, K) int64
     """

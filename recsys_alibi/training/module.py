@@ -1,8 +1,11 @@
 """A thin LightningModule around ``AlibiRanker``: loss, validation ranking, optimiser, schedule.
 
-Validation is full-catalog ranking of each user's held-out validation item with the items
-already in the history excluded; its NDCG@10 (``val/ndcg_at_10``) chooses the checkpoint and
-drives early stopping.
+Validation is full-catalog ranking of each user's held-out validation item; its NDCG@10
+(``val/ndcg_at_10``) chooses the checkpoint and drives early stopping. The model reads the last
+``max_len`` events; with ``exclude_seen`` the items of the *whole* history before the target
+(the batch's ``seen``, not only the input window) are masked, and a seen target is a miss: the
+one seen-item rule of ``recsys_alibi.evaluation.ranking``, so the logged value equals what
+``evaluate`` reports for the same model, examples and context.
 
 Under data-parallel training every rank validates its own users; the per-user sums and the
 user count are all-reduced before dividing (:func:`validation_sums`), so W processes report
@@ -27,7 +30,7 @@ import torch
 import torch.distributed as dist
 
 from recsys_alibi.config import ModelConfig, TrainConfig
-from recsys_alibi.evaluation.metrics import hit_rate_at_k, mrr, ndcg_at_k, per_user_metrics
+from recsys_alibi.evaluation.metrics import per_user_metrics
 from recsys_alibi.evaluation.ranking import mask_seen, target_ranks
 from recsys_alibi.model.transformer import AlibiRanker
 from recsys_alibi.training.context_schedule import scheduled_steps
@@ -66,7 +69,8 @@ class RankerModule(L.LightningModule):
         item_counts: (N + 1,) int64 training counts per item (sampled-softmax logQ), or None:
             at ``setup("fit")`` the counts come from the datamodule's ``item_counts()``, summed
             over all ranks.
-        exclude_seen: validation ranks exclude the history's items, as ``evaluate.exclude_seen``.
+        exclude_seen: validation masks every item of the whole history (a seen target is a miss),
+            as ``evaluate.exclude_seen`` (``ranking``'s seen-item rule).
         seed: base of the per-epoch random state (see the module doc).
     """
 
@@ -164,10 +168,10 @@ class RankerModule(L.LightningModule):
 
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
         if self.table is not None:  # ranked over all shards at the end of the epoch
-            self._val_batches.append({k: batch[k] for k in ("history", "lengths", "targets")})
+            self._val_batches.append({k: batch[k] for k in ("history", "lengths", "targets", "seen")})
             return
         scores = self.model.score(batch["history"], batch["lengths"], batch.get("history_gaps"))  # (B, N + 1)
-        scores = mask_seen(scores, batch["history"], exclude_seen=self.exclude_seen, keep=batch["targets"])
+        scores = mask_seen(scores, batch["seen"], exclude_seen=self.exclude_seen)  # the whole history; targets too
         self._val_ranks.append(target_ranks(scores, batch["targets"]).cpu())
 
     def on_validation_epoch_end(self) -> None:
@@ -196,7 +200,7 @@ class RankerModule(L.LightningModule):
             if i < len(batches):
                 batch = batches[i]
                 hidden.append(self.model.last_hidden(batch["history"], batch["lengths"]).float())
-                histories.append(batch["history"])
+                histories.append(batch["seen"])  # the whole history: the seen set
                 targets.append(batch["targets"])
             else:  # this rank has fewer batches: take part in the lookup with one dummy row
                 one = torch.ones(1, 1, dtype=torch.int64, device=self.device)
@@ -290,12 +294,3 @@ def metrics_from_sums(sums: np.ndarray) -> dict[str, float]:
     if count == 0:
         return {}
     return {name: float(total / count) for name, total in zip(_SUMMED, sums[:-1])}
-
-
-def validation_metrics(ranks: np.ndarray) -> dict[str, float]:
-    """Validation NDCG@10, HR@10 and MRR from (U,) 1-based ranks; MLflow-safe names."""
-    return {
-        VAL_MONITOR: ndcg_at_k(ranks, 10),
-        "val/hr_at_10": hit_rate_at_k(ranks, 10),
-        "val/mrr": mrr(ranks),
-    }

@@ -15,7 +15,8 @@ rows) and ``DistributedModelParallel`` replaces the ``EmbeddingCollection`` of
   follows the run's warm-up/cosine schedule (:meth:`ShardedItemTable.set_lr`). The dense
   parameters keep AdamW and DDP, which is told to ignore the table.
 - **Validation** ranks the held-out item against the whole catalog by summing, over ranks, the
-  local items that score strictly higher than it (:func:`sharded_target_ranks`).
+  local items that score strictly higher than it (:func:`sharded_target_ranks`), under the one
+  seen-item rule of ``recsys_alibi.evaluation.ranking`` (whole history masked, a seen target a miss).
 - **Checkpoints** hold the gathered table and its optimizer state (rank 0 writes one ordinary
   file): the same layout as an unsharded run (:func:`insert_table_slot`), so a checkpoint resumes
   on any number of processes, sharded or not, and loads into a plain ``AlibiRanker``.
@@ -29,7 +30,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from recsys_alibi.evaluation.ranking import mask_seen
+from recsys_alibi.evaluation.ranking import MISS_RANK, mask_seen
 from recsys_alibi.model.embeddings import ITEM_TABLE, ItemEmbeddings
 
 log = logging.getLogger(__name__)
@@ -200,16 +201,21 @@ def count_higher(scores: Tensor, target_scores: Tensor) -> Tensor:
     return (scores > target_scores[:, None]).sum(dim=1)
 
 
-def block_scores(hidden: Tensor, rows: Tensor, history: Tensor, targets: Tensor, offset: int,
-                 exclude_seen: bool) -> Tensor:  # fmt: skip
+def ranks_from_counts(target_scores: Tensor, higher: Tensor) -> Tensor:
+    """(B,) int64 ranks from the targets' scores (B,) and the counts of items above them (B,):
+    ``1 + higher``, or ``MISS_RANK`` for a target at -inf (masked: ``ranking``'s seen-item rule)."""
+    return torch.where(torch.isneginf(target_scores), MISS_RANK, 1 + higher)
+
+
+def block_scores(hidden: Tensor, rows: Tensor, seen: Tensor, offset: int, exclude_seen: bool) -> Tensor:
     """(B, C) float32 masked scores of users (B, D) against table rows ``offset .. offset + C - 1``.
 
-    Seen items (``history`` (B, L) int64) are -inf when ``exclude_seen``, except the targets
-    (B,); column 0 (padding) is -inf when the block starts at 0: as ``mask_seen``.
+    Seen items (``seen`` (B, S) int64, the whole histories) are -inf when ``exclude_seen``,
+    targets included; column 0 (padding) is -inf when the block starts at 0: as ``mask_seen``.
     """
     with torch.autocast(hidden.device.type, enabled=False):
         scores = hidden.float() @ rows.float().T
-    return mask_seen(scores, history, exclude_seen=exclude_seen, keep=targets, offset=offset)
+    return mask_seen(scores, seen, exclude_seen=exclude_seen, offset=offset)
 
 
 @torch.no_grad()
@@ -220,11 +226,11 @@ def sharded_target_ranks(hidden: Tensor, history: Tensor, targets: Tensor, table
     Each rank scores all ranks' users (hidden states all-gathered) against its own rows, takes
     the target's score from the rank that holds it, and counts its items strictly above it; the
     counts are summed over ranks: rank = 1 + count, the optimistic rank of ``target_ranks`` on
-    the whole (masked) score matrix.
+    the whole (masked) score matrix; a masked (seen) target is a miss, ``MISS_RANK``, as there.
 
     Args:
         hidden: (U_r, D) float32 this rank's users' last hidden states.
-        history: (U_r, L_r) int64 their right-padded histories (seen items).
+        history: (U_r, S_r) int64 their whole right-padded histories (the seen items).
         targets: (U_r,) int64 their held-out items.
         chunk: users scored at once (memory: chunk x rows float32).
 
@@ -236,12 +242,12 @@ def sharded_target_ranks(hidden: Tensor, history: Tensor, targets: Tensor, table
     ranks = []
     for start in range(0, targets.shape[0], chunk):
         h, seen, y = hidden[start : start + chunk], history[start : start + chunk], targets[start : start + chunk]
-        scores = block_scores(h, rows, seen, y, table.offset, exclude_seen)  # (c, rows)
+        scores = block_scores(h, rows, seen, table.offset, exclude_seen)  # (c, rows)
         target_scores = local_target_scores(scores, y, table.offset)
-        dist.all_reduce(target_scores)  # only the owner contributes a non-zero
+        dist.all_reduce(target_scores)  # only the owner contributes a non-zero (-inf when masked)
         higher = count_higher(scores, target_scores)
         dist.all_reduce(higher)
-        ranks.append(1 + higher)
+        ranks.append(ranks_from_counts(target_scores, higher))
     return torch.cat(ranks) if ranks else torch.zeros(0, dtype=torch.int64)
 
 

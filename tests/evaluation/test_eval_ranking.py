@@ -7,7 +7,9 @@ import math
 import pytest
 import torch
 
+from recsys_alibi.evaluation.metrics import per_user_metrics
 from recsys_alibi.evaluation.ranking import (
+    MISS_RANK,
     ChunkedTopK,
     mask_seen,
     mask_seen_reference,
@@ -28,32 +30,50 @@ def _tied_scores(gen: torch.Generator, b: int, n_cols: int, levels: int = 5) -> 
 def test_mask_seen_hand_example():
     scores = torch.tensor([[9.0, 1.0, 2.0, 3.0, 4.0], [9.0, 1.0, 2.0, 3.0, 4.0]])
     history = torch.tensor([[1, 3, 0], [2, 2, 4]])
-    keep = torch.tensor([3, 1])  # user 0 re-consumes item 3: it stays rankable
-    out = mask_seen(scores.clone(), history, keep=keep)
-    assert out.tolist() == [[NEG, NEG, 2.0, 3.0, 4.0], [NEG, 1.0, NEG, 3.0, NEG]]
-    out = mask_seen(scores.clone(), history, exclude_seen=False, keep=keep)
+    out = mask_seen(scores.clone(), history)
+    assert out.tolist() == [[NEG, NEG, 2.0, NEG, 4.0], [NEG, 1.0, NEG, 3.0, NEG]]
+    out = mask_seen(scores.clone(), history, exclude_seen=False)
     assert out.tolist() == [[NEG, 1.0, 2.0, 3.0, 4.0], [NEG, 1.0, 2.0, 3.0, 4.0]]  # padding column only
+
+
+def test_a_repeated_target_is_a_miss_and_the_candidates_do_not_depend_on_the_target():
+    """Issue 31 defect 3: the masked candidate set is the same whatever the held-out item, and a seen
+    target is a miss (rank MISS_RANK: beyond every K, reciprocal rank 0), also in a tiny catalog
+    where fewer than K items are left; without exclude_seen the same target is ranked."""
+    scores = torch.tensor([[0.0, 5.0, 4.0, 3.0, 2.0]])  # items 1..4, item 1 best
+    history = torch.tensor([[1, 3]])
+    masked = [mask_seen(scores.clone(), history).tolist() for _ in (1, 2, 3, 4)]  # no target argument at all
+    assert masked[0] == [[NEG, NEG, 4.0, NEG, 2.0]]
+    masked = mask_seen(scores.clone(), history)
+    assert target_ranks(masked, torch.tensor([1])).tolist() == [MISS_RANK]  # seen, was best: a miss
+    assert target_ranks(masked, torch.tensor([4])).tolist() == [2]  # unseen: behind item 2 only
+    assert target_ranks(masked, torch.tensor([3]), ties="pessimistic").tolist() == [MISS_RANK]
+    assert target_ranks(masked, torch.tensor([[1, 4, 0]])).tolist() == [[MISS_RANK, 2, 0]]
+    metrics = per_user_metrics(target_ranks(masked, torch.tensor([1])).numpy(), [1, 10])
+    assert {name: float(v[0]) for name, v in metrics.items()} == {
+        "HR@1": 0.0, "NDCG@1": 0.0, "Recall@1": 0.0, "HR@10": 0.0, "NDCG@10": 0.0, "Recall@10": 0.0, "MRR": 0.0
+    }  # 2 rankable items < K = 10: still not a hit
+    unmasked = mask_seen(scores.clone(), history, exclude_seen=False)
+    assert target_ranks(unmasked, torch.tensor([1])).tolist() == [1]
 
 
 def test_mask_seen_is_in_place_and_keeps_padding_masked():
     scores = torch.zeros(1, 4)
-    out = mask_seen(scores, torch.tensor([[2, 0]]), keep=torch.tensor([0]))  # keep 0 = padding: ignored
+    out = mask_seen(scores, torch.tensor([[2, 0]]))
     assert out is scores
     assert scores.tolist() == [[NEG, 0.0, NEG, 0.0]]
 
 
-@pytest.mark.parametrize("multi", [False, True])
-def test_mask_seen_matches_reference_and_chunks(multi):
+def test_mask_seen_matches_reference_and_chunks():
     gen = torch.Generator().manual_seed(0)
     b, n_cols = 16, 41
     scores = torch.randn(b, n_cols, generator=gen)
     history = torch.randint(0, n_cols, (b, 12), generator=gen)
-    keep = torch.randint(0, n_cols, (b, 3) if multi else (b,), generator=gen)
-    expected = mask_seen_reference(scores, history, keep=keep)
-    assert torch.equal(mask_seen(scores.clone(), history, keep=keep), expected)
+    expected = mask_seen_reference(scores, history)
+    assert torch.equal(mask_seen(scores.clone(), history), expected)
     for chunk in (1, 7, 16):  # a catalog chunk masked alone equals the same columns of the whole
         for start in range(0, n_cols, chunk):
-            part = mask_seen(scores[:, start : start + chunk].clone(), history, keep=keep, offset=start)
+            part = mask_seen(scores[:, start : start + chunk].clone(), history, offset=start)
             assert torch.equal(part, expected[:, start : start + chunk])
 
 
@@ -83,16 +103,17 @@ def test_target_ranks_match_reference(ties, seed):
     gen = torch.Generator().manual_seed(seed)
     b, n_cols = 12, 30
     scores = _tied_scores(gen, b, n_cols)
-    scores[:, 0] = NEG
+    scores = mask_seen(scores, torch.randint(0, n_cols, (b, 8), generator=gen))  # seen targets: misses
     single = torch.randint(1, n_cols, (b,), generator=gen)
     assert torch.equal(target_ranks(scores, single, ties), target_ranks_reference(scores, single, ties))
     multi = torch.randint(0, n_cols, (b, 6), generator=gen)  # padding and repeats included
     multi[:, 0] = torch.randint(1, n_cols, (b,), generator=gen)
     fast = target_ranks(scores, multi, ties)
     assert torch.equal(fast, target_ranks_reference(scores, multi, ties))
-    for row in fast.tolist():  # ranks of one row are distinct
-        nonzero = [r for r in row if r]
-        assert len(nonzero) == len(set(nonzero))
+    assert (fast == MISS_RANK).any()
+    for row in fast.tolist():  # ranks of one row are distinct, misses aside
+        ranked = [r for r in row if 0 < r < MISS_RANK]
+        assert len(ranked) == len(set(ranked))
 
 
 def test_topk_hand_example_ties_by_lower_index():
@@ -155,8 +176,8 @@ def test_cuda_matches_cpu():
     scores = _tied_scores(gen, 32, 300, levels=50)
     history = torch.randint(0, 300, (32, 40), generator=gen)
     targets = torch.randint(1, 300, (32, 4), generator=gen)
-    cpu = mask_seen(scores.clone(), history, keep=targets)
-    gpu = mask_seen(scores.cuda(), history.cuda(), keep=targets.cuda())
+    cpu = mask_seen(scores.clone(), history)
+    gpu = mask_seen(scores.cuda(), history.cuda())
     assert torch.equal(gpu.cpu(), cpu)
     assert torch.equal(target_ranks(gpu, targets.cuda()).cpu(), target_ranks(cpu, targets))
     for got, want in zip(topk(gpu, 20), topk(cpu, 20)):

@@ -67,15 +67,15 @@ def test_hand_built_leave_one_out():
             ([4], [2]),  # item 1 above: rank 2
             ([1], [6]),  # 2, 3, 4, 5 above: rank 5
             ([6, 5], [1]),  # rank 1
-            ([3, 1], [3]),  # re-consumption: 3 stays rankable, item 2 above: rank 2
+            ([3, 1], [3]),  # re-consumption: 3 is seen, masked like 1: a miss
         ]
     )
     result = evaluate(FixedScorer(WEIGHTS), examples, 6, cfg(), protocol_name="leave_one_out")
-    ranks = [1, 2, 5, 1, 2]
+    ranks = [1, 2, 5, 1]  # and a miss: no hit at any K, reciprocal rank 0
     assert result.n_users == 5 and result.protocol == "leave_one_out" and result.scorer == "fixed"
     assert result.metrics["HR@1"] == pytest.approx(2 / 5)
-    assert result.metrics["HR@3"] == pytest.approx(4 / 5)
-    assert result.metrics["Recall@3"] == pytest.approx(4 / 5)
+    assert result.metrics["HR@3"] == pytest.approx(3 / 5)
+    assert result.metrics["Recall@3"] == pytest.approx(3 / 5)
     assert result.metrics["NDCG@3"] == pytest.approx(sum(1 / math.log2(r + 1) for r in ranks if r <= 3) / 5)
     assert result.metrics["MRR"] == pytest.approx(sum(1 / r for r in ranks) / 5)
     # top-1 lists: 3, 1, 2, 1, 2 -> {1, 2, 3}; top-3 adds 4, 5 (user 3 -> 1, 2, 3; user 1 -> 1, 2, 3 ...)
@@ -87,14 +87,17 @@ def test_hand_built_leave_one_out():
     assert result.tied_share == 0.0
 
 
-def test_seen_item_never_counts_as_a_hit():
+def test_seen_item_never_counts_as_a_hit_not_even_a_repeated_target():
     # item 1 is scored highest and was seen; the target ranks first only because item 1 is masked
     examples = _examples([([1, 3], [2]), ([1], [1])])
     result = evaluate(FixedScorer(WEIGHTS), examples, 6, cfg(ks=[1]), protocol_name="loo")
-    assert result.metrics["HR@1"] == 1.0  # user 0: 2 is first; user 1: re-consumed target 1 kept
+    assert result.metrics["HR@1"] == pytest.approx(1 / 2)  # user 0: 2 is first; user 1: target 1 seen, a miss
+    assert result.metrics["MRR"] == pytest.approx((1 + 0) / 2)
+    assert "1 of 2 users (50.0%) have a target already in their history" in " ".join(result.notes)
     unmasked = evaluate(FixedScorer(WEIGHTS), examples, 6, cfg(ks=[1], exclude_seen=False), protocol_name="loo")
-    assert unmasked.metrics["HR@1"] == pytest.approx(1 / 2)  # user 0's target now behind item 1
+    assert unmasked.metrics["HR@1"] == pytest.approx(1 / 2)  # user 0's target now behind item 1, user 1's first
     assert unmasked.metrics["MRR"] == pytest.approx((1 / 2 + 1) / 2)
+    assert not unmasked.notes
 
 
 def test_multi_target_temporal_user():

@@ -85,7 +85,7 @@ def _batches(n_items: int, length: int, rows: int, seed: int):
         inputs[b, n:] = 0
         targets[b, n:] = 0
     train = [{"inputs": inputs, "targets": targets, "lengths": lengths}]
-    val = [{"history": inputs, "lengths": lengths, "targets": items[:, -1]}]
+    val = [{"history": inputs, "lengths": lengths, "targets": items[:, -1], "seen": inputs}]
     return train, val
 
 

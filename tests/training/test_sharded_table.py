@@ -32,7 +32,7 @@ import torch
 from training_fixtures import tiny_config, validate_initial, write_walks
 
 from recsys_alibi.config import ConfigError, load_config
-from recsys_alibi.evaluation.ranking import mask_seen, target_ranks
+from recsys_alibi.evaluation.ranking import MISS_RANK, mask_seen, target_ranks
 from recsys_alibi.model.embeddings import ItemEmbeddings
 from recsys_alibi.model.transformer import AlibiRanker
 from recsys_alibi.training.datamodule import SequenceDataModule
@@ -47,6 +47,7 @@ from recsys_alibi.training.sharding import (
     count_higher,
     insert_table_slot,
     local_target_scores,
+    ranks_from_counts,
     remove_table_slot,
 )
 
@@ -138,14 +139,15 @@ def test_ranks_summed_over_blocks_of_rows_equal_the_full_catalog_rank():
     table[17] = table[5]  # an item tied with a target
     hidden = torch.randn(6, 8, generator=gen)
     history = torch.tensor([[1, 2, 5, 0], [5, 9, 20, 30], [3, 0, 0, 0], [13, 12, 14, 0], [7, 7, 8, 0], [1, 2, 3, 4]])
-    targets = torch.tensor([5, 5, 17, 13, 7, 30])  # re-consumed targets (rows 1, 4) stay rankable
+    targets = torch.tensor([5, 5, 17, 13, 7, 30])  # re-consumed targets (rows 0, 1, 3, 4): misses when seen is excluded
     for exclude_seen in (True, False):
-        full = mask_seen(hidden @ table.T, history, exclude_seen=exclude_seen, keep=targets)
+        full = mask_seen(hidden @ table.T, history, exclude_seen=exclude_seen)
         expected = target_ranks(full, targets)
+        assert (expected == MISS_RANK).tolist() == [exclude_seen, exclude_seen, False, exclude_seen, exclude_seen, False]
         blocks = [(0, 13), (13, 31)]
-        scores = [block_scores(hidden, table[a:b], history, targets, a, exclude_seen) for a, b in blocks]
+        scores = [block_scores(hidden, table[a:b], history, a, exclude_seen) for a, b in blocks]
         target_scores = sum(local_target_scores(s, targets, a) for s, (a, _) in zip(scores, blocks))
-        got = 1 + sum(count_higher(s, target_scores) for s in scores)
+        got = ranks_from_counts(target_scores, sum(count_higher(s, target_scores) for s in scores))
         assert torch.equal(got, expected), exclude_seen
 
 
