@@ -8,7 +8,10 @@ key handed to Lightning or torch (``train.accelerator``, ``train.devices``, ``tr
 ``train.strategy``, ``train.limit_train_batches``, ``score.device``) takes only values they accept.
 YAML is read with the safe loader (tags such as ``!!python/object`` are refused, never run) and
 a key given twice in one mapping is an error. Every problem is one :class:`ConfigError` line
-naming the key (or the file, line and column) and the fix. A section written with no keys
+naming the key (or the file, line and column) and the fix. A key that takes effect only with
+another setting (``model.slope_floor`` with ``model.learnable_slopes``, ...) is refused when given
+away from its default while that setting is off, instead of being accepted and ignored; its default
+value stays accepted, so a dumped config loads again. A section written with no keys
 (``model:`` alone, i.e. YAML null) means that section's defaults.
 """
 
@@ -45,6 +48,18 @@ class _Section(BaseModel):
             raise ValueError("integers must fit in a 64-bit integer (at most 9223372036854775807)")
         return value
 
+    def _refuse_ignored(self, prefix: str, rules: tuple[tuple[str, bool, str], ...]) -> None:
+        """Refuse a key that takes effect only with another setting, given away from its default
+        while that setting is off: it would be accepted and ignored. ``rules``: ``(key, in effect,
+        the setting it needs)``. The default value stays accepted (a dumped config repeats every key)."""
+        for key, in_effect, needs in rules:
+            value = getattr(self, key)
+            if in_effect or value == type(self).model_fields[key].default:
+                continue
+            shown = value if isinstance(value, _Section) else {True: "true", False: "false", None: "null"}.get(value, value)
+            given = f"{prefix}.{key}" if isinstance(value, _Section) else f"{prefix}.{key}={shown}"
+            raise ValueError(f"{given} takes effect only with {needs}: set {needs}, or drop {prefix}.{key}")
+
 
 class GenerateConfig(_Section):
     """Synthetic behaviour log (the embedded default data), see ``recsys_alibi.data.synthetic``."""
@@ -62,6 +77,7 @@ class GenerateConfig(_Section):
     def _events_range(self) -> "GenerateConfig":
         if self.min_events > self.max_events:
             raise ValueError(f"generate.min_events={self.min_events} is above generate.max_events={self.max_events}")
+        self._refuse_ignored("generate", (("distance", self.task == "long-range", "generate.task=long-range"),))
         return self
 
 
@@ -134,8 +150,12 @@ class ModelConfig(_Section):
             raise ValueError(f"model.d_model={self.d_model} must be divisible by model.n_heads={self.n_heads}")
         if self.free_heads > self.n_heads:
             raise ValueError(f"model.free_heads={self.free_heads} is more than model.n_heads={self.n_heads}")
-        if self.free_head_scale != "none" and not self.free_heads:
-            raise ValueError(f"model.free_head_scale={self.free_head_scale} scales free heads: set model.free_heads >= 1")
+        self._refuse_ignored("model", (
+            ("free_head_scale", self.free_heads > 0, "model.free_heads >= 1"),
+            ("slope_floor", self.learnable_slopes, "model.learnable_slopes=true"),
+            ("long_context", self.slopes == "wide", "model.slopes=wide"),
+            ("lowpass_mix", self.lowpass_window > 0, "model.lowpass_window >= 1"),
+        ))  # fmt: skip
         if 0 < self.time_gap_buckets < 3:
             raise ValueError("model.time_gap_buckets needs at least 3 (padding, first event, one gap bucket); 0 = off")
         if self.shard_embeddings and self.embedding_backend == "torch":
@@ -244,6 +264,11 @@ class TrainConfig(_Section):
     def _one_batching(self) -> "TrainConfig":
         if self.packing and self.batch_tokens is not None:
             raise ValueError("train.packing and train.batch_tokens are two ways to batch: set one of them")
+        self._refuse_ignored("train", (
+            ("gbce_t", self.loss == "gbce", "train.loss=gbce"),
+            ("zero_share_threshold", self.attention_health, "train.attention_health=true"),
+            ("warm", self.init_from is not None, "train.init_from"),
+        ))  # fmt: skip
         schedule = self.context_schedule
         if schedule and schedule[-1][0] >= self.max_epochs:
             raise ValueError(
@@ -269,12 +294,17 @@ class EvaluateConfig(_Section):
     min_history: list[int] = [200, 500]  # also slice the users with at least this many events (heavy users)
     ties: Literal["optimistic", "pessimistic"] = "optimistic"  # target tied with items: ahead of / behind them
 
-    @field_validator("ks", "context_lengths", "history_buckets")
+    @field_validator("ks", "context_lengths", "history_buckets", "min_history")
     @classmethod
     def _positive_and_distinct(cls, values: list[int]) -> list[int]:
         if any(v < 1 for v in values) or len(set(values)) != len(values):
             raise ValueError("must be distinct integers >= 1")
         return values
+
+    @model_validator(mode="after")
+    def _cutoff_needs_temporal(self) -> "EvaluateConfig":
+        self._refuse_ignored("evaluate", (("temporal_cutoff", self.protocol == "temporal", "evaluate.protocol=temporal"),))
+        return self
 
     @field_validator("history_buckets")
     @classmethod

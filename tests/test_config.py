@@ -202,3 +202,49 @@ def test_exclude_seen_is_one_setting_for_evaluation_and_serving(tmp_path):
     assert with_overrides(JobConfig(), score={"exclude_seen": False}).evaluate.exclude_seen is False
     assert JobConfig(score=ScoreConfig(exclude_seen=False)).evaluate.exclude_seen is False
     assert JobConfig().evaluate.exclude_seen is JobConfig().score.exclude_seen is True
+
+
+# a setting that takes effect only with another one is refused while that one is off (issue 31, defect 20)
+IGNORED_UNLESS = [  # (the key given, shown as, the setting it needs, that setting on, the key at its default)
+    ("model.slope_floor=zero", "model.slope_floor=zero", "model.learnable_slopes=true",
+     "model.learnable_slopes=true", "model.slope_floor=positive"),
+    ("model.long_context=4096", "model.long_context=4096", "model.slopes=wide", "model.slopes=wide",
+     "model.long_context=2048"),
+    ("model.lowpass_mix=0.5", "model.lowpass_mix=0.5", "model.lowpass_window >= 1", "model.lowpass_window=3",
+     "model.lowpass_mix=0.7"),
+    ("model.free_head_scale=log_beyond", "model.free_head_scale=log_beyond", "model.free_heads >= 1",
+     "model.free_heads=1", "model.free_head_scale=none"),
+    ("train.gbce_t=0.5", "train.gbce_t=0.5", "train.loss=gbce", "train.loss=gbce", "train.gbce_t=0.75"),
+    ("train.zero_share_threshold=0.1", "train.zero_share_threshold=0.1", "train.attention_health=true",
+     "train.attention_health=true", "train.zero_share_threshold=0.05"),
+    ("train.warm.lr=0.0005", "train.warm", "train.init_from", "train.init_from=champion", "train.warm.lr=null"),
+    ("evaluate.temporal_cutoff=5", "evaluate.temporal_cutoff=5", "evaluate.protocol=temporal",
+     "evaluate.protocol=temporal", "evaluate.temporal_cutoff=null"),
+    ("generate.distance=10", "generate.distance=10", "generate.task=long-range", "generate.task=long-range",
+     "generate.distance=64"),
+]  # fmt: skip
+PARENT_OFF = ("train.attention_health=false", "model.learnable_slopes=false")  # the others are off by default
+
+
+@pytest.mark.parametrize(("given", "shown", "needs", "parent", "default"), IGNORED_UNLESS,
+                         ids=[case[0] for case in IGNORED_UNLESS])  # fmt: skip
+def test_a_setting_that_would_be_ignored_is_refused_naming_what_it_needs(tmp_path, given, shown, needs, parent,
+                                                                         default):  # fmt: skip
+    message = _error(tmp_path, None, (*PARENT_OFF, given))
+    assert f"{shown} takes effect only with {needs}: set {needs}" in message
+    assert load_config(None, [parent, given]) is not None  # in effect: accepted
+    assert load_config(None, [*PARENT_OFF, default]) == load_config(None, list(PARENT_OFF))  # its default: accepted
+
+
+def test_negative_or_repeated_heavy_user_slices_are_refused(tmp_path):
+    assert "invalid config at 'evaluate.min_history': must be distinct integers >= 1 (got [-5])" in _error(
+        tmp_path, None, ("evaluate.min_history=[-5]",)
+    )
+    assert "distinct" in _error(tmp_path, None, ("evaluate.min_history=[200, 200]",))
+    assert load_config(None, ["evaluate.min_history=[]"]).evaluate.min_history == []
+
+
+def test_a_dumped_config_with_every_key_at_its_default_loads_again():
+    from recsys_alibi.config import JobConfig
+
+    assert JobConfig.model_validate(JobConfig().model_dump()) == JobConfig()
