@@ -1,30 +1,44 @@
-"""Long histories that pay? The same recipe trained at several ``model.max_len``, compared user by user.
+"""Long histories that pay? One recipe at several max_len or short-to-long schedules, compared user by user.
 
-Run (from the repository root, after ``make install``; ~45 min on ML-1M with an equal 35-minute
-budget per run, the three side by side; docs/results.md "Long histories on real data"):
+Run (from the repository root, after ``make install``). The converged comparison of issue 33
+(the recipe's 30 epochs, the clock set not to cut them, two seeds, one thread per run, two runs
+at a time; not run yet: about 2.7 h expected on two quiet cores, docs/results.md "The converged
+comparison and the short-to-long schedule"):
 
     .venv/bin/python benchmarks/long_histories.py --config configs/movielens-1m.yaml \\
         --prepared runs/movielens-1m/prepared --max-lens 200 1000 whole \\
-        --set train.packing=false --set train.batch_tokens=32768 --set train.max_minutes=35 \\
-        --set evaluate.batch_size=32 --jobs 3 --json docs/results/long-histories.json
+        --schedules "[[0, 200], [25, whole]]" "[[0, 200], [25, 1000]]" --seeds 42 43 --threads 1 --jobs 2 \\
+        --set train.packing=false --set train.batch_tokens=32768 --set train.max_minutes=90 \\
+        --set evaluate.batch_size=32 --json docs/results/long-histories-converged.json
 
-For each max_len (``whole`` = the longest history of the prepared data) it trains the config with
-``model.max_len`` set (everything else the same: the same budget ``train.max_epochs`` /
-``train.max_minutes``), evaluates the test protocol on the whole history (leave-one-out,
-full-catalog ranking, seen items excluded) and records, per run:
+The equal-budget race measured before (35 minutes per run, three side by side) is the same
+command with ``--max-lens 200 1000 whole --set train.max_minutes=35 --jobs 3`` and one seed.
 
-* ``max_len``, ``NDCG@10``, ``HR@10``, ``train_seconds``, ``epochs``, ``val_curve`` (validation
-  NDCG@10 after each epoch: the runs compared at equal epochs as well as at equal budget);
+Each entry is trained at every ``--seeds`` seed (default: the config's ``seed``): a fixed
+``--max-lens`` value (``whole`` = the longest history of the prepared data) sets
+``model.max_len``; a ``--schedules`` value (YAML ``[[epoch, window], ...]``, ``whole`` allowed)
+sets ``train.context_schedule`` (recsys_alibi.training.context_schedule: the model's max_len is
+its last window). Everything else is the same (the budget ``train.max_epochs`` /
+``train.max_minutes``). Each run is evaluated on the test protocol on the whole history
+(leave-one-out, full-catalog ranking, seen items excluded) and recorded with:
+
+* ``max_len`` (the model's: a schedule's last window), ``schedule`` (resolved, absent for a
+  fixed max_len), ``seed``, ``NDCG@10``, ``HR@10``, ``train_seconds``, ``epochs``,
+  ``val_curve`` (validation NDCG@10 after each epoch: the runs compared at equal epochs as well
+  as at equal budget), ``torch_threads``;
 * ``slices``: ``">=200"``, ``">=500"`` (users with at least that many events): ``NDCG@10``,
   ``HR@10``, ``n_users``;
-* ``ci95``: the per-user paired difference to the first max_len (200 in the command above) with
-  its percentile-bootstrap 95 % interval (``recsys_alibi.evaluation.paired``), overall and per
-  slice, for NDCG@10 and HR@10: ``{"all": {"NDCG@10": {"difference": .., "ci95": [lo, hi]}, ...}}``.
+* ``ci95``: the per-user paired difference to the first ``--max-lens`` run of the same seed
+  (200 in the commands above) with its percentile-bootstrap 95 % interval
+  (``recsys_alibi.evaluation.paired``), overall and per slice, for NDCG@10 and HR@10:
+  ``{"all": {"NDCG@10": {"difference": .., "ci95": [lo, hi]}, ...}}``.
 
 ``--set`` overrides are applied to every run (e.g. ``model.time_gap_buckets=32`` for "with time
-gaps"). ``--tiny`` shrinks the run to a dry run of a minute (1 epoch, 20 batches) that checks the
-script end to end, not a result. Each finished run is written to the JSON at once; runs already
-there (same max_len and label) are skipped, so a killed benchmark resumes.
+gaps"). ``--tiny`` shrinks the runs to a dry run of a minute (1 epoch, 20 batches, 64 validation
+users; a ``--set`` after it wins, e.g. ``train.max_epochs=2`` for a schedule that switches at
+epoch 1) that checks the script end to end, not a result. Each finished run is written to the
+JSON at once; runs already there (same label, seed and entry) are skipped, so a killed
+benchmark resumes.
 """
 
 from __future__ import annotations
@@ -48,22 +62,67 @@ def _whole(prepared: Path) -> int:
     return int(read_sequences(prepared).get_column("length").max())
 
 
-def run_config(config_path: str, overrides: list[str], max_len: int):
-    """The resolved ``JobConfig`` of the run at ``max_len`` (read in the benchmark's process, once:
-    a config edited while the benchmark runs changes nothing in it)."""
+def entry_name(entry: dict) -> str:
+    """How a run's entry is keyed and shown: ``"200"`` or ``"schedule [[0, 200], [25, 2314]]"``."""
+    return f"schedule {entry['schedule']}" if entry.get("schedule") else str(entry["max_len"])
+
+
+def run_key(label: str, seed: int | None, entry: dict) -> str:
+    """The key of one run in the JSON and the per-user file (runs recorded before seeds: no seed part)."""
+    return "|".join([label, *([] if seed is None else [str(seed)]), entry_name(entry)])
+
+
+def parse_entries(max_lens: list[str], schedules: list[str], whole: int) -> list[dict]:
+    """``{"max_len": m}`` per ``--max-lens`` value, then ``{"schedule": [[e, w], ...]}`` per ``--schedules``
+    value, ``whole`` replaced by the longest history (the same number in both).
+
+    Raises:
+        ConfigError: a schedule is not YAML (its shape is checked with the config).
+    """
+    from recsys_alibi.config_reader import read_yaml
+
+    entries = [{"max_len": whole if x == "whole" else int(x)} for x in max_lens]
+    for text in schedules:
+        schedule = read_yaml(text, f"--schedules {text}")
+        if isinstance(schedule, list):
+            schedule = [[whole if w == "whole" else w for w in pair] if isinstance(pair, list) else pair
+                        for pair in schedule]  # fmt: skip
+        entries.append({"schedule": schedule})
+    return entries
+
+
+def run_config(config_path: str, overrides: list[str], entry: dict, seed: int, prepared: Path):
+    """The resolved ``JobConfig`` of one run (read in the benchmark's process, once: a config
+    edited while the benchmark runs changes nothing in it). A schedule's last window becomes
+    ``model.max_len`` (``data_rules.resolve_max_len``).
+
+    Raises:
+        ConfigError: an invalid schedule or override (one line).
+    """
     from recsys_alibi.config import load_config
+    from recsys_alibi.training.data_rules import resolve_max_len
 
-    return load_config(config_path, [*overrides, f"model.max_len={max_len}", f"evaluate.min_history={list(SLICES)}"])
+    run = ([f"model.max_len={entry['max_len']}"] if "max_len" in entry
+           else [f"train.context_schedule={json.dumps(entry['schedule'])}"])  # fmt: skip
+    config = load_config(config_path, [*overrides, *run, f"seed={seed}", f"evaluate.min_history={list(SLICES)}"])
+    return resolve_max_len(config, prepared)
 
 
-def run_one(config, prepared: Path, max_len: int, label: str) -> tuple[dict, dict]:
-    """Train ``config`` (from :func:`run_config`) at ``max_len`` and evaluate on the test protocol;
-    returns (record, per-user arrays)."""
+def run_one(config, prepared: Path, label: str, threads: int | None) -> tuple[dict, dict]:
+    """Train ``config`` (from :func:`run_config`) and evaluate on the test protocol; returns (record,
+    per-user arrays). ``threads``: torch threads of this run (None: the pool's)."""
+    import torch
+
     from pipelines.evaluate import run_evaluate
     from pipelines.train import run_train
 
+    if threads is not None:
+        torch.set_num_threads(threads)
+    schedule = config.train.context_schedule
+    entry = {"schedule": schedule} if schedule else {"max_len": config.model.max_len}
     # one output folder per run: runs side by side never share checkpoints or reports
-    run_dir = "-".join(filter(None, [label.replace(" ", "_"), f"max_len{max_len}"]))
+    name = f"schedule{'_'.join(f'{e}x{w}' for e, w in schedule)}" if schedule else f"max_len{config.model.max_len}"
+    run_dir = "-".join(filter(None, [label.replace(" ", "_"), f"seed{config.seed}", name]))
     config = config.model_copy(update={"output": str(Path(config.output) / "long-histories" / run_dir)})
     trained = run_train(config, prepared, progress=False, register=False)
     job = run_evaluate(config, prepared, model_uri=trained.model.uri,
@@ -73,9 +132,10 @@ def run_one(config, prepared: Path, max_len: int, label: str) -> tuple[dict, dic
     for key in slices:
         slices[key]["n_users"] = int((r.history_lengths >= int(key[2:])).sum())
     record = {
-        "max_len": max_len, "run_id": trained.run_id, "epochs": trained.epochs,
-        "train_seconds": round(trained.train_seconds, 1), "n_users": r.n_users,
+        "max_len": config.model.max_len, **entry, "seed": config.seed, "run_id": trained.run_id,
+        "epochs": trained.epochs, "train_seconds": round(trained.train_seconds, 1), "n_users": r.n_users,
         **{m: r.metrics[m] for m in METRICS}, "slices": slices, "val_curve": val_curve(trained.run_id),
+        "torch_threads": torch.get_num_threads(),
     }  # fmt: skip
     arrays = {"user_ids": r.user_ids.tolist(), "lengths": r.history_lengths.tolist(),
               **{m: r.per_user[m].tolist() for m in METRICS}}  # fmt: skip
@@ -114,12 +174,15 @@ def paired_to_reference(arrays: dict, reference: dict) -> dict:
 
 
 def markdown(records: list[dict]) -> str:
-    """One row per run: overall and per slice, with the CI of the difference to the first run."""
-    head = "| label | max_len | NDCG@10 | HR@10 | " + " | ".join(f"NDCG@10 {s} / HR@10 {s}" for s in (f">={x}" for x in SLICES))
+    """One row per run: overall and per slice, with the CI of the difference to the reference run."""
+    head = "| label | seed | max_len / schedule | epochs | NDCG@10 | HR@10 | "
+    head += " | ".join(f"NDCG@10 {s} / HR@10 {s}" for s in (f">={x}" for x in SLICES))
     head += " | NDCG@10 diff [95 % CI] | train s |"
-    lines = [head, "|" + "---|" * (6 + len(SLICES))]
+    lines = [head, "|" + "---|" * (8 + len(SLICES))]
     for r in records:
-        cells = [r.get("label", ""), str(r["max_len"]), f"{r['NDCG@10']:.4f}", f"{r['HR@10']:.4f}"]
+        shown = str(r["schedule"]) if r.get("schedule") else str(r["max_len"])
+        cells = [r.get("label", ""), str(r.get("seed", "")), shown, str(r["epochs"]), f"{r['NDCG@10']:.4f}",
+                 f"{r['HR@10']:.4f}"]  # fmt: skip
         for s in SLICES:
             sl = r["slices"].get(f">={s}")
             cells.append("—" if sl is None else f"{sl['NDCG@10']:.4f} / {sl['HR@10']:.4f} (n={sl['n_users']})")
@@ -131,49 +194,65 @@ def markdown(records: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Train and compare every ``--max-lens`` run; see the module docstring."""
+    """Train and compare every ``--max-lens`` and ``--schedules`` run at every seed; see the module docstring."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", required=True)
     parser.add_argument("--prepared", type=Path, required=True)
     parser.add_argument("--max-lens", nargs="+", default=["200", "1000", "whole"], help="ints or 'whole'; the first is the reference")
+    parser.add_argument("--schedules", nargs="*", default=[],
+                        help="train.context_schedule values, e.g. '[[0, 200], [25, whole]]'")  # fmt: skip
+    parser.add_argument("--seeds", nargs="+", type=int, default=None,
+                        help="every entry at each seed (default: the config's)")  # fmt: skip
     parser.add_argument("--set", dest="overrides", action="append", default=[], help="dotted.key=value for every run")
     parser.add_argument("--label", default="", help="names this series in the JSON (e.g. 'with time gaps')")
     parser.add_argument("--json", type=Path, default=Path("docs/results/long-histories.json"))
     parser.add_argument("--tiny", action="store_true", help="a dry run of a minute: checks the script, measures nothing")
     parser.add_argument("--jobs", type=int, default=1, help="runs at once, each with cores / jobs torch threads")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads per run (default: cores / jobs)")
     args = parser.parse_args(argv)
-    overrides = [*args.overrides, *(TINY if args.tiny else [])]
+    overrides = [*(TINY if args.tiny else []), *args.overrides]  # a --set wins over --tiny's
+    from recsys_alibi.config import ConfigError, load_config
+
     whole = _whole(args.prepared)
-    max_lens = [whole if x == "whole" else int(x) for x in args.max_lens]
+    try:
+        default_seed = load_config(args.config, overrides).seed
+        seeds = args.seeds or [default_seed]
+        entries = parse_entries(args.max_lens, args.schedules, whole)
+        configs = {(seed, i): run_config(args.config, overrides, entry, seed, args.prepared)
+                   for seed in seeds for i, entry in enumerate(entries)}  # fmt: skip
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    for (seed, i), config in configs.items():  # resolved: schedules as the runs record them
+        if "schedule" in entries[i]:
+            entries[i] = {"schedule": config.train.context_schedule}
     doc = json.loads(args.json.read_text()) if args.json.exists() else {"runs": []}
     doc["command"] = shlex.join([sys.executable.rsplit("/", 1)[-1], *sys.argv])
     doc["machine"] = f"{platform.machine()}, {platform.system()}, python {platform.python_version()}"
     arrays_path = args.json.with_suffix(".per_user.json")
     per_user = json.loads(arrays_path.read_text()) if arrays_path.exists() else {}
-    reference_key = f"{args.label}|{max_lens[0]}"
-    done = {f"{r.get('label', '')}|{r['max_len']}" for r in doc["runs"]}
-    todo = [m for m in max_lens if f"{args.label}|{m}" not in done]
-    from recsys_alibi.config import load_config
+    # a run recorded before seeds: the config's seed
+    done = {run_key(r.get("label", ""), r.get("seed", default_seed), r) for r in doc["runs"]}
+    todo = [(seed, i) for seed in seeds for i, entry in enumerate(entries) if run_key(args.label, seed, entry) not in done]
     from recsys_alibi.tracking import setup_tracking
     from worker_pool import training_pool  # benchmarks/worker_pool.py (this script's folder is on sys.path)
 
     # create the tracking store and experiment once: parallel workers migrating a new SQLite store race
-    setup_tracking(load_config(args.config, overrides).tracking)
+    setup_tracking(next(iter(configs.values())).tracking)
     with training_pool(args.jobs) as (pool, threads):
-        configs = {m: run_config(args.config, overrides, m) for m in todo}
-        futures = {pool.submit(run_one, configs[m], args.prepared, m, args.label): m for m in todo}
+        futures = [pool.submit(run_one, configs[key], args.prepared, args.label, args.threads) for key in todo]
         for future in as_completed(futures):  # each finished run is saved at once: a killed benchmark resumes
             record, arrays = future.result()
             record["label"] = args.label
             record["whole"] = record["max_len"] == whole
-            record["torch_threads"] = threads
-            per_user[f"{args.label}|{record['max_len']}"] = arrays
+            per_user[run_key(args.label, record["seed"], record)] = arrays
             doc["runs"].append(record)
             _save(args.json, doc, arrays_path, per_user)
-    for record in doc["runs"]:  # the paired CIs, once the reference run of the series is there
-        key = f"{record.get('label', '')}|{record['max_len']}"
-        if record.get("label", "") == args.label and key != reference_key and reference_key in per_user:
-            record["ci95"] = paired_to_reference(per_user[key], per_user[reference_key])
+    for record in doc["runs"]:  # the paired CIs, once the reference run of the series and seed is there
+        seed = record.get("seed")
+        key, reference = run_key(args.label, seed, record), run_key(args.label, seed, entries[0])
+        if record.get("label", "") == args.label and key != reference and {key, reference} <= per_user.keys():
+            record["ci95"] = paired_to_reference(per_user[key], per_user[reference])
     _save(args.json, doc, arrays_path, per_user)
     print(markdown(doc["runs"]))
     return 0
