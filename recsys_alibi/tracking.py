@@ -144,15 +144,20 @@ class PyfuncFlavour:
         loader_module: module whose ``_load_pyfunc(data_path)`` MLflow calls (``serving.pyfunc``).
         signature: ``mlflow.models.ModelSignature`` (inputs, rankings output, params).
         input_example: a pandas frame MLflow stores and predicts on once when logging.
+        model_config: the keys ``mlflow.pyfunc.load_model(URI, model_config=...)`` may set, with
+            their defaults (MLflow passes only keys logged here to ``_load_pyfunc``).
     """
 
     loader_module: str
     signature: Any
     input_example: Any
+    model_config: dict[str, Any] | None = None
 
 
-def _save_with_pyfunc(path, mlflow_model, pyfunc_loader: str | None = None, **kwargs) -> None:
-    """``mlflow.pytorch.save_model``, then its ``python_function`` flavour pointed at ``pyfunc_loader``."""
+def _save_with_pyfunc(path, mlflow_model, pyfunc_loader: str | None = None, pyfunc_config: dict | None = None,
+                      **kwargs) -> None:  # fmt: skip
+    """``mlflow.pytorch.save_model``, then its ``python_function`` flavour pointed at ``pyfunc_loader``
+    (with ``pyfunc_config`` as its ``model_config``)."""
     import mlflow
     from mlflow.models.model import MLMODEL_FILE_NAME
 
@@ -161,6 +166,8 @@ def _save_with_pyfunc(path, mlflow_model, pyfunc_loader: str | None = None, **kw
         flavour = dict(mlflow_model.flavors[mlflow.pyfunc.FLAVOR_NAME])
         flavour.update(loader_module=pyfunc_loader)
         flavour.pop("model_config", None)
+        if pyfunc_config is not None:  # the keys load_model(model_config=...) may set (MLflow's "config")
+            flavour[mlflow.pyfunc.MODEL_CONFIG] = {**flavour.get(mlflow.pyfunc.MODEL_CONFIG, {}), **pyfunc_config}
         mlflow_model.flavors[mlflow.pyfunc.FLAVOR_NAME] = flavour
         mlflow_model.save(os.path.join(path, MLMODEL_FILE_NAME))
 
@@ -189,7 +196,7 @@ def log_ranker(
     items_path = workdir / ITEMS_ARTIFACT
     items.write_parquet(items_path)
     extra = {} if pyfunc is None else {"pyfunc_loader": pyfunc.loader_module, "signature": pyfunc.signature,
-                                       "input_example": pyfunc.input_example}  # fmt: skip
+                                       "input_example": pyfunc.input_example, "pyfunc_config": pyfunc.model_config}  # fmt: skip
     with _mlflow_prints_muted():  # the registry's "Registered model ... / Created version ..." lines
         info = Model.log(
             artifact_path=None,

@@ -50,6 +50,7 @@ from serving.rank import ShardRanker
 
 LOADER_MODULE = "serving.pyfunc"
 PARAMS = ("k", "exclude_seen")
+MODEL_CONFIG = ("allow", "deny", "device")  # score settings given when the model is loaded (rules_config)
 
 
 def _input_error(column: str, problem: str) -> DataError:
@@ -288,7 +289,8 @@ def pyfunc_flavour(model, items: pl.DataFrame, *, k: int):
     from recsys_alibi.tracking import PyfuncFlavour
 
     signature, example = pyfunc_signature(items, model, k=k)
-    return PyfuncFlavour(loader_module=LOADER_MODULE, signature=signature, input_example=example)
+    return PyfuncFlavour(loader_module=LOADER_MODULE, signature=signature, input_example=example,
+                         model_config=dict.fromkeys(MODEL_CONFIG))
 
 
 def _load_pyfunc(data_path: str, model_config: dict | None = None) -> RankerPyfunc:
@@ -296,4 +298,26 @@ def _load_pyfunc(data_path: str, model_config: dict | None = None) -> RankerPyfu
     from recsys_alibi.tracking import load_ranker_dir
 
     loaded = load_ranker_dir(Path(data_path).parent)
-    return RankerPyfunc(loaded.model, loaded.items)
+    return RankerPyfunc(loaded.model, loaded.items, rules_config(model_config or {}))
+
+
+def rules_config(model_config: dict[str, Any]) -> ScoreConfig:
+    """The ``score`` settings of a loaded pyfunc: business rules from MLflow's ``model_config``.
+
+    ``mlflow.pyfunc.load_model(URI, model_config={"allow": PATH, "deny": PATH})`` (either or
+    both; Parquet of ``item_id`` or ``user_id, item_id``, :mod:`serving.rules`) makes every
+    ``predict`` of that model apply the rules, as ``score.allow`` / ``score.deny`` do in ``score``.
+    ``device`` (MLflow's own key for PyTorch models) is ``score.device``; None keeps the default.
+    The rules are files the serving side owns, read once per model load (per-user rows per call,
+    for the users of the call), not data sent with each request.
+
+    Raises:
+        DataError: a key other than ``allow`` / ``deny`` / ``device``, or a value that is not a string.
+    """
+    unknown = sorted(set(model_config) - set(MODEL_CONFIG))
+    if unknown:
+        raise DataError(f"pyfunc model_config: unknown {unknown}; known: {list(MODEL_CONFIG)}")
+    for key, value in model_config.items():
+        if value is not None and not isinstance(value, (str, Path)):
+            raise DataError(f"pyfunc model_config '{key}': a string (a Parquet path or a device), got {value!r}")
+    return ScoreConfig(**{key: str(v) for key, v in model_config.items() if v is not None})

@@ -34,6 +34,7 @@ from recsys_alibi.data import schema
 from recsys_alibi.data.buckets import plan_batches
 from recsys_alibi.data.ingest import DataError
 from recsys_alibi.data.loader import FlatSequences, pad_right
+from serving.rules import load_rules
 from serving.topk import chunked_topk
 
 log = logging.getLogger(__name__)
@@ -109,11 +110,11 @@ class ShardRanker:
         model: an ``AlibiRanker`` (``last_hidden``, ``items.weight`` (N + 1, D), ``max_context``,
             ``cfg.sinks``); put in eval mode and moved to ``cfg.device``.
         items: the model's vocabulary: ``item_idx`` 1..N, ``item_id`` raw.
-        cfg: the ``score`` config section.
+        cfg: the ``score`` config section (``allow`` / ``deny``: business rules, :mod:`serving.rules`).
         k: items per user.
 
     Raises:
-        DataError: the vocabulary does not match the item table.
+        DataError: the vocabulary does not match the item table; a rule file is unreadable.
         ValueError: ``score.sinks`` not below the context length.
     """
 
@@ -126,6 +127,7 @@ class ShardRanker:
         self.table = model.items.weight.detach()  # (N + 1, D)
         self.n_items = int(self.table.shape[0]) - 1
         self.item_ids = item_id_lookup(items, self.n_items)
+        self.rules = load_rules(cfg.allow, cfg.deny, items)
         self.context = min(cfg.max_context, model.max_context or cfg.max_context)
         self.time_gap_buckets = int(getattr(model.items, "time_gap_buckets", 0))
         model_sinks = int(getattr(model.cfg, "sinks", 0) or 0)
@@ -137,8 +139,11 @@ class ShardRanker:
 
     def settings(self) -> dict:
         """What changes the rows (part of the job identity)."""
-        return {"k": self.k, "exclude_seen": self.cfg.exclude_seen, "max_context": self.context,
-                "sinks": self.sinks, "n_items": self.n_items}  # fmt: skip
+        settings = {"k": self.k, "exclude_seen": self.cfg.exclude_seen, "max_context": self.context,
+                    "sinks": self.sinks, "n_items": self.n_items}  # fmt: skip
+        if self.rules is not None:
+            settings["rules"] = self.rules.fingerprint()
+        return settings
 
     def empty(self, user_dtype: pl.DataType) -> pl.DataFrame:
         """A rankings frame with no rows and the contract schema."""
@@ -147,14 +152,16 @@ class ShardRanker:
 
     @torch.inference_mode()
     def rank(
-        self, user_ids: pl.Series, histories: FlatSequences, gaps: FlatSequences | None = None
+        self, user_ids: pl.Series, histories: FlatSequences, gaps: FlatSequences | None = None,
+        only: np.ndarray | None = None,
     ) -> tuple[pl.DataFrame, int]:
-        """Rank every user with at least one known event.
+        """Rank every user with at least one known event (and the business rules, when set).
 
         Args:
             user_ids: (U,) raw user ids.
             histories: U sequences of model item indices (1..N), time order.
             gaps: their time-gap buckets (same offsets), required by a time-gap model.
+            only: (U,) bool, rank only these users (the others get no rows; None: all).
 
         Returns:
             ``(rankings, skipped_users)``: rows ``user_id``, ``rank`` int32 1..K', ``item_id``,
@@ -162,37 +169,62 @@ class ShardRanker:
             (``min(K, N)`` without seen-item exclusion); and the users with an empty history.
         """
         lengths = histories.lengths()
-        scored = np.flatnonzero(lengths > 0)
-        context_len = np.minimum(lengths[scored], self.context)
-        order = scored[np.argsort(context_len, kind="stable")]  # similar lengths together
-        sorted_len = np.minimum(lengths[order], self.context)
-        frames = []
-        for start, end in plan_batches(sorted_len, self.cfg.batch_size, self.cfg.batch_tokens):
-            rows = order[start:end]
-            frames.append(self._rank_batch(user_ids, histories, rows, gaps))
-        skipped = int(lengths.shape[0] - scored.shape[0])
+        rules = None if self.rules is None else self.rules.for_users(user_ids)
+        frames = [self._rank_batch(user_ids, histories, rows, gaps, rules)
+                  for rows in self._batches(lengths, only)]  # fmt: skip
+        skipped = int((lengths == 0).sum())
         if not frames:
             return self.empty(user_ids.dtype), skipped
         return pl.concat(frames).sort(schema.USER_ID, schema.RANK), skipped
 
-    def _rank_batch(
-        self, user_ids: pl.Series, histories: FlatSequences, rows: np.ndarray, gaps: FlatSequences | None
-    ) -> pl.DataFrame:
+    def _batches(self, lengths: np.ndarray, only: np.ndarray | None = None) -> list[np.ndarray]:
+        """Positions of the users with a history (and in ``only``), sorted by context length and cut into
+        batches of at most ``score.batch_size`` users and ``score.batch_tokens`` padded events."""
+        keep = lengths > 0 if only is None else (lengths > 0) & only
+        scored = np.flatnonzero(keep)
+        order = scored[np.argsort(np.minimum(lengths[scored], self.context), kind="stable")]  # similar lengths together
+        sorted_len = np.minimum(lengths[order], self.context)
+        return [order[start:end] for start, end in plan_batches(sorted_len, self.cfg.batch_size, self.cfg.batch_tokens)]
+
+    def _hidden(self, histories: FlatSequences, rows: np.ndarray, gaps: FlatSequences | None) -> torch.Tensor:
+        """(B, D) the query vector of the users ``rows``: the model's last hidden state over each context window."""
         context, lengths = pad_right([context_window(histories.get(int(u)), self.context, self.sinks) for u in rows])
         context_gaps = None  # (B, L) the same events' time-gap buckets
         if gaps is not None:
             context_gaps = pad_right([context_window(gaps.get(int(u)), self.context, self.sinks) for u in rows])[0]
             context_gaps = context_gaps.to(self.device)
+        hidden = self.model.last_hidden(
+            context.to(self.device), lengths.to(self.device), backend=self.backend, gaps=context_gaps
+        )  # (B, D)
+        return hidden.to(self.table.dtype)
+
+    @torch.inference_mode()
+    def user_vectors(self, histories: FlatSequences, gaps: FlatSequences | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """The query vectors :meth:`rank` scores the catalog with (same windows and batches).
+
+        Returns:
+            positions (U',) int64 of the users with a history, ascending, and their vectors
+            (U', D) float32; ``vectors @ table[1:].T`` are the scores of :meth:`rank`.
+        """
+        batches = self._batches(histories.lengths())
+        if not batches:
+            return np.zeros(0, np.int64), np.zeros((0, self.table.shape[1]), np.float32)
+        rows = np.concatenate(batches)
+        vectors = torch.cat([self._hidden(histories, r, gaps).float().cpu() for r in batches]).numpy()
+        order = np.argsort(rows, kind="stable")
+        return rows[order], vectors[order]
+
+    def _rank_batch(
+        self, user_ids: pl.Series, histories: FlatSequences, rows: np.ndarray, gaps: FlatSequences | None, rules=None
+    ) -> pl.DataFrame:
         if self.cfg.exclude_seen:
             seen, _ = pad_right([histories.get(int(u)) for u in rows])  # (B, S) the whole history
         else:
             seen = torch.zeros((len(rows), 0), dtype=torch.int64)
-        hidden = self.model.last_hidden(
-            context.to(self.device), lengths.to(self.device), backend=self.backend, gaps=context_gaps
-        )  # (B, D)
+        hidden = self._hidden(histories, rows, gaps)  # (B, D)
         values, indices = chunked_topk(
-            hidden.to(self.table.dtype), self.table, seen, self.k, chunk=self.cfg.catalog_chunk,
-            exclude_seen=self.cfg.exclude_seen,
+            hidden, self.table, seen, self.k, chunk=self.cfg.catalog_chunk,
+            exclude_seen=self.cfg.exclude_seen, mask=None if rules is None else rules.batch(rows),
         )  # (B, K'), (B, K')
         values, indices = values.cpu(), indices.cpu()
         valid = torch.isfinite(values)  # masked tail of users with fewer than K rankable items

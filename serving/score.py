@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import polars as pl
@@ -53,6 +53,8 @@ from serving.manifest import (
     write_json_atomic,
 )
 from serving.rank import ShardRanker
+from serving.rules import KINDS as RULE_KINDS
+from serving.rules import rules_summary
 
 __all__ = ["MANIFEST", "OutputDirError", "ScoreJobResult", "run_score", "score_with_model"]
 
@@ -78,7 +80,8 @@ class ScoreJobResult:
             exclusion leaves nothing to recommend); unknown_items /
             unknown_events: input items the model does not know and their dropped events;
             rejected_rows: malformed raw-event rows (in ``_input/rejects.parquet``);
-            world_size: processes that shared the job.
+            world_size: processes that shared the job; rules: business-rule counts
+            (:meth:`serving.rules.ItemRules.stats`: rows and ids unknown to the model per file).
     """
 
     output_dir: Path
@@ -93,6 +96,7 @@ class ScoreJobResult:
     unknown_events: int = 0
     rejected_rows: int = 0
     world_size: int = 1
+    rules: dict[str, int] = field(default_factory=dict)
 
     @property
     def users_per_second(self) -> float:
@@ -116,6 +120,7 @@ class ScoreJobResult:
             f"users not ranked (no known item, no events or every item seen): {self.skipped_users}{skipped}; "
             f"rejected rows: {self.rejected_rows}",
         ]
+        lines += [rules_summary(self.rules)] if self.rules else []
         return "\n".join(lines)
 
 
@@ -259,7 +264,8 @@ class _ScoreJob:
                 f"{self.output_dir} was started on {manifest.users} users, the input now has {source.n_users}; "
                 "choose a new --output or delete that directory"
             )
-        manifest.users, manifest.n_shards, manifest.input_stats = source.n_users, n_shards, source.stats
+        rules = self.ranker.rules.stats() if self.ranker.rules is not None else {}
+        manifest.users, manifest.n_shards, manifest.input_stats = source.n_users, n_shards, {**source.stats, **rules}
         write_json_atomic(self.output_dir / MANIFEST, manifest.to_json())
         return manifest, source
 
@@ -324,7 +330,7 @@ class _ScoreJob:
             rows=totals["rows"], seconds=time.perf_counter() - started, users_scored=scored[0],
             skipped_users=totals["skipped_users"], unknown_items=int(m.input_stats.get("unknown_items", 0)),
             unknown_events=totals["unknown_events"], rejected_rows=int(m.input_stats.get("rejected_rows", 0)),
-            world_size=self.world.size,
+            world_size=self.world.size, rules={key: int(v) for key, v in m.input_stats.items() if key.startswith(RULE_KINDS)},
         )  # fmt: skip
 
 
@@ -343,6 +349,8 @@ def write_shard(ranker: ShardRanker, source: ScoreInput, shard: int, shard_users
     batch = source.read_shard(shard * shard_users, shard_users)
     rankings, _ = ranker.rank(batch.user_ids, batch.histories, batch.gaps)
     unranked = batch.skipped(ranked=rankings.get_column(schema.USER_ID).unique())
+    if ranker.rules is not None:  # with rules, "every item seen" is "every item seen, denied or not allowed"
+        unranked = ranker.rules.explain(unranked)
     skipped = unranked.height
     name = part_name(shard)
     if skipped:  # before the part file: a shard whose part file is in place has its list too

@@ -11,9 +11,14 @@ matrix and is what the tests hold the chunked path against.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from recsys_alibi.evaluation.ranking import ChunkedTopK, mask_seen, topk
+
+if TYPE_CHECKING:
+    from serving.rules import ItemMask
 
 
 def chunked_topk(
@@ -24,6 +29,7 @@ def chunked_topk(
     *,
     chunk: int,
     exclude_seen: bool = True,
+    mask: ItemMask | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Best ``k`` items of each row, scoring the catalog ``chunk`` items at a time.
 
@@ -37,6 +43,8 @@ def chunked_topk(
         exclude_seen: give every seen item -inf (never ranked): the one seen-item rule of
             ``recsys_alibi.evaluation.ranking``, so what is served here is what ``evaluate``
             counts as a hit.
+        mask: business rules of these B rows (:class:`serving.rules.ItemMask`): denied and
+            not-allowed items get -inf too, per chunk, before the running top-K.
 
     Returns:
         values (B, K') float32 and item indices (B, K') int64, best first, K' = min(k, N + 1).
@@ -55,14 +63,19 @@ def chunked_topk(
     for start in range(0, table.shape[0], chunk):
         scores = (hidden @ table[start : start + chunk].T).float()  # (B, C)
         scores = mask_seen(scores, seen, exclude_seen=exclude_seen, offset=start)
+        if mask is not None:
+            scores = mask.apply(scores, offset=start)
         running.update(scores, offset=start)
     return running.result()
 
 
 def topk_reference(
-    hidden: torch.Tensor, table: torch.Tensor, seen: torch.Tensor, k: int, *, exclude_seen: bool = True
+    hidden: torch.Tensor, table: torch.Tensor, seen: torch.Tensor, k: int, *, exclude_seen: bool = True,
+    mask: ItemMask | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Full-matrix version of :func:`chunked_topk`: (B, N + 1) scores, mask, one top-K."""
     scores = (hidden @ table.T).float()  # (B, N + 1)
     scores = mask_seen(scores, seen.to(hidden.device, torch.int64), exclude_seen=exclude_seen)
+    if mask is not None:
+        scores = mask.apply(scores)
     return topk(scores, k)

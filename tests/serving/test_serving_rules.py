@@ -1,0 +1,146 @@
+"""Business rules (score.allow / score.deny): never a denied item, only allowed ones, unknown ids counted.
+
+The reference: the same model's full ranking (K = N, no rules), filtered by the rules in Polars and
+cut to K. The rule run must give exactly those rows (same batches, so the same scores, bit for bit).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+import torch
+from engine_fixtures import assert_same_rankings, raw_histories
+from serving_fixtures import N_ITEMS, read_rankings, score_config, tiny_model, vocabulary
+
+from recsys_alibi.config import ScoreConfig
+from recsys_alibi.data import schema
+from recsys_alibi.data.ingest import DataError
+from serving.pyfunc import RankerPyfunc, rules_config
+from serving.rules import ItemMask
+from serving.score import score_with_model
+
+K = 10
+USERS = [f"u{u:03d}" for u in range(23)]
+
+
+def _write(path: Path, frame: pl.DataFrame) -> str:
+    frame.write_parquet(path)
+    return str(path)
+
+
+def _per_user(path: Path, seed: int, size: int, skip: set[str] = frozenset(), as_text: bool = False) -> str:
+    """``size`` random raw item ids (1001..1030) per user (users in ``skip`` have no row), plus an unknown id."""
+    rng = np.random.default_rng(seed)
+    rows = [(u, int(1000 + i)) for u in USERS if u not in skip for i in rng.choice(np.arange(1, N_ITEMS + 1), size, replace=False)]
+    rows.append(("u002", 99_999))  # the model does not know it
+    frame = pl.DataFrame(rows, schema={schema.USER_ID: pl.String, schema.ITEM_ID: pl.Int64}, orient="row")
+    if as_text:
+        frame = frame.with_columns(pl.col(schema.ITEM_ID).cast(pl.String))
+    return _write(path, frame)
+
+
+def _global(path: Path, ids: list[int]) -> str:
+    return _write(path, pl.DataFrame({schema.ITEM_ID: pl.Series(ids, dtype=pl.Int64)}))
+
+
+def _reference(full: pl.DataFrame, allow: str | None, deny: str | None, k: int = K) -> pl.DataFrame:
+    """The rows ``full`` (every item ranked) keeps under the rules, first ``k`` per user, ranks renumbered."""
+    rows = full.with_columns(pl.col(schema.ITEM_ID).cast(pl.String).alias("_id"))
+    for path, how in ((allow, "semi"), (deny, "anti")):
+        if path is None:
+            continue
+        rules = pl.read_parquet(path).with_columns(pl.col(schema.ITEM_ID).cast(pl.String).alias("_id")).drop(schema.ITEM_ID)
+        on = ["_id"] + ([schema.USER_ID] if schema.USER_ID in rules.columns else [])
+        rows = rows.join(rules.select(on), on=on, how=how)
+    rows = rows.sort(schema.USER_ID, schema.RANK).with_columns(
+        pl.int_range(1, pl.len() + 1, dtype=pl.Int32).over(schema.USER_ID).alias(schema.RANK))
+    return rows.filter(pl.col(schema.RANK) <= k).drop("_id")
+
+
+def _score(prepared: Path, out: Path, **score):
+    return score_with_model(score_config(**score), tiny_model(), vocabulary(), prepared, out, progress=False)
+
+
+@pytest.mark.parametrize("case", ["global_deny_per_user_allow", "per_user_deny_global_allow"])
+def test_rankings_never_hold_a_denied_item_and_only_allowed_ones(prepared, tmp_path, case):
+    if case == "global_deny_per_user_allow":  # u001 has no allow row: allowed nothing
+        deny = _global(tmp_path / "deny.parquet", list(range(1001, 1011)) + [99_998])
+        allow = _per_user(tmp_path / "allow.parquet", seed=3, size=8, skip={"u001"}, as_text=True)
+    else:
+        deny = _per_user(tmp_path / "deny.parquet", seed=4, size=6)
+        allow = _global(tmp_path / "allow.parquet", list(range(1005, 1025)))
+    _score(prepared, tmp_path / "full", k=N_ITEMS)
+    result = _score(prepared, tmp_path / "ruled", allow=allow, deny=deny)
+    got, expected = read_rankings(tmp_path / "ruled"), _reference(read_rankings(tmp_path / "full"), allow, deny)
+    assert got.equals(expected)  # same rows and bit-identical scores
+    assert got.group_by(schema.USER_ID).len()["len"].min() < K  # some users have fewer than K allowed items
+    if case == "global_deny_per_user_allow":
+        assert "u001" not in got[schema.USER_ID].to_list()
+        skipped = pl.read_parquet(tmp_path / "ruled" / "_skipped" / "*.parquet")
+        assert skipped.filter(pl.col(schema.USER_ID) == "u001")["reason"].to_list() == ["every_item_excluded"]
+        assert result.rules == {"allow_rows": 22 * 8 + 1, "allow_unknown_items": 1, "allow_unknown_rows": 1,
+                                "deny_rows": 11, "deny_unknown_items": 1, "deny_unknown_rows": 1}  # fmt: skip
+        assert "rules: allow 177 rows (1 unknown item ids, 1 rows dropped); deny 11 rows" in result.summary()
+
+
+def test_pyfunc_applies_the_rules_of_its_model_config_like_score(prepared, tmp_path):
+    deny = _per_user(tmp_path / "deny.parquet", seed=5, size=5)
+    allow = _global(tmp_path / "allow.parquet", list(range(1003, 1027)))
+    config = score_config(allow=allow, deny=deny, shard_users=25)
+    score_with_model(config, tiny_model(), vocabulary(), prepared, tmp_path / "out", progress=False)
+    pyfunc = RankerPyfunc(tiny_model(), vocabulary(), config.score.model_copy(update={"allow": None, "deny": None}))
+    plain = pyfunc.predict_polars(raw_histories(prepared), {"k": K})
+    ruled = RankerPyfunc(tiny_model(), vocabulary(), config.score).predict_polars(raw_histories(prepared), {"k": K})
+    assert_same_rankings(ruled, read_rankings(tmp_path / "out"))
+    assert not plain.equals(ruled)
+    assert rules_config({"allow": allow}).allow == allow
+    with pytest.raises(DataError, match=r"pyfunc model_config: unknown \[.alow.\]"):
+        rules_config({"alow": allow})
+
+
+def test_registered_pyfunc_takes_rule_files_from_model_config(prepared, tmp_path, mlflow_store):
+    import mlflow
+
+    from recsys_alibi.config import TrackingConfig
+    from recsys_alibi.tracking import log_ranker, setup_tracking
+    from serving.pyfunc import pyfunc_flavour
+
+    deny = _global(tmp_path / "deny.parquet", [1001, 1002, 1003, 1004])
+    setup_tracking(TrackingConfig())
+    with mlflow.start_run():
+        logged = log_ranker(tiny_model(), vocabulary(), None, tmp_path / "w",
+                            pyfunc=pyfunc_flavour(tiny_model(), vocabulary(), k=K))  # fmt: skip
+    model = mlflow.pyfunc.load_model(logged.uri, model_config={"deny": deny})
+    got = pl.from_pandas(model.predict(raw_histories(prepared).to_pandas(), params={"k": K}))
+    assert not set(got[schema.ITEM_ID].to_list()) & {1001, 1002, 1003, 1004}
+    _score(prepared, tmp_path / "out", deny=deny, shard_users=25, batch_size=256, catalog_chunk=65_536)
+    assert_same_rankings(got, read_rankings(tmp_path / "out"))
+
+
+def test_item_mask_blocks_denied_and_unallowed_columns_in_every_chunk():
+    torch.manual_seed(0)
+    scores = torch.randn(3, 12)
+    deny_global = torch.zeros(12, dtype=torch.bool)
+    deny_global[[2, 7]] = True
+    allow_user = torch.tensor([[1, 2, 3, 9, 0], [4, 5, 0, 0, 0], [0, 0, 0, 0, 0]])  # user 2: nothing allowed
+    mask = ItemMask(global_columns={"deny": deny_global}, per_user={"allow": allow_user})
+    expected = torch.full_like(scores, float("-inf"))
+    for b, items in enumerate(([1, 3, 9], [4, 5], [])):  # allowed and not denied
+        expected[b, items] = scores[b, items]
+    assert torch.equal(mask.apply(scores), expected)
+    chunks = torch.cat([mask.apply(scores[:, s : s + 5], offset=s) for s in range(0, 12, 5)], dim=1)
+    assert torch.equal(chunks, expected)
+
+
+def test_bad_rule_files_are_one_line_errors(prepared, tmp_path):
+    no_items = _write(tmp_path / "a.parquet", pl.DataFrame({schema.USER_ID: ["u001"], "item": [1001]}))
+    floats = _write(tmp_path / "b.parquet", pl.DataFrame({schema.ITEM_ID: [1001.0]}))
+    nulls = _write(tmp_path / "c.parquet", pl.DataFrame({schema.USER_ID: ["u001", None], schema.ITEM_ID: [1001, 1002]}))
+    for path, message in ((no_items, "no item_id column"), (floats, "item_id is Float64"),
+                          (nulls, "1 rows with a null user_id"), (str(tmp_path / "none.parquet"), "cannot read")):  # fmt: skip
+        with pytest.raises(DataError, match=message):
+            _score(prepared, tmp_path / "out", deny=path)
+    assert ScoreConfig(allow="x.parquet").allow == "x.parquet"
