@@ -107,7 +107,7 @@ def test_weights_and_optimizer_carry_over_the_switch_and_the_lr_schedule_spans_a
     assert [s for *_, s in recorder.steps] == list(range(total))
 
 
-@pytest.mark.parametrize("kill_at", [SWITCH - 1, SWITCH + 1], ids=["checkpoint_before_switch", "checkpoint_after_switch"])
+@pytest.mark.parametrize("kill_at", [SWITCH - 1, SWITCH + 1], ids=["ckpt_before_switch", "ckpt_after_switch"])
 def test_resume_continues_with_the_window_of_its_epoch(prepared, uninterrupted, tmp_path, kill_at):
     full, _, full_steps = uninterrupted
     first = Recorder()
@@ -209,3 +209,19 @@ def test_cli_train_logs_the_last_window_as_max_len_and_resumes_across_the_switch
     assert run.info.status == "FINISHED"
     assert run.data.params["model.max_len"] == str(longest)  # the model's context: the last window
     assert run.data.params["train.context_schedule"] == str([[0, 4], [2, longest]])
+
+
+@pytest.mark.parametrize("batching", [[], ["train.packing=true"], ["train.batch_tokens=200"]],
+                         ids=["padded", "packed", "length_buckets"])  # fmt: skip
+def test_every_batching_builds_the_epoch_s_window(prepared, tmp_path, batching):
+    """Packed rows are exactly the window long; padded and bucketed rows at most (the longest history fills it)."""
+    from types import SimpleNamespace
+
+    config = tiny_config(tmp_path, *SCHEDULE, *batching)
+    datamodule = SequenceDataModule(prepared, config.model, config.train, config.seed)
+    for epoch, window in [(0, SHORT), (SWITCH - 1, SHORT), (SWITCH, LONG), (EPOCHS - 1, LONG)]:
+        datamodule.trainer = SimpleNamespace(current_epoch=epoch)
+        widths = {int(batch["inputs"].shape[1]) for batch in datamodule.train_dataloader()}
+        assert max(widths) == window, (epoch, widths)
+        if batching == ["train.packing=true"]:
+            assert widths == {window}
