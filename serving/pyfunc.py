@@ -3,14 +3,19 @@
     model = mlflow.pyfunc.load_model("models:/recsys-alibi-ranker@champion")
     rankings = model.predict(df, params={"k": 100, "exclude_seen": True})
 
-``df`` (pandas, Polars or an Arrow table; one row per user):
+``df`` (a pandas or Polars frame, an Arrow table or record batch, or a dict of columns; one row
+per user; an empty frame, e.g. an empty Spark partition, gives empty rankings):
 
 ============= ==============================================================================
 ``user_id``   raw user id (integer or string), not null, one row per user
 ``item_id``   list of raw item ids (integers or strings, the model's vocabulary type or text
               of it), oldest first; an empty list is allowed (the user gets no rows)
-``timestamp`` list of int64 seconds, one per item; required only when the model reads time
-              gaps (``model.time_gap_buckets`` > 0), ignored otherwise
+``timestamp`` list of times, one per item; required only when the model reads time gaps
+              (``model.time_gap_buckets`` > 0), ignored otherwise. Read as ``prepare``
+              reads raw timestamps (docs/data.md, "Timestamps"): integers are seconds, or
+              by size ms (above 1e11), us (1e14), ns (1e17); ISO-8601 strings, datetimes.
+              An event whose time is null, unreadable or before the epoch is dropped
+              (``prepare`` rejects it as ``bad_timestamp``), with a warning
 ============= ==============================================================================
 
 Returns a pandas frame of the contract's rankings: ``user_id``, ``rank`` int32 (1 = best),
@@ -25,11 +30,11 @@ sinks) and the raw-id mapping follow the same rules and give the same rows.
 
 The logged model carries both flavours: ``pytorch`` (what ``score`` loads) and this
 ``python_function`` flavour (``loader_module = serving.pyfunc``: the project must be importable
-where the model loads, as for the pickled PyTorch module). Its signature names the three input
-columns with type ``any``: MLflow's own schema check would reject a bad frame with a message
-that prints the whole frame and does not name the column, so the columns are checked here
-(:func:`histories_frame`), each problem one line naming the column. ``k`` (long) and
-``exclude_seen`` (boolean) are typed params.
+where the model loads, as for the pickled PyTorch module). Its signature has no input schema:
+with one, MLflow's own check takes pandas-like input only (it refuses Polars frames and Arrow
+tables) and rejects a bad frame with a message that prints the whole frame without naming the
+column; the columns are checked here instead (:func:`histories_frame`), each problem one line
+naming the column. ``k`` (long) and ``exclude_seen`` (boolean) are typed params.
 """
 
 from __future__ import annotations
@@ -39,14 +44,19 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import logging
+
 import numpy as np
 import polars as pl
 
 from recsys_alibi.config import DataConfig, ScoreConfig
 from recsys_alibi.data import schema
 from recsys_alibi.data.ingest import DataError
+from recsys_alibi.data.timestamps import timestamp_parts, usable_seconds
 from serving.inputs import open_input
 from serving.rank import ShardRanker
+
+log = logging.getLogger(__name__)
 
 LOADER_MODULE = "serving.pyfunc"
 PARAMS = ("k", "exclude_seen")
@@ -58,7 +68,9 @@ def _input_error(column: str, problem: str) -> DataError:
 
 
 def _to_polars(model_input: Any) -> pl.DataFrame:
-    """A pandas frame, Polars frame, Arrow table or dict of columns as a Polars frame."""
+    """A pandas frame, Polars frame, Arrow table or record batch, or dict of columns as a Polars frame."""
+    import pyarrow as pa
+
     if isinstance(model_input, pl.DataFrame):
         return model_input
     try:
@@ -67,7 +79,8 @@ def _to_polars(model_input: Any) -> pl.DataFrame:
         if isinstance(model_input, pd.DataFrame):  # list cells may be Python lists or numpy arrays
             return pl.DataFrame({str(c): pl.Series(str(c), _cells(model_input[c].tolist()), strict=False)
                                  for c in model_input.columns})  # fmt: skip
-        frame = pl.from_arrow(model_input) if hasattr(model_input, "schema") else pl.DataFrame(model_input)
+        arrow = isinstance(model_input, (pa.Table, pa.RecordBatch))
+        frame = pl.from_arrow(model_input) if arrow else pl.DataFrame(model_input)
     except (TypeError, ValueError, pl.exceptions.PolarsError) as err:
         raise DataError(f"pyfunc input: cannot read a {type(model_input).__name__} as a frame ({err})") from None
     if not isinstance(frame, pl.DataFrame):
@@ -87,17 +100,24 @@ def _missing(value: Any) -> bool:
     return type(value).__name__ in ("NAType", "NaTType")
 
 
-def histories_frame(model_input: Any, *, needs_time: bool) -> pl.DataFrame:
+def histories_frame(model_input: Any, *, needs_time: bool, timestamp_unit: str = "auto") -> pl.DataFrame:
     """Check the pyfunc input and return it as ``user_id``, ``item_id`` list (and ``timestamp`` list).
 
     Args:
         model_input: one row per user (see the module docstring).
         needs_time: the model reads time gaps, so ``timestamp`` is required.
+        timestamp_unit: ``data.timestamp_unit`` (``auto``, ``s``, ``ms``): how integer times are
+            read, as ``prepare`` reads them (:func:`event_times`).
+
+    Returns:
+        The frame, ``timestamp`` in int64 seconds with the events of unusable times dropped; with
+        no rows (an empty batch), ``user_id`` typed String when the input's type is none of
+        integer or string (e.g. an empty pandas object column).
 
     Raises:
         DataError: one line naming the column: missing, null, repeated user ids, not a list,
-            null or float item ids, integer ids beyond 64 bits, timestamps missing or not one integer
-            per item.
+            null or float item ids, integer ids beyond 64 bits, timestamps missing, null lists,
+            of a type ``prepare`` cannot read, or not one per item.
     """
     frame = _to_polars(model_input)
     columns = [schema.USER_ID, schema.ITEM_ID] + ([schema.TIMESTAMP] if needs_time else [])
@@ -108,6 +128,8 @@ def histories_frame(model_input: Any, *, needs_time: bool) -> pl.DataFrame:
             raise _input_error(column, f"missing ({why}; got columns {frame.columns})")
     frame = frame.select(columns)
     users = frame.get_column(schema.USER_ID)
+    if frame.height == 0:  # an empty batch: no value to check, empty rankings
+        return frame if users.dtype.is_integer() or users.dtype == pl.String else frame.cast({schema.USER_ID: pl.String})
     if not (users.dtype.is_integer() or users.dtype == pl.String):
         raise _input_error(schema.USER_ID, f"raw user ids must be integers or strings, got {users.dtype}")
     if users.null_count():
@@ -131,13 +153,50 @@ def histories_frame(model_input: Any, *, needs_time: bool) -> pl.DataFrame:
         raise _input_error(schema.ITEM_ID, "null item ids inside lists; drop those events")
     frame = frame.with_columns(_int64_ids(items, schema.ITEM_ID, inner))
     if needs_time:
-        times = frame.get_column(schema.TIMESTAMP)
-        if not isinstance(times.dtype, pl.List) or not (times.dtype.inner.is_integer() or times.dtype.inner == pl.Null):
-            raise _input_error(schema.TIMESTAMP, f"must be a list of int64 seconds per user, got {times.dtype}")
-        frame = frame.with_columns(pl.col(schema.TIMESTAMP).cast(pl.List(pl.Int64)))
+        frame = event_times(frame, timestamp_unit)
     if inner == pl.Null:  # only empty lists: no type to keep
         frame = frame.with_columns(pl.col(schema.ITEM_ID).cast(pl.List(pl.Int64)))
     return frame
+
+
+def event_times(frame: pl.DataFrame, unit: str) -> pl.DataFrame:
+    """``timestamp`` lists as int64 seconds by ``prepare``'s rule; events of unusable times dropped.
+
+    Each time is read by :func:`recsys_alibi.data.timestamps.timestamp_parts` (what ``prepare``
+    and so ``score`` apply to raw events; ``unit`` = ``data.timestamp_unit``); an event whose time
+    is null, unreadable or before the epoch (:func:`~recsys_alibi.data.timestamps.usable_seconds`
+    false) is dropped from both lists, as ``prepare`` rejects it, and the count is logged.
+
+    Args:
+        frame: checked ``user_id``, ``item_id`` list and ``timestamp`` columns.
+        unit: ``auto``, ``s`` or ``ms``.
+
+    Raises:
+        DataError: ``timestamp`` not a list, a null list, a type ``prepare`` cannot read, or a
+            list of another length than the user's ``item_id`` list.
+    """
+    times = frame.get_column(schema.TIMESTAMP)
+    if not isinstance(times.dtype, pl.List):
+        raise _input_error(schema.TIMESTAMP, f"must be a list of times per user (e.g. int64 seconds), got {times.dtype}")
+    if times.null_count():
+        raise _input_error(schema.TIMESTAMP, f"{times.null_count()} null list(s); give one time per item")
+    differ = times.list.len() != frame.get_column(schema.ITEM_ID).list.len()
+    if differ.any():
+        raise _input_error(schema.TIMESTAMP, f"{int(differ.sum())} user(s) with a list of another length than "
+                                             f"item_id (first: row {int(differ.arg_true()[0])}); give one time per item")  # fmt: skip
+    try:
+        seconds = timestamp_parts(pl.element(), times.dtype.inner, unit)[0]
+    except TypeError:
+        raise _input_error(schema.TIMESTAMP, f"times of type {times.dtype.inner}; give integers (seconds, ms, us "
+                                             "or ns), ISO-8601 strings or datetimes") from None  # fmt: skip
+    frame = frame.with_columns(pl.col(schema.TIMESTAMP).list.eval(seconds).cast(pl.List(pl.Int64)))
+    keep = pl.col(schema.TIMESTAMP).list.eval(usable_seconds(pl.element()).arg_true())
+    kept = frame.with_columns(pl.col(schema.ITEM_ID, schema.TIMESTAMP).list.gather(keep))
+    dropped = int(times.list.len().sum() - kept.get_column(schema.TIMESTAMP).list.len().sum())
+    if dropped:
+        log.warning("pyfunc input: %d event(s) with a null, unreadable or pre-epoch time dropped, as prepare "
+                    "rejects them (bad_timestamp)", dropped)  # fmt: skip
+    return kept
 
 
 def _int64_ids(ids: pl.Series, column: str, dtype: pl.DataType) -> pl.Series:
@@ -262,8 +321,8 @@ def example_input(items: pl.DataFrame, *, with_time: bool, n_events: int = 5):
 def pyfunc_signature(items: pl.DataFrame, model, *, k: int):
     """The MLflow signature and input example of the pyfunc flavour.
 
-    Inputs: ``user_id``, ``item_id``, ``timestamp`` of type ``any`` (checked by
-    :func:`histories_frame`); outputs: ``user_id`` any, ``rank`` integer, ``item_id`` long or
+    No input schema (MLflow would then refuse Polars frames and Arrow tables; the columns are
+    checked by :func:`histories_frame`, the example shows them); outputs: ``user_id`` any, ``rank`` integer, ``item_id`` long or
     string (the vocabulary's type), ``score`` float; params ``k`` long (default ``k``) and
     ``exclude_seen`` boolean (default True). Written out, not inferred: MLflow's inference
     warns about integer columns, noise in ``train``'s output.
@@ -276,12 +335,11 @@ def pyfunc_signature(items: pl.DataFrame, model, *, k: int):
     from mlflow.types.schema import AnyType, ColSpec, ParamSchema, ParamSpec, Schema
 
     with_time = int(getattr(model.items, "time_gap_buckets", 0)) > 0
-    inputs = Schema([ColSpec(AnyType(), name, required=False) for name in (schema.USER_ID, schema.ITEM_ID, schema.TIMESTAMP)])
     item_type = "string" if items.schema[schema.ITEM_ID] == pl.String else "long"
     outputs = Schema([ColSpec(AnyType(), schema.USER_ID), ColSpec("integer", schema.RANK), ColSpec(item_type, schema.ITEM_ID),
                       ColSpec("float", schema.SCORE)])  # fmt: skip
     params = ParamSchema([ParamSpec("k", "long", int(k)), ParamSpec("exclude_seen", "boolean", True)])
-    return ModelSignature(inputs=inputs, outputs=outputs, params=params), example_input(items, with_time=with_time)
+    return ModelSignature(inputs=None, outputs=outputs, params=params), example_input(items, with_time=with_time)
 
 
 def pyfunc_flavour(model, items: pl.DataFrame, *, k: int):

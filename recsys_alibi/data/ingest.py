@@ -46,7 +46,7 @@ from recsys_alibi.data.schema import (
     USER_ID,
     VALUE,
 )
-from recsys_alibi.data.timestamps import has_subseconds, timestamp_parts
+from recsys_alibi.data.timestamps import has_subseconds, timestamp_parts, usable_seconds
 
 __all__ = [
     "DataError", "QuotedLinesError", "Source", "canonical_events", "cast_integer_ids", "infer_format",
@@ -120,7 +120,7 @@ def tag_rows(source: Source, cfg: DataConfig) -> pl.LazyFrame:
         .then(pl.lit(MISSING_ITEM_ID))
         .when(c(ITEM_ID).is_null())
         .then(pl.lit(BAD_ITEM_ID))
-        .when(c(TIMESTAMP).is_null() | (c(TIMESTAMP) < 0))
+        .when(~usable_seconds(c(TIMESTAMP)))
         .then(pl.lit(BAD_TIMESTAMP))
     )
     if VALUE in cols:

@@ -86,11 +86,18 @@ def _from_string(col: pl.Expr, unit: str) -> tuple[pl.Expr, pl.Expr]:
     return pick(int_s, float_s, iso_s), pick(int_ns, float_ns, iso_ns)
 
 
-def timestamp_parts(raw: str, dtype: pl.DataType, unit: str) -> tuple[pl.Expr, pl.Expr]:
+def usable_seconds(seconds: pl.Expr) -> pl.Expr:
+    """True where a timestamp (seconds, from :func:`timestamp_parts`) is usable: read and not
+    before the epoch. Elsewhere the event is rejected (``ingest``: ``bad_timestamp``; the pyfunc
+    drops it the same way)."""
+    return seconds.is_not_null() & (seconds >= 0)
+
+
+def timestamp_parts(raw: str | pl.Expr, dtype: pl.DataType, unit: str) -> tuple[pl.Expr, pl.Expr]:
     """(seconds, nanoseconds) expressions for the raw timestamp column ``raw``.
 
     Args:
-        raw: the source column name.
+        raw: the source column name, or an expression (``pl.element()`` reads list elements).
         dtype: its Polars dtype (String, integer, float, Datetime, Date or Null).
         unit: ``data.timestamp_unit``: ``"auto"``, ``"s"`` or ``"ms"``.
 
@@ -101,7 +108,7 @@ def timestamp_parts(raw: str, dtype: pl.DataType, unit: str) -> tuple[pl.Expr, p
     Raises:
         TypeError: ``dtype`` is none of the above (``ingest`` turns it into a DataError).
     """
-    col = pl.col(raw)
+    col = pl.col(raw) if isinstance(raw, str) else raw
     if dtype == pl.String:
         return _from_string(col, unit)
     if dtype.is_integer():

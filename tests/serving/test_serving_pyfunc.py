@@ -46,7 +46,7 @@ def test_pyfunc_of_the_registered_champion_equals_score_on_default_data(tmp_path
     _register(tiny_model(n_items=items.height, seed=4), items, tmp_path / "w")
     pyfunc = mlflow.pyfunc.load_model(CHAMPION)
     assert set(pyfunc.metadata.flavors) == {"pytorch", "python_function"}
-    assert pyfunc.metadata.get_input_schema().input_names() == ["user_id", "item_id", "timestamp"]
+    assert pyfunc.metadata.get_input_schema() is None  # MLflow would refuse Polars and Arrow input; checked here
     assert {p.name: p.default for p in pyfunc.metadata.get_params_schema().params} == {"k": 10, "exclude_seen": True}
     assert pyfunc.metadata.saved_input_example_info is not None  # the input example is logged
     for exclude_seen in (True, False):
@@ -97,6 +97,35 @@ def test_pyfunc_equals_score_on_ml1m(shared_data, tmp_path):
     expected = read_rankings(tmp_path / "out")
     assert expected.get_column(schema.USER_ID).n_unique() == 6_040 and expected.height == 60_400
     assert_same_rankings(pl.from_pandas(got), expected)
+
+
+def test_pyfunc_reads_millisecond_and_negative_times_as_score_does_for_a_time_gap_model(prepared, tmp_path):
+    """Times in ms (prepare's rule: integers above 1e11 are ms) and a pre-epoch event: the pyfunc
+    reads and drops them as score reads the same events (dropped there as bad_timestamp rejects)."""
+    import numpy as np
+
+    rng = np.random.default_rng(7)
+    frame = raw_histories(prepared)
+    steps = [rng.integers(1_000, 5_000_000, len(h)) for h in frame.get_column(schema.ITEM_ID).to_list()]  # ms
+    millis = pl.Series(schema.TIMESTAMP, [(1_700_000_000_000 + np.cumsum(s)).tolist() for s in steps])
+    frame = frame.with_columns(millis)
+    first = frame.get_column(schema.USER_ID)[3]  # an event before the epoch, first in this user's history
+    frame = frame.with_columns(
+        pl.when(pl.col(schema.USER_ID) == first).then(pl.concat_list(pl.lit(1005), schema.ITEM_ID)).otherwise(pl.col(schema.ITEM_ID))
+        .alias(schema.ITEM_ID),
+        pl.when(pl.col(schema.USER_ID) == first).then(pl.concat_list(pl.lit(-86_400_000), schema.TIMESTAMP))
+        .otherwise(pl.col(schema.TIMESTAMP)).alias(schema.TIMESTAMP),
+    )  # fmt: skip
+    frame.explode(schema.ITEM_ID, schema.TIMESTAMP).write_csv(tmp_path / "events.csv")
+    model = tiny_model(time_gap_buckets=12)
+    result = score_with_model(score_config(), model, vocabulary(), tmp_path / "events.csv", tmp_path / "out", progress=False)
+    assert result.rejected_rows == 1 and result.users == 23
+    expected = read_rankings(tmp_path / "out")
+    got = RankerPyfunc(model, vocabulary(), score_config().score).predict_polars(frame.to_pandas(), {"k": 10})
+    assert_same_rankings(got, expected)
+    as_seconds = frame.with_columns(pl.col(schema.TIMESTAMP).list.eval(pl.element() // 1000)).filter(pl.col(schema.USER_ID) != first)
+    other = RankerPyfunc(model, vocabulary(), score_config().score).predict_polars(as_seconds)  # the same times in s
+    assert_same_rankings(other, expected.filter(pl.col(schema.USER_ID) != first))
 
 
 MALFORMED = [
@@ -156,3 +185,37 @@ def test_pyfunc_integer_ids_beyond_64_bits_are_one_line_and_narrow_ones_rank_as_
                                           schema.ITEM_ID: [np.array([1001, 1002], dtype=np.uint16),
                                                            np.array([1003], dtype=np.uint16)]}), params={"k": 3})  # fmt: skip
     assert narrow.dtypes.tolist() == wide.dtypes.tolist() and narrow.equals(wide) and len(wide) == 6
+
+
+def _input_types(frame: pl.DataFrame) -> dict:
+    """``frame`` as every input type the pyfunc's docstring lists (and an Arrow batch through ``to_pandas()``)."""
+    import pyarrow as pa
+
+    table = frame.to_arrow()
+    batch = pa.RecordBatch.from_arrays([column.combine_chunks() for column in table.columns], schema=table.schema)
+    return {"pandas": frame.to_pandas(), "polars": frame, "arrow table": table, "arrow batch": batch,
+            "arrow batch to_pandas": batch.to_pandas(), "dict": frame.to_dict(as_series=False)}  # fmt: skip
+
+
+def test_pyfunc_takes_every_listed_input_type_and_an_empty_batch_gives_empty_rankings(prepared, tmp_path, mlflow_store):
+    """pandas, Polars, Arrow table and batch, dict: the same rankings; empty batches (an empty Spark
+    partition, also through to_pandas() as in docs/scaling.md's mapInArrow recipe): 0 rows, the long schema."""
+    import pyarrow as pa
+
+    _register(tiny_model(), vocabulary(), tmp_path / "w")
+    pyfunc = mlflow.pyfunc.load_model(CHAMPION)
+    score_with_model(score_config(k=5), tiny_model(), vocabulary(), prepared, tmp_path / "out", progress=False)
+    expected = read_rankings(tmp_path / "out")
+    frame = raw_histories(prepared)
+    for name, given in _input_types(frame).items():
+        got = pyfunc.predict(given, params={"k": 5})
+        assert_same_rankings(pl.from_pandas(got), expected), name
+    columns = [schema.USER_ID, schema.RANK, schema.ITEM_ID, schema.SCORE]
+    out_schema = pa.schema([(schema.USER_ID, pa.string()), (schema.RANK, pa.int32()), (schema.ITEM_ID, pa.int64()),
+                            (schema.SCORE, pa.float32())])  # fmt: skip
+    empties = {**_input_types(frame.head(0)),
+               "pandas object columns": __import__("pandas").DataFrame({c: [] for c in frame.columns}, dtype=object)}
+    for name, given in empties.items():
+        got = pyfunc.predict(given, params={"k": 5})
+        assert list(got.columns) == columns and len(got) == 0, name
+        assert pa.RecordBatch.from_pandas(got, schema=out_schema, preserve_index=False).num_rows == 0  # the recipe
