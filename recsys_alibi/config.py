@@ -572,7 +572,11 @@ def load_config(
 
 
 def with_overrides(config: JobConfig, **sections: dict[str, Any]) -> JobConfig:
-    """Return a copy of ``config`` with some section fields replaced (validated again)."""
+    """Return a copy of ``config`` with some section fields replaced (validated again).
+
+    Raises:
+        ConfigError: the replaced values make the config invalid (one line naming the key), as at load.
+    """
     tree = config.model_dump()
     for name, fields in sections.items():
         if isinstance(tree.get(name), dict):
@@ -584,4 +588,4 @@ def with_overrides(config: JobConfig, **sections: dict[str, Any]) -> JobConfig:
     if len(seen) == 1:  # one setting: changing it in one section changes it in both
         for name in SEEN_RULE_SECTIONS:
             tree[name]["exclude_seen"] = seen[0]
-    return JobConfig.model_validate(tree)
+    return _validate(tree)

@@ -225,3 +225,11 @@ def test_every_batching_builds_the_epoch_s_window(prepared, tmp_path, batching):
         assert max(widths) == window, (epoch, widths)
         if batching == ["train.packing=true"]:
             assert widths == {window}
+
+
+def test_a_whole_window_shorter_than_an_earlier_one_with_learned_positions_is_one_config_error(prepared, tmp_path):
+    """'whole' is known only from the data: resolved, it may fall below an earlier window of the table."""
+    config = tiny_config(tmp_path, "model.position=learned", "train.context_schedule=[[0, 5000], [2, whole]]")
+    with pytest.raises(ConfigError) as caught:
+        resolve_max_len(config, prepared)
+    assert "\n" not in str(caught.value) and "the window 5000 is beyond it" in str(caught.value)
