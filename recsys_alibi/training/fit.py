@@ -10,12 +10,17 @@ Checkpoints hold a plain (unsharded) state dict, so ``resume_from`` may be a che
 with another number of processes; ``docs/scaling.md`` has the recipes. With
 ``model.shard_embeddings=true`` the item table is sharded row-wise over the processes
 (``RankerModule.configure_model``); its checkpoints are gathered into the same layout.
+
+Progress: Lightning's (rich) progress bar on a terminal; when standard output is not one (a log
+file, a pipe, a scheduler) the bar is off and :class:`EpochLines` logs one line per epoch with the
+bar's metrics instead of the bar's final frame, whose metrics wrap over several lines there.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import sys
 import time
 import warnings
 from collections.abc import Iterator
@@ -93,6 +98,7 @@ def fit_ranker(
     module = RankerModule(
         config.model, config.train, datamodule.n_items, None, config.evaluate.exclude_seen, seed=config.seed
     )
+    bar, lines = show_progress(progress)
     checkpoint = ModelCheckpoint(dirpath=checkpoint_dir, filename="best", monitor=VAL_MONITOR, mode="max", save_top_k=1)
     # last.ckpt after every epoch (save_last=True would rewrite it only when "best" improves)
     latest = ModelCheckpoint(dirpath=checkpoint_dir, filename="last", monitor=None, save_top_k=1, enable_version_counter=False)
@@ -108,9 +114,9 @@ def fit_ranker(
         precision=train.precision,
         gradient_clip_val=train.grad_clip,
         limit_train_batches=train.limit_train_batches,
-        callbacks=[checkpoint, latest, stopping, *(callbacks or [])],
+        callbacks=[checkpoint, latest, stopping, *lines, *(callbacks or [])],
         logger=logger if logger is not None else False,
-        enable_progress_bar=progress,
+        enable_progress_bar=bar,
         enable_model_summary=False,
         num_sanity_val_steps=0,
         log_every_n_steps=10,
@@ -146,6 +152,39 @@ def fit_ranker(
         world_size=trainer.world_size,
         is_global_zero=trainer.is_global_zero,
     )
+
+
+class EpochLines(L.Callback):
+    """Logs one INFO line per finished epoch (global rank 0): its number, the progress bar's
+    metrics (``train/loss`` of the last step, the validation metrics) and its wall time.
+
+    Example line: ``epoch 2/3: train/loss 3.6770, val/hr_at_10 0.3750, val/mrr 0.1900, val/ndcg_at_10 0.2180 (0.8 s)``.
+    """
+
+    def __init__(self) -> None:
+        self.started = time.perf_counter()
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.started = time.perf_counter()
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:  # after validation
+        if not trainer.is_global_zero:
+            return
+        metrics = ", ".join(f"{name} {float(value):.4f}" for name, value in sorted(trainer.progress_bar_metrics.items()))
+        log.info("epoch %d/%d: %s (%.1f s)", trainer.current_epoch + 1, trainer.max_epochs, metrics or "no metrics",
+                 time.perf_counter() - self.started)  # fmt: skip
+
+
+def show_progress(progress: bool, stream=None) -> tuple[bool, list[L.Callback]]:
+    """``(progress bar on, extra callbacks)``: the bar when ``progress`` and ``stream`` (default
+    ``sys.stdout``, where the bar draws) is a terminal; one log line per epoch (:class:`EpochLines`)
+    when ``progress`` and it is not; neither without ``progress`` (``--quiet``)."""
+    stream = sys.stdout if stream is None else stream
+    if not progress:
+        return False, []
+    if getattr(stream, "isatty", lambda: False)():
+        return True, []
+    return False, [EpochLines()]
 
 
 LAUNCH_ENV = ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "LOCAL_RANK", "WORLD_SIZE")
