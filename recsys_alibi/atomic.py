@@ -64,8 +64,8 @@ def check_replaceable(path: str | Path, what: str = "output") -> None:
     kind = path_kind(path)
     if kind is not None and kind != "regular file":
         raise OutputKindError(
-            f"{what} {describe_path(path)} is a {kind}, not a regular file, and is never replaced; "
-            "give the path of a regular file (new or existing)"
+            f"{what} {describe_path(path)} is a {kind}, not a regular file, and is never replaced (only regular "
+            "files are); remove it or write elsewhere"
         )
 
 

@@ -133,3 +133,15 @@ def test_dev_null_is_never_replaced_by_an_output(tmp_path, capsys):
     with pytest.raises(OutputKindError), atomic_path(link) as tmp:
         tmp.write_bytes(b"never")
     assert stat.S_ISCHR(os.stat(devnull).st_mode) and link.is_symlink() and not list(Path("/dev").glob(".null.*.tmp"))
+
+
+def test_prepare_refuses_a_fifo_among_its_outputs_before_writing_anything(tmp_path, capsys):
+    events = tmp_path / "events.parquet"
+    assert main(["generate", "--output", str(events), "--users", "30", "--items", "20"]) == 0
+    out = tmp_path / "prepared"
+    out.mkdir()
+    _fifo(out / "sequences.parquet")
+    capsys.readouterr()
+    assert main(["prepare", "--input", str(events), "--output", str(out)]) == 2
+    assert "sequences.parquet is a FIFO (named pipe), not a regular file" in _error_line(capsys)
+    assert os.listdir(out) == ["sequences.parquet"] and stat.S_ISFIFO(os.lstat(out / "sequences.parquet").st_mode)

@@ -39,7 +39,7 @@ from typing import TypeVar
 import polars as pl
 import pyarrow.parquet as pq
 
-from recsys_alibi.atomic import publish_files, replace_file, stale_temps, write_json_atomic
+from recsys_alibi.atomic import check_replaceable, publish_files, replace_file, stale_temps, write_json_atomic
 from recsys_alibi.data.ingest import DataError
 from recsys_alibi.data.schema import (
     EVENTS_FILE,
@@ -124,6 +124,8 @@ def publish(staging: Path, directory: Path, prepare_id: str) -> dict:
         "files": {name: (staging / name).stat().st_size for name in names},
         "data_sha256": _fingerprint(staging),
     }
+    for name in (MANIFEST_FILE, *OUTPUTS):  # a device or FIFO there: refused before anything is written
+        check_replaceable(directory / name)
     manifest_path = directory / MANIFEST_FILE
     write_json_atomic(manifest_path, {**manifest, "state": PUBLISHING})
     publish_files(staging, directory, OUTPUTS)  # an earlier run's file this one lacks (e.g. rejects) is removed
