@@ -66,7 +66,9 @@ def check_output_dir(path: str | Path, flag: str = "--output") -> Path:
 
     Raises:
         OutputPathError: ``path`` exists and is not a directory (a file, a device, a FIFO), a
-            parent is a file, or the directory (or the nearest existing parent) is not writable.
+            parent is a file, the directory (or the nearest existing parent) is not writable, or
+            the directory holds a device, FIFO or socket (its files are replaced and read back:
+            such an entry is never replaced, and reading a FIFO would wait forever).
     """
     path = Path(path)
     kind = path_kind(path)
@@ -79,6 +81,14 @@ def check_output_dir(path: str | Path, flag: str = "--output") -> Path:
     _writable_ancestor(path, flag)
     if path.is_dir():
         _check_writable(path, path, flag)
+        with os.scandir(path) as entries:
+            kinds = [(entry.name, path_kind(entry.path)) for entry in entries]
+        special = next(((name, kind) for name, kind in kinds if kind not in (None, "regular file", "directory")), None)
+        if special is not None:
+            raise OutputPathError(
+                f"{flag} {path} holds {special[0]}, a {special[1]}, where a command writes and reads back regular "
+                "files; remove it or choose another directory"
+            )
     return path
 
 

@@ -12,6 +12,8 @@ import pytest
 from pipelines.cli import main
 from pipelines.outputs import OutputPathError, check_output_dir
 from recsys_alibi.atomic import OutputKindError, atomic_path, check_replaceable, publish_files, write_json_atomic
+from recsys_alibi.config import DataConfig
+from recsys_alibi.data.prepare import prepare
 
 
 def test_a_symlinked_output_file_is_written_through_and_the_link_kept(tmp_path):
@@ -142,6 +144,18 @@ def test_prepare_refuses_a_fifo_among_its_outputs_before_writing_anything(tmp_pa
     out.mkdir()
     _fifo(out / "sequences.parquet")
     capsys.readouterr()
-    assert main(["prepare", "--input", str(events), "--output", str(out)]) == 2
-    assert "sequences.parquet is a FIFO (named pipe), not a regular file" in _error_line(capsys)
+    assert main(["prepare", "--input", str(events), "--output", str(out)]) == 2  # the command: before reading
+    assert f"--output {out} holds sequences.parquet, a FIFO (named pipe)" in _error_line(capsys)
+    with pytest.raises(OutputKindError, match="sequences.parquet is a FIFO"):  # the library: before publishing
+        prepare(DataConfig(), events, out)
     assert os.listdir(out) == ["sequences.parquet"] and stat.S_ISFIFO(os.lstat(out / "sequences.parquet").st_mode)
+
+
+def test_an_output_directory_holding_a_fifo_is_refused_before_the_job_reads_it(tmp_path, capsys):
+    out = tmp_path / "rankings"
+    out.mkdir()
+    _fifo(out / "_manifest.json")  # read back by score's resume check: reading it would wait forever
+    args = ["score", "--model-uri", "runs:/0123/model", "--input", str(tmp_path / "prepared"), "--output", str(out)]
+    assert main(args) == 2
+    assert f"--output {out} holds _manifest.json, a FIFO (named pipe)" in _error_line(capsys)
+    assert os.listdir(out) == ["_manifest.json"] and stat.S_ISFIFO(os.lstat(out / "_manifest.json").st_mode)
