@@ -1,7 +1,14 @@
 """``recsys-alibi evaluate``: full-catalog ranking evaluation of a model or a baseline.
 
-Writes ``report.json`` (contract schema), ``report.md`` and PNG plots; a model's report is also
-logged to the MLflow run that produced the model.
+Writes ``report.json`` (contract schema), ``report.md`` and PNG plots. A model's evaluation is
+also recorded in MLflow as its own run (:func:`log_evaluation_run`: metrics ``test/*``, the report,
+tags naming the model, its training run and the data), never in the run that trained the model,
+whose recorded results stay as they were. The pipeline's evaluation of the model it just trained
+is part of that training run (:mod:`pipelines.pipeline`).
+
+A model is evaluated in its own item numbering: the data's ``item_idx`` are mapped to the model's
+by raw ``item_id`` (:func:`in_model_indices`, as ``score`` and the promotion gate do), so a model
+of the same items at other indices is evaluated; data items the model does not know are refused.
 """
 
 from __future__ import annotations
@@ -9,17 +16,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import polars as pl
 
 from recsys_alibi.config import JobConfig
-from recsys_alibi.data.prepare import read_items, read_sequences
+from recsys_alibi.data.prepared import check_prepared
+from recsys_alibi.data.sequences import read_items, read_sequences
 from recsys_alibi.data.sequences import vocabulary_difference
 from recsys_alibi.data.splits import fit_prefix, leave_one_out, resolve_cutoff, temporal_split
-from recsys_alibi.data.time_gaps import check_real_timestamps, sequences_for
+from recsys_alibi.data.time_gaps import check_real_timestamps, check_time_protocol, sequences_for
 from recsys_alibi.evaluation.baselines import BASELINES
 from recsys_alibi.evaluation.evaluator import EvaluationResult, evaluate
 from recsys_alibi.evaluation.report import headline_k, write_report
 from recsys_alibi.tracking import metric_key
+
+EVALUATES_TAG = "recsys_alibi.evaluates_run_id"  # on an evaluation run: the run that trained the evaluated model
 
 @dataclass(frozen=True)
 class EvaluateJobResult:
@@ -98,14 +109,42 @@ def evaluate_scorer(
     return EvaluateJobResult(name=scorer.name, result=result, report_dir=output_dir)
 
 
-def check_same_vocabulary(model_items: pl.DataFrame, items: pl.DataFrame, model_uri: str, prepared_dir: Path) -> None:
-    """Raise ValueError unless the model's item vocabulary equals the prepared one (same ids, same order)."""
-    model_ids, data_ids = model_items.get_column("item_id"), items.get_column("item_id")
-    if not model_ids.equals(data_ids):
+def in_model_indices(
+    model_items: pl.DataFrame, items: pl.DataFrame, sequences: pl.DataFrame, model_uri: str, prepared_dir: Path
+) -> pl.DataFrame:
+    """``sequences`` with ``item_idx`` in the model's numbering, mapped by raw ``item_id``.
+
+    Args:
+        model_items: the model's vocabulary (``item_idx`` 1..N, ``item_id``).
+        items: the prepared directory's vocabulary (``item_idx`` 1..M, ``item_id``).
+        sequences: prepared sequences in the data's numbering (``item_idx`` list<Int32>).
+
+    Returns:
+        ``sequences`` unchanged when both vocabularies are equal, else with ``item_idx`` remapped
+        (:func:`serving.inputs.vocabulary_remap`: ids compared by value, as text when their types differ).
+
+    Raises:
+        ValueError: an item of the data is not in the model's vocabulary (its targets could not be ranked).
+    """
+    from serving.inputs import vocabulary_remap
+
+    remap, unknown = vocabulary_remap(items, model_items)
+    if unknown:
         raise ValueError(
             f"model '{model_uri}' was trained on another item vocabulary than {prepared_dir} "
-            f"({vocabulary_difference(model_ids, data_ids)}): evaluate on the prepared data the model was trained on"
+            f"({vocabulary_difference(model_items.get_column('item_id'), items.get_column('item_id'))}): "
+            "evaluate on the prepared data the model was trained on"
         )
+    return sequences if remap is None else remap_item_idx(sequences, remap)
+
+
+def remap_item_idx(sequences: pl.DataFrame, remap: np.ndarray) -> pl.DataFrame:
+    """``sequences`` with every ``item_idx`` i replaced by ``remap[i]`` (``remap``: (M + 1,) int, 0 -> 0)."""
+    return sequences.with_columns(
+        pl.col("item_idx").list.eval(
+            pl.element().replace_strict(list(range(remap.shape[0])), remap.tolist(), return_dtype=pl.Int32)
+        )
+    )
 
 
 def check_training_split(trained: str | None, protocol: str, cutoff: int | None, model_uri: str) -> None:
@@ -148,6 +187,38 @@ def log_report_to_run(run_id: str, job: EvaluateJobResult, prefix: str = "test")
     client.log_artifacts(run_id, str(job.report_dir), artifact_path="evaluation")
 
 
+def log_evaluation_run(
+    config: JobConfig, job: EvaluateJobResult, model_uri: str, trained_in: str | None, prepared_dir: Path,
+    prepare_id: str | None, cutoff: int | None,
+) -> str:
+    """Record an ad-hoc evaluation of ``model_uri`` as a new MLflow run of the current experiment.
+
+    The run holds the metrics (``test/*``), the report (``evaluation/``), the ``evaluate.*``
+    settings as params and the tags ``recsys_alibi.evaluates_run_id`` (the run that trained the
+    model; absent when unknown), ``recsys_alibi.model_uri``, ``recsys_alibi.data_sha256``,
+    ``recsys_alibi.prepared`` and ``recsys_alibi.eval_split``. The training run is not changed.
+
+    Returns:
+        The new run's id.
+    """
+    import mlflow
+
+    from pipelines.train import DATA_TAG
+    from recsys_alibi.data.prepared import data_sha256
+    from recsys_alibi.tracking import param_values
+
+    split = "leave_one_out" if cutoff is None else f"temporal>={cutoff}"  # the held-out events
+    tags = {
+        "recsys_alibi.kind": "evaluation", "recsys_alibi.model_uri": model_uri, "recsys_alibi.eval_split": split,
+        "recsys_alibi.prepared": str(prepared_dir), DATA_TAG: data_sha256(prepared_dir, prepare_id),
+        **({EVALUATES_TAG: trained_in} if trained_in else {}),
+    }  # fmt: skip
+    with mlflow.start_run(run_name=f"evaluate {model_uri}", tags=tags) as run:
+        mlflow.log_params(param_values({"evaluate": config.evaluate.model_dump()}))
+    log_report_to_run(run.info.run_id, job)
+    return run.info.run_id
+
+
 def run_evaluate(
     config: JobConfig,
     prepared_dir: str | Path,
@@ -158,41 +229,48 @@ def run_evaluate(
 ) -> EvaluateJobResult:
     """Evaluate ``model_uri`` or ``baseline`` on the test protocol of ``prepared_dir``.
 
+    Every file is read from one prepare of ``prepared_dir`` (its ``prepare_id``); a model's result
+    is recorded as a new MLflow run (:func:`log_evaluation_run`).
+
     Raises:
-        ValueError: neither or both of ``model_uri`` and ``baseline`` given, an unknown baseline, or
-            a model trained on events this protocol holds out (:func:`check_training_split`).
+        ValueError: neither or both of ``model_uri`` and ``baseline`` given, an unknown baseline,
+            ``evaluate.protocol=temporal`` on data whose time came from line order
+            (:func:`recsys_alibi.data.time_gaps.check_time_protocol`), data items the model does not
+            know (:func:`in_model_indices`), or a model trained on events this protocol holds out
+            (:func:`check_training_split`).
         ModelUriError: the model URI does not resolve.
-        DataError: the prepared directory is missing or malformed.
+        DataError: the prepared directory is missing or malformed, or prepared again while being read.
     """
     if (model_uri is None) == (baseline is None):
         raise ValueError("evaluate needs exactly one of --model-uri URI or --baseline popularity")
     prepared_dir = Path(prepared_dir)
-    sequences = read_sequences(prepared_dir)
-    items = read_items(prepared_dir)
-    n_items = items.height
+    prepare_id = check_prepared(prepared_dir)  # every read below is of this one prepare
+    check_time_protocol(prepared_dir, config.evaluate.protocol, prepare_id)
+    sequences = read_sequences(prepared_dir, prepare_id)
+    items = read_items(prepared_dir, prepare_id)
     output_dir = Path(output_dir or Path(config.output) / "report")
     if baseline is not None:
         examples = test_examples(config, sequences)
-        return evaluate_scorer(config, baseline_scorer(baseline, config, sequences, items), examples, n_items, output_dir)
+        return evaluate_scorer(config, baseline_scorer(baseline, config, sequences, items), examples, items.height, output_dir)
 
     from recsys_alibi.model.scorer import RankerScorer
     from recsys_alibi.tracking import load_ranker, setup_tracking
 
     setup_tracking(config.tracking)
     loaded = load_ranker(model_uri)
-    check_same_vocabulary(loaded.items, items, model_uri, prepared_dir)
+    sequences = in_model_indices(loaded.items, items, sequences, model_uri, prepared_dir)
+    cutoff = protocol_cutoff(config, sequences)
     if loaded.run_id:
         import mlflow
 
         from pipelines.train import SPLIT_TAG
 
         trained = mlflow.get_run(loaded.run_id).data.tags.get(SPLIT_TAG)
-        check_training_split(trained, config.evaluate.protocol, protocol_cutoff(config, sequences), model_uri)
+        check_training_split(trained, config.evaluate.protocol, cutoff, model_uri)
     scorer = RankerScorer(loaded.model, name=loaded.model.cfg.position)
     if scorer.uses_time_gaps:
-        check_real_timestamps(prepared_dir)
+        check_real_timestamps(prepared_dir, prepare_id)
     examples = test_examples(config, sequences_for(loaded.model, sequences))  # with the gaps the model reads
-    job = evaluate_scorer(config, scorer, examples, n_items, output_dir)
-    if loaded.run_id:
-        log_report_to_run(loaded.run_id, job)
+    job = evaluate_scorer(config, scorer, examples, loaded.items.height, output_dir)
+    log_evaluation_run(config, job, model_uri, loaded.run_id, prepared_dir, prepare_id, cutoff)
     return job

@@ -36,7 +36,7 @@ from pipelines.promotion import (
 )
 from pipelines.train import TrainJobResult, run_train
 from recsys_alibi.config import ConfigError, JobConfig, with_overrides
-from recsys_alibi.data.prepare import read_items, read_sequences
+from recsys_alibi.data.sequences import read_items, read_sequences
 from recsys_alibi.data.time_gaps import has_real_timestamps, sequences_for
 from recsys_alibi.evaluation.report import format_metrics_table
 from serving.score import ScoreJobResult, run_score
@@ -126,12 +126,12 @@ def run_pipeline(config: JobConfig, *, progress: bool = True) -> PipelineResult:
     prepared_dir = out / "prepared"
     prepared = run_prepare(config, input_path, prepared_dir)
 
-    lineage = lineage_tags(config, prepared_dir)
-
     trained = run_train(config, prepared_dir, progress=progress)
+    prepare_id = trained.prepare_id  # evaluation and the gate read the prepare the model was trained on
+    lineage = lineage_tags(config, prepared_dir, prepare_id)
     same_lineage = tag_lineage(trained.run_id, lineage)
-    sequences = read_sequences(prepared_dir)
-    items = read_items(prepared_dir)
+    sequences = read_sequences(prepared_dir, prepare_id)
+    items = read_items(prepared_dir, prepare_id)
     model = trained_model(trained)
     examples = test_examples(config, sequences_for(model, sequences))  # with time gaps if the model reads them
     n_items = items.height
@@ -145,7 +145,8 @@ def run_pipeline(config: JobConfig, *, progress: bool = True) -> PipelineResult:
         config, scorer, examples, n_items, out / "report", baselines={"popularity": popularity.result}
     )
     log_report_to_run(trained.run_id, model_eval)
-    gate = run_gate(config, model, str(trained.model.version), items, sequences, has_real_timestamps(prepared_dir))
+    gate = run_gate(config, model, str(trained.model.version), items, sequences,
+                    has_real_timestamps(prepared_dir, prepare_id))  # fmt: skip
     log_gate_to_run(trained.run_id, gate)
     # the champion's rankings replace those of an earlier pipeline run in the same output directory
     rescore = with_overrides(config, score={"overwrite": True})

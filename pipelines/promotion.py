@@ -68,22 +68,25 @@ def git_commit(repo: Path | None = None) -> str:
     return commit if done.returncode == 0 and commit else "unknown"
 
 
-def lineage_tags(config: JobConfig, prepared_dir: Path) -> dict[str, str]:
-    """The ``lineage.*`` tags of a training run on ``prepared_dir`` with ``config``."""
+def lineage_tags(config: JobConfig, prepared_dir: Path, prepare_id: str | None = None) -> dict[str, str]:
+    """The ``lineage.*`` tags of a training run on ``prepared_dir`` with ``config``.
+
+    ``prepare_id``: the prepare the run trained on (None: the directory's own); another one is a DataError.
+    """
     from recsys_alibi import __version__
 
     from recsys_alibi.data.partition import read_lengths
     from recsys_alibi.data.prepared import check_prepared, data_sha256
     from recsys_alibi.data.sequences import read_items
 
-    prepare_id = check_prepared(prepared_dir)
+    prepare_id = check_prepared(prepared_dir, prepare_id)
     lengths = read_lengths(prepared_dir, prepare_id)
     n_items = read_items(prepared_dir, prepare_id).height
     return {
         "lineage.data.events": str(int(lengths.sum())),
         "lineage.data.users": str(lengths.size),
         "lineage.data.items": str(n_items),
-        DATA_HASH_TAG: data_sha256(prepared_dir),
+        DATA_HASH_TAG: data_sha256(prepared_dir, prepare_id),
         CONFIG_HASH_TAG: config_sha256(config),
         "lineage.project_version": __version__,
         "lineage.git_commit": git_commit(),
@@ -107,6 +110,13 @@ def tag_lineage(run_id: str, tags: dict[str, str]) -> list[str]:
 
 
 # --- gate ----------------------------------------------------------------------------------------
+
+
+class ChampionUnavailable(RuntimeError):
+    """The version holding the champion alias cannot be loaded (its artifacts are missing or unreadable).
+
+    A failure of the store, not of the user's input: ``pipeline`` exits 1 (docs/scheduling.md).
+    """
 
 
 @dataclass(frozen=True)
@@ -231,7 +241,7 @@ def run_gate(
 
     Raises:
         ValueError: the promotion metric is not among the evaluated metrics (check ``evaluate.ks``).
-        ModelUriError: the champion's model cannot be loaded.
+        ChampionUnavailable: the champion's model cannot be loaded (its artifacts are gone).
         PromotionLockTimeout: another gate held the lock for too long (the alias is untouched).
     """
     import mlflow
@@ -277,13 +287,20 @@ def _version(model_version) -> str | None:
 def _against(config: JobConfig, held, new_value: float, items: pl.DataFrame, sequences: pl.DataFrame,
              real_timestamps: bool) -> tuple[Decision, float | None]:  # fmt: skip
     """The decision against the champion ``held`` (a model version or None) and its metric value."""
-    from recsys_alibi.tracking import load_ranker
+    from recsys_alibi.tracking import ModelUriError, load_ranker
 
     tracking = config.tracking
     metric, held_version = tracking.promotion_metric, _version(held)
     if held is None:
         return Decision(True, "no champion yet"), None
-    champion = load_ranker(f"models:/{tracking.registered_model}/{held_version}")
+    try:
+        champion = load_ranker(f"models:/{tracking.registered_model}/{held_version}")
+    except ModelUriError:
+        raise ChampionUnavailable(
+            f"the champion (version {held_version} of '{tracking.registered_model}', alias '{tracking.champion_alias}') "
+            f"cannot be loaded: its artifacts are missing or unreadable at {getattr(held, 'source', '?')}; restore them, "
+            f"or point the alias '{tracking.champion_alias}' at a version that loads, then run again"
+        ) from None
     champion_ids, data_ids = champion.items.get_column(schema.ITEM_ID), items.get_column(schema.ITEM_ID)
     why_not = None
     remap, unknown = vocabulary_remap(items, champion.items)  # by raw item_id, as ``score`` does
@@ -298,10 +315,9 @@ def _against(config: JobConfig, held, new_value: float, items: pl.DataFrame, seq
         log.warning("promotion: %s", decision.reason)
         return decision, None
     if remap is not None:  # the same raw ids at other indices: rank in the champion's numbering
-        sequences = sequences.with_columns(
-            pl.col(schema.ITEM_IDX).list.eval(pl.element().replace_strict(
-                list(range(remap.shape[0])), remap.tolist(), return_dtype=pl.Int32))
-        )
+        from pipelines.evaluate import remap_item_idx
+
+        sequences = remap_item_idx(sequences, remap)
     examples = validation_examples(sequences_for(champion.model, sequences), config)
     champion_value = validation_metrics(config, champion.model, examples, champion.items.height)[metric]
     return decide(new_value, champion_value, tracking.promotion_margin, metric), champion_value

@@ -7,13 +7,18 @@ Several processes (``train.devices``/``train.num_nodes``/``train.strategy``, tor
 every process runs this job and trains; only global rank 0 opens the MLflow run, logs and
 registers the model. The other ranks return a result with ``rank > 0`` and no run.
 
-Resuming (``train.resume`` / ``--resume``): the newest unfinished
-``<output>/checkpoints/<run_id>/last.ckpt`` is continued (on any number of processes) inside
-the same MLflow run; when there is none a new run starts. It is refused (ConfigError, one line)
-when the run trained another model (``model.*``) or on other data: another content fingerprint
-of the prepared data (tag ``recsys_alibi.data_sha256``, the same for a copy of the directory),
-another split (protocol and temporal cutoff, tag ``recsys_alibi.train_split``), or other counts of
-users, items and training events (``data.*`` metrics; the only record of runs made before the tags).
+Resuming (``train.resume`` / ``--resume``, :mod:`pipelines.resume`): the newest unfinished
+``<output>/checkpoints/<run_id>/last.ckpt`` trained on the data now is continued (on any number of
+processes) inside the same MLflow run; unfinished checkpoints of other data are moved aside with one
+line, and when none is left a new run starts. A checkpoint of another model (``model.*``) is refused
+(ConfigError, one line).
+
+One prepare throughout: the job reads the ``prepare_id`` of the prepared directory first and
+every later read (the data module's, the vocabulary logged with the model) must be of that
+prepare; a prepare that completes into the directory while training runs fails the job (DataError,
+one line) before anything is logged as a model. ``evaluate.protocol=temporal`` on data whose time
+came from line order is refused before training
+(:func:`recsys_alibi.data.time_gaps.check_time_protocol`).
 
 Warm start (``train.init_from``, :mod:`pipelines.warm_start`): a new run starts from a logged model's
 weights, items matched by raw id (:mod:`recsys_alibi.training.warm_start`), with the ``train.warm``
@@ -31,24 +36,21 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from recsys_alibi.config import ConfigError, JobConfig, ModelConfig
-from recsys_alibi.data.prepare import read_items
-from recsys_alibi.data.prepared import data_sha256
-from recsys_alibi.tracking import LoggedModel, log_config, log_ranker, param_values, setup_tracking, tracking_uri
+from pipelines.resume import DATA_TAG, SPLIT_TAG, check_same_model, choose_resume, data_differences, write_data_record
+from recsys_alibi.config import ConfigError, JobConfig
+from recsys_alibi.data.prepared import check_prepared, data_sha256
+from recsys_alibi.data.sequences import read_items
+from recsys_alibi.data.time_gaps import check_time_protocol
+from recsys_alibi.tracking import LoggedModel, log_config, log_ranker, setup_tracking, tracking_uri
 from recsys_alibi.training.data_rules import resolve_max_len
 from recsys_alibi.training.datamodule import SequenceDataModule
 from recsys_alibi.training.fit import check_sharding, fit_ranker
-from recsys_alibi.training.launch import check_accelerator, launch_rank, mark_complete, resumable_checkpoint
+from recsys_alibi.training.launch import check_accelerator, launch_rank, mark_complete
 from pipelines.warm_start import WarmStart, data_counts, resolve_warm_start
 from serving.pyfunc import pyfunc_flavour
 
 log = logging.getLogger(__name__)
 
-DATA_TAG = "recsys_alibi.data_sha256"  # content fingerprint of the prepared data (sequences + vocabulary)
-SPLIT_TAG = "recsys_alibi.train_split"  # "leave_one_out" or "temporal<cutoff"
-# model.* keys a resume may change: the backends compute the same function on the same state dict, and
-# the max_len rule's inputs matter only through the max_len they resolve to (compared)
-RESUME_FREE = ("model.attention_backend", "model.embedding_backend", "model.max_len_quantile", "model.max_len_cap")
 
 
 @dataclass(frozen=True)
@@ -64,6 +66,7 @@ class TrainJobResult:
     rank: int = 0
     world_size: int = 1
     resumed_from: str | None = None  # the last.ckpt this run continued
+    prepare_id: str | None = None  # the prepare of the directory it trained on (None: no manifest)
     warm_start: WarmStart | None = None  # what train.init_from started from (None: from scratch, not asked)
 
     def summary(self) -> str:
@@ -109,7 +112,8 @@ def run_train(config: JobConfig, prepared_dir: str | Path, *, progress: bool = T
     resolved from the data first (:func:`recsys_alibi.training.data_rules.resolve_max_len`).
 
     Raises:
-        DataError: the prepared directory is missing or malformed.
+        DataError: the prepared directory is missing or malformed, or prepared again while training ran.
+        ValueError: ``evaluate.protocol=temporal`` on data whose time came from line order.
         ConfigError: ``model.shard_embeddings`` with the full softmax, an accelerator this machine lacks, the
             global batch does not divide over the processes, or the MLflow run of the checkpoint to resume is
             not in the store.
@@ -117,16 +121,19 @@ def run_train(config: JobConfig, prepared_dir: str | Path, *, progress: bool = T
     check_sharding(config)
     check_accelerator(config.train)
     prepared_dir = Path(prepared_dir)
-    config = resolve_max_len(config, prepared_dir)  # model.max_len: auto -> its number, logged as such
+    prepare_id = check_prepared(prepared_dir)  # every read of this job must be of this prepare
+    check_time_protocol(prepared_dir, config.evaluate.protocol, prepare_id)
+    config = resolve_max_len(config, prepared_dir, prepare_id)  # model.max_len: auto -> its number, logged as such
     datamodule = SequenceDataModule(
         prepared_dir, config.model, config.train, config.seed,
         protocol=config.evaluate.protocol, cutoff=config.evaluate.temporal_cutoff,
     )  # fmt: skip
+    check_prepared(prepared_dir, prepare_id)  # the data module read this prepare too
     checkpoints = Path(config.output) / "checkpoints"
-    resume = resumable_checkpoint(checkpoints) if config.train.resume else None
+    rank = launch_rank(config.train.devices)
+    resume = _resumable(config, checkpoints, datamodule, prepared_dir, rank) if config.train.resume else None
     config, warm = resolve_warm_start(config, prepared_dir, resume)  # train.init_from, refused before training
     callbacks = training_callbacks(config) + (warm.callbacks() if warm else [])
-    rank = launch_rank(config.train.devices)
     if rank != 0:  # the checkpoint directory is rank 0's (ModelCheckpoint broadcasts it)
         for name in ("recsys_alibi", "pipelines", "serving"):  # INFO lines come from rank 0 only
             logging.getLogger(name).setLevel(max(logging.getLogger(name).getEffectiveLevel(), logging.WARNING))
@@ -174,7 +181,7 @@ def _train_and_track(
     from lightning.pytorch.loggers import MLFlowLogger
 
     resumed_run = resume.parent.name if resume else None
-    fingerprint = data_sha256(prepared_dir)
+    fingerprint = data_sha256(prepared_dir, datamodule.prepare_id)
     if resumed_run is not None:
         try:
             before = mlflow.get_run(resumed_run).data
@@ -183,8 +190,7 @@ def _train_and_track(
                 f"cannot resume {resume}: MLflow run {resumed_run} is not in {tracking_uri(config.tracking)} "
                 f"({str(err).splitlines()[0]}); use the same tracking store or remove that checkpoint directory"
             ) from None
-        _check_same_model(config, before.params, resume)
-        _check_same_data(before, datamodule, fingerprint, resume)
+        check_same_model(config, before.params, resume)
         log.info("resuming MLflow run %s from %s", resumed_run, resume)
     with mlflow.start_run(run_id=resumed_run) as run:
         run_id = run.info.run_id
@@ -200,19 +206,21 @@ def _train_and_track(
         mlflow.log_metrics(data_fingerprint(datamodule))
         logger = MLFlowLogger(tracking_uri=tracking_uri(config.tracking), run_id=run_id)
         checkpoint_dir = checkpoints / run_id
+        if resume is None:
+            write_data_record(checkpoint_dir, fingerprint, split_tag(datamodule))  # what --resume compares
         if warm is not None and resume is None:
             warm.write_marker(checkpoint_dir)  # a resume of this run keeps the warm schedule, loads no weights
         fit = fit_ranker(
             config, datamodule, checkpoint_dir, logger, callbacks=callbacks, progress=progress, resume_from=resume
         )
         _check_rank(0, fit.is_global_zero)
+        items = read_items(prepared_dir, datamodule.prepare_id)  # DataError if prepared again: nothing logged
         mark_complete(checkpoint_dir)
         mlflow.log_metrics(
             {"best_val_ndcg_at_10": fit.best_val_ndcg_at_10, "train_seconds": fit.train_seconds,
              "train.world_size": float(fit.world_size)}
         )  # fmt: skip
         registered = config.tracking.registered_model if register else None
-        items = read_items(prepared_dir)
         logged = log_ranker(fit.module.model, items, registered, Path(config.output) / "model" / run_id,
                             pyfunc=pyfunc_flavour(fit.module.model, items, k=config.score.k))  # fmt: skip
     return TrainJobResult(
@@ -225,51 +233,22 @@ def _train_and_track(
         world_size=fit.world_size,
         resumed_from=str(resume) if resume else None,
         warm_start=warm,
+        prepare_id=datamodule.prepare_id,
     )
 
 
-def _check_same_model(config: JobConfig, logged: dict[str, str], resume: Path) -> None:
-    """ConfigError when ``config.model`` differs from the model of the run being resumed.
+def _resumable(config: JobConfig, checkpoints: Path, datamodule: SequenceDataModule, prepared_dir: Path, rank: int):
+    """The checkpoint ``--resume`` continues on this data (:func:`pipelines.resume.choose_resume`), or None."""
 
-    ``logged``: that run's params (``log_config``); a key it lacks (a setting added since) is
-    compared with its default. The checkpoint's weights only fit the model they came from.
-    """
-    defaults = param_values({"model": ModelConfig().model_dump()})
-    before = {key: logged.get(key, default) for key, default in defaults.items()}
-    now = param_values({"model": config.model.model_dump()})
-    differ = [
-        f"{key}={before[key]} (now {value})"
-        for key, value in now.items()
-        if key not in RESUME_FREE and before[key] != value
-    ]
-    if differ:
-        raise ConfigError(
-            f"cannot resume {resume}: its run trained another model ({', '.join(differ)}); resume with the "
-            "same model.* settings, or remove that checkpoint directory to start a new run"
-        )
+    def mlflow_differences(run_id: str) -> list[str]:
+        import mlflow
 
+        setup_tracking(config.tracking)
+        try:
+            before = mlflow.get_run(run_id).data
+        except Exception:  # noqa: BLE001 - not in this store: refused with its own line when resumed
+            return []
+        return data_differences(before, data_fingerprint(datamodule), fingerprint, split_tag(datamodule))
 
-def _check_same_data(before, datamodule: SequenceDataModule, fingerprint: str, resume: Path) -> None:
-    """ConfigError when the data of the resumed run (its MLflow ``RunData``) is not the data now.
-
-    Compared: the content fingerprint and the split (tags, when the run has them) and the counts
-    of users, items and training events (metrics ``data.*``, logged by every run).
-    """
-    tags, metrics = before.tags, before.metrics
-    now_counts = data_fingerprint(datamodule)
-    differ = []
-    if DATA_TAG in tags and tags[DATA_TAG] != fingerprint:
-        differ.append(f"data sha256 {tags[DATA_TAG][:12]} (now {fingerprint[:12]})")
-    if SPLIT_TAG in tags and tags[SPLIT_TAG] != split_tag(datamodule):
-        differ.append(f"split {tags[SPLIT_TAG]} (now {split_tag(datamodule)})")
-    differ += [
-        f"{key}={metrics[key]:.0f} (now {value:.0f})"
-        for key, value in now_counts.items()
-        if key in metrics and metrics[key] != value
-    ]
-    if differ:
-        then = tags.get("recsys_alibi.prepared", "another directory")
-        raise ConfigError(
-            f"cannot resume {resume}: its run trained on other data ({then}: {', '.join(differ)}); resume with "
-            f"the --prepared directory and evaluate.protocol of that run, or remove that checkpoint directory to start a new run"
-        )
+    fingerprint = data_sha256(prepared_dir, datamodule.prepare_id)
+    return choose_resume(checkpoints, fingerprint, split_tag(datamodule), rank=rank, mlflow_differences=mlflow_differences)

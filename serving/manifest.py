@@ -7,6 +7,9 @@ Layout of ``output_dir``::
     _manifest.rank-R.json         while a multi-process job runs: shards done by rank R > 0
     _input/                       raw-event input only: the events prepared for scoring (removed
                                   when the job completes, except ``stats.json`` and rejects)
+    _fingerprints/part-NNNNN.parquet  ``user_id``, ``history`` UInt64 of shard NNNNN's users (what
+                                  ``score --changed-since`` compares; serving.changed), written
+                                  before the part file
     _skipped/part-NNNNN.parquet   the users of shard NNNNN that were not ranked (``user_id``,
                                   ``reason``: no_known_item | no_events, ``input_events``); only
                                   for shards that have such users, written before the part file
@@ -44,6 +47,7 @@ RANK_MANIFEST = "_manifest.rank-{rank}.json"
 PART = "part-{shard:05d}.parquet"
 STAGED_INPUT = "_input"
 SKIPPED_DIR = "_skipped"
+FINGERPRINTS_DIR = "_fingerprints"
 
 
 class OutputDirError(ValueError):
@@ -65,8 +69,9 @@ def write_atomic(path: Path, write) -> None:
 
 
 def remove_stale_temporaries(output_dir: Path) -> int:
-    """Delete hidden ``.*.tmp`` files left by a killed job (also in ``_skipped/``); returns how many."""
-    stale = [p for p in [*output_dir.glob(".*.tmp"), *output_dir.glob(f"{SKIPPED_DIR}/.*.tmp")] if p.is_file()]
+    """Delete hidden ``.*.tmp`` files left by a killed job (also in ``_skipped/``, ``_fingerprints/``); returns how many."""
+    found = [*output_dir.glob(".*.tmp"), *output_dir.glob(f"{SKIPPED_DIR}/.*.tmp"), *output_dir.glob(f"{FINGERPRINTS_DIR}/.*.tmp")]
+    stale = [p for p in found if p.is_file()]
     for p in stale:
         p.unlink(missing_ok=True)
     return len(stale)
@@ -107,8 +112,8 @@ class Manifest:
         )  # fmt: skip
 
     def totals(self) -> dict[str, int]:
-        """Sums over the recorded shards: ``users``, ``rows``, ``skipped_users``, ``unknown_events``."""
-        keys = ("users", "rows", "skipped_users", "unknown_events")
+        """Sums over the recorded shards: ``users``, ``rows``, ``skipped_users``, ``unknown_events``, ``carried_users``."""
+        keys = ("users", "rows", "skipped_users", "unknown_events", "carried_users")
         return {key: sum(int(s.get(key, 0)) for s in self.shards.values()) for key in keys}
 
 
@@ -135,6 +140,7 @@ def clear_output(output_dir: Path) -> None:
             path.unlink(missing_ok=True)
     shutil.rmtree(output_dir / STAGED_INPUT, ignore_errors=True)
     shutil.rmtree(output_dir / SKIPPED_DIR, ignore_errors=True)
+    shutil.rmtree(output_dir / FINGERPRINTS_DIR, ignore_errors=True)
 
 
 def open_manifest(output_dir: Path, identity: dict[str, Any], *, overwrite: bool = False) -> Manifest:

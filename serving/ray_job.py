@@ -60,7 +60,7 @@ RAY_MISSING = (
     "part of `make install`)"
 )
 QUIET_LOGGERS = ("ray", "ray.data", "ray.util", "ray._private", "filelock")
-STATS = ("users", "rows", "skipped_users", "unknown_events")  # per shard, as the manifest records them
+STATS = ("users", "rows", "skipped_users", "unknown_events", "carried_users")  # per shard, as the manifest records them
 _USER_ERRORS = {"DataError": DataError, "OutputDirError": OutputDirError, "ConfigError": ConfigError}
 LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}  # every Ray process takes 127.0.0.1 as its node address
 
@@ -134,11 +134,11 @@ class ShardActor:
         items: the model's vocabulary; score: the ``score`` section; k: items per user.
         source: the job's staged input; output_dir: the rankings directory (both readable and
             writable from the actor's node).
-        threads: torch threads of this actor.
+        threads: torch threads of this actor; carry: ``score.changed_since``'s previous output (or None).
     """
 
     def __init__(self, model, items: pl.DataFrame, score: ScoreConfig, k: int, source: ScoreInput,
-                 output_dir: Path, threads: int) -> None:  # fmt: skip
+                 output_dir: Path, threads: int, carry=None) -> None:  # fmt: skip
         import ray
         import torch
 
@@ -146,7 +146,7 @@ class ShardActor:
         if isinstance(model, ray.ObjectRef):
             model = ray.get(model)
         self.ranker = ShardRanker(model, items, score, k)
-        self.source, self.output_dir, self.shard_users = source, Path(output_dir), score.shard_users
+        self.source, self.output_dir, self.shard_users, self.carry = source, Path(output_dir), score.shard_users, carry
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """``{"shard": (S,)}`` -> the shards' stats (S,) each, part files written.
@@ -158,7 +158,7 @@ class ShardActor:
         out: dict[str, list] = {key: [] for key in ("shard", *STATS, "error", "error_type")}
         for shard in batch["shard"]:
             try:
-                stats = write_shard(self.ranker, self.source, int(shard), self.shard_users, self.output_dir)[1]
+                stats = write_shard(self.ranker, self.source, int(shard), self.shard_users, self.output_dir, self.carry)[1]
                 error = ("", "")
             except ValueError as err:
                 stats, error = dict.fromkeys(STATS, 0), (str(err).strip().splitlines()[0], type(err).__name__)
@@ -185,7 +185,8 @@ class _RayScoreJob(_ScoreJob):
         cfg = self.ray_cfg
         actors = min(cfg.actors, len(todo))
         kwargs = {"model": self.model, "items": self.items, "score": self.config.score, "k": self.ranker.k,
-                  "source": source, "output_dir": self.output_dir, "threads": round(cfg.cpus_per_actor)}  # fmt: skip
+                  "source": source, "output_dir": self.output_dir, "threads": round(cfg.cpus_per_actor),
+                  "carry": self.carry}  # fmt: skip
         users_scored = 0
         with _quiet_data_context(ray.data.DataContext.get_current()):  # datasets copy the context when made
             shards = ray.data.from_items([{"shard": s} for s in todo], override_num_blocks=len(todo))

@@ -35,6 +35,7 @@ import polars as pl
 from recsys_alibi.config import JobConfig
 from recsys_alibi.data import schema
 from recsys_alibi.data.ingest import DataError
+from serving.changed import FINGERPRINTS_DIR, CarryOver, history_fingerprints, model_digest
 from serving.distributed import World, scoring_world
 from serving.inputs import ScoreInput, fingerprint, input_kind, open_input, release_staged
 from serving.manifest import (
@@ -81,7 +82,9 @@ class ScoreJobResult:
             unknown_events: input items the model does not know and their dropped events;
             rejected_rows: malformed raw-event rows (in ``_input/rejects.parquet``);
             world_size: processes that shared the job; rules: business-rule counts
-            (:meth:`serving.rules.ItemRules.stats`: rows and ids unknown to the model per file).
+            (:meth:`serving.rules.ItemRules.stats`: rows and ids unknown to the model per file);
+            carried_users: users whose rows were carried over from ``score.changed_since``
+            (history unchanged, same model and settings: :mod:`serving.changed`).
     """
 
     output_dir: Path
@@ -97,6 +100,7 @@ class ScoreJobResult:
     rejected_rows: int = 0
     world_size: int = 1
     rules: dict[str, int] = field(default_factory=dict)
+    carried_users: int = 0
 
     @property
     def users_per_second(self) -> float:
@@ -121,6 +125,8 @@ class ScoreJobResult:
             f"rejected rows: {self.rejected_rows}",
         ]
         lines += [rules_summary(self.rules)] if self.rules else []
+        lines += [f"carried over (history unchanged since the previous output): {self.carried_users} users; "
+                  f"ranked again: {self.users - self.carried_users}"] if self.carried_users else []  # fmt: skip
         return "\n".join(lines)
 
 
@@ -191,9 +197,10 @@ def score_with_model(
     """
     k = k or config.score.k
     ranker = ShardRanker(model, items, config.score, k)
+    model_ref = {**(model_ref or {"model": "in-memory"}), "model_digest": model_digest(model)}  # changed_since compares it
     with scoring_world() as world:
         runner = (job or _ScoreJob)(config, ranker, items, Path(input_path), Path(output_dir),
-                                    model_ref or {"model": "in-memory"}, world, progress, hook)  # fmt: skip
+                                    model_ref, world, progress, hook)  # fmt: skip
         return _checked(runner.run(), world.is_main)
 
 
@@ -234,6 +241,11 @@ class _ScoreJob:
         }
         if kind == "events":  # how raw events are read and cleaned changes the histories
             self.identity["data"] = config.data.model_dump(mode="json")
+        self.carry = None
+        if config.score.changed_since:
+            self.carry = CarryOver.open(config.score.changed_since, output_dir, self.identity)
+            self.identity["changed_since"] = {"output": str(Path(config.score.changed_since).resolve()),
+                                              "carried": self.carry is not None}  # fmt: skip
 
     # ------------------------------------------------------------------ rank 0 steps
 
@@ -311,7 +323,7 @@ class _ScoreJob:
         return users_scored
 
     def _score_shard(self, source: ScoreInput, shard: int) -> int:
-        name, stats = write_shard(self.ranker, source, shard, self.config.score.shard_users, self.output_dir)
+        name, stats = write_shard(self.ranker, source, shard, self.config.score.shard_users, self.output_dir, self.carry)
         self.hook("written", shard)
         self._record(shard, name, stats)
         return stats["users"]
@@ -330,35 +342,44 @@ class _ScoreJob:
             rows=totals["rows"], seconds=time.perf_counter() - started, users_scored=scored[0],
             skipped_users=totals["skipped_users"], unknown_items=int(m.input_stats.get("unknown_items", 0)),
             unknown_events=totals["unknown_events"], rejected_rows=int(m.input_stats.get("rejected_rows", 0)),
-            world_size=self.world.size, rules={key: int(v) for key, v in m.input_stats.items() if key.startswith(RULE_KINDS)},
+            world_size=self.world.size, carried_users=totals["carried_users"], rules={key: int(v) for key, v in m.input_stats.items() if key.startswith(RULE_KINDS)},
         )  # fmt: skip
 
 
-def write_shard(ranker: ShardRanker, source: ScoreInput, shard: int, shard_users: int, output_dir: Path
-                ) -> tuple[str, dict[str, int]]:  # fmt: skip
+def write_shard(ranker: ShardRanker, source: ScoreInput, shard: int, shard_users: int, output_dir: Path,
+                carry: CarryOver | None = None) -> tuple[str, dict[str, int]]:  # fmt: skip
     """Read, rank and write one shard: its part file is in place (atomically) when this returns.
 
     Args:
         ranker: the model and settings; source: the job's input; shard: index (users
-            ``shard * shard_users ..``); output_dir: the rankings directory.
+            ``shard * shard_users ..``); output_dir: the rankings directory; carry: the previous
+            output whose rows unchanged users keep (``score.changed_since``).
 
     Returns:
         ``(part file name, stats)`` with stats ``users``, ``rows``, ``skipped_users``,
-        ``unknown_events``, as the manifest records them. The caller records the shard.
+        ``unknown_events``, ``carried_users``, as the manifest records them. The caller records the shard.
     """
     batch = source.read_shard(shard * shard_users, shard_users)
-    rankings, _ = ranker.rank(batch.user_ids, batch.histories, batch.gaps)
+    fingerprints = history_fingerprints(batch)
+    carried, changed = carry.split(fingerprints) if carry is not None else (None, None)
+    rankings, _ = ranker.rank(batch.user_ids, batch.histories, batch.gaps, only=changed)
+    if carried is not None and carried.height:  # previous rows of the unchanged users, in the same order
+        rankings = pl.concat([rankings, carried.select(rankings.columns).cast(rankings.schema)]).sort(
+            schema.USER_ID, schema.RANK).rechunk()  # fmt: skip
     unranked = batch.skipped(ranked=rankings.get_column(schema.USER_ID).unique())
     if ranker.rules is not None:  # with rules, "every item seen" is "every item seen, denied or not allowed"
         unranked = ranker.rules.explain(unranked)
     skipped = unranked.height
     name = part_name(shard)
+    (output_dir / FINGERPRINTS_DIR).mkdir(exist_ok=True)  # before the part file, as the skipped users
+    write_atomic(output_dir / FINGERPRINTS_DIR / name, lambda tmp: fingerprints.write_parquet(tmp))
     if skipped:  # before the part file: a shard whose part file is in place has its list too
         (output_dir / SKIPPED_DIR).mkdir(exist_ok=True)
         write_atomic(output_dir / SKIPPED_DIR / name, lambda tmp: unranked.write_parquet(tmp))
     write_atomic(output_dir / name, lambda tmp: rankings.write_parquet(tmp))
     stats = {"users": batch.user_ids.len(), "rows": rankings.height, "skipped_users": skipped,
-             "unknown_events": batch.unknown_events}  # fmt: skip
+             "unknown_events": batch.unknown_events,
+             "carried_users": 0 if changed is None else int((~changed).sum())}  # fmt: skip
     return name, stats
 
 

@@ -163,11 +163,16 @@ def check_prepared(directory: str | Path, prepare_id: str | None = None) -> str 
         DataError: see :func:`read_manifest`; or the directory holds another prepare than
             ``prepare_id`` (it was prepared again while being read).
     """
+    manifest = _manifest_of(directory, prepare_id)
+    return None if manifest is None else manifest["prepare_id"]
+
+
+def _manifest_of(directory: str | Path, prepare_id: str | None) -> dict | None:
+    """:func:`read_manifest`, refused when it names another prepare than ``prepare_id`` (when given)."""
     manifest = read_manifest(directory)
-    found = None if manifest is None else manifest["prepare_id"]
-    if prepare_id is not None and found != prepare_id:
+    if prepare_id is not None and (manifest is None or manifest["prepare_id"] != prepare_id):
         raise DataError(f"{directory} was prepared again while this job was reading it; run the job again")
-    return found
+    return manifest
 
 
 def file_prepare_id(path: Path) -> str | None:
@@ -224,21 +229,19 @@ def read_consistent(directory: str | Path, name: str, read: Callable[[Path], T],
     return value
 
 
-def data_sha256(directory: str | Path) -> str:
+def data_sha256(directory: str | Path, prepare_id: str | None = None) -> str:
     """Content fingerprint of the data a model trains on: sequences and vocabulary.
 
     From the manifest when there is one (computed once by ``prepare``), else computed. Equal for
-    two prepares of the same events into any directory (the per-run id in the footers is left out).
+    two prepares of the same events into any directory (:func:`parquet_content_sha256`).
 
     Raises:
-        DataError: see :func:`read_manifest`; a file is missing.
+        DataError: see :func:`check_prepared` (``prepare_id``: the prepare an earlier read of the
+            job saw); a file is missing or unreadable.
     """
-    manifest = read_manifest(directory)
+    manifest = _manifest_of(directory, prepare_id)
     if manifest is not None and isinstance(manifest.get("data_sha256"), str):
         return manifest["data_sha256"]
-    for name in FINGERPRINT_FILES:
-        if not (Path(directory) / name).is_file():
-            raise DataError(f"{Path(directory) / name} not found; run `recsys-alibi prepare` to create it")
     return _fingerprint(Path(directory))
 
 

@@ -97,25 +97,43 @@ def with_time_gaps(sequences: pl.DataFrame, n_buckets: int) -> pl.DataFrame:
     return sequences.with_columns(pl.Series(TIME_GAPS, lists).cast(pl.List(pl.Int32)))
 
 
-def has_real_timestamps(data_dir: str | Path) -> bool:
+def has_real_timestamps(data_dir: str | Path, prepare_id: str | None = None) -> bool:
     """False when the prepared (or staged) data in ``data_dir`` took its time from line order.
 
     Such data (e.g. the SASRec ``user item`` format) has a gap of one "second" between all
-    events, so time gaps would be made up; ``stats.json`` records it. True without a stats file.
+    events, so time gaps would be made up and a time cutoff splits by file position;
+    ``stats.json`` records it. True without a stats file.
 
     Raises:
-        DataError: the stats file is not from the directory's prepare (a mixed directory).
+        DataError: the stats file is not from the directory's (or the given ``prepare_id``) prepare.
     """
     path = Path(data_dir) / STATS_FILE
     if not path.exists():
         return True
-    stats = read_consistent(data_dir, STATS_FILE, lambda p: json.loads(p.read_text()))
+    stats = read_consistent(data_dir, STATS_FILE, lambda p: json.loads(p.read_text()), prepare_id)
     return not stats.get("time_from_line_order")
 
 
-def check_real_timestamps(data_dir: str | Path) -> None:
-    """Raise ValueError unless ``has_real_timestamps(data_dir)``."""
-    if not has_real_timestamps(data_dir):
+def check_time_protocol(data_dir: str | Path, protocol: str, prepare_id: str | None = None) -> None:
+    """Refuse ``evaluate.protocol=temporal`` on data whose time came from line order (SASRec, S3-Rec).
+
+    There a cutoff would split each file by line position, not by time (one user of a hundred
+    evaluated, silently); ``train``, ``evaluate`` and ``pipeline`` check it before reading more.
+
+    Raises:
+        ValueError: one line naming the fix.
+        DataError: as :func:`has_real_timestamps`.
+    """
+    if protocol == "temporal" and not has_real_timestamps(data_dir, prepare_id):
+        raise ValueError(
+            f"evaluate.protocol=temporal needs real timestamps, but {data_dir} has none (time came from line "
+            f"order, {STATS_FILE}), so a cutoff would split by file position; use evaluate.protocol=leave_one_out"
+        )
+
+
+def check_real_timestamps(data_dir: str | Path, prepare_id: str | None = None) -> None:
+    """Raise ValueError unless ``has_real_timestamps(data_dir, prepare_id)``."""
+    if not has_real_timestamps(data_dir, prepare_id):
         raise ValueError(
             f"{data_dir} has no timestamps (time came from line order, {STATS_FILE}): "
             "model.time_gap_buckets needs a log with real timestamps; set it to 0"

@@ -17,6 +17,7 @@ checkpoint without the marker.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from recsys_alibi.atomic import atomic_path
@@ -69,15 +70,19 @@ def check_accelerator(train: TrainConfig) -> None:
         raise ConfigError("train.accelerator=mps needs Apple's Metal backend, not available here; use auto or cpu")
 
 
-def resumable_checkpoint(checkpoints_root: str | Path) -> Path | None:
+def resumable_checkpoint(checkpoints_root: str | Path, keep: Callable[[Path], bool] | None = None) -> Path | None:
     """The newest ``<root>/<run_id>/last.ckpt`` whose directory has no ``COMPLETE`` marker, or None.
 
-    Every rank gets the same answer from the same (shared) filesystem.
+    ``keep`` (optional): only checkpoints for which it returns True are candidates. Every rank
+    gets the same answer from the same (shared) filesystem.
     """
     root = Path(checkpoints_root)
     if not root.is_dir():
         return None
-    found = [p for p in root.glob(f"*/{LAST_CHECKPOINT}") if not (p.parent / COMPLETE_MARKER).exists()]
+    found = [
+        p for p in root.glob(f"*/{LAST_CHECKPOINT}")
+        if not (p.parent / COMPLETE_MARKER).exists() and (keep is None or keep(p))
+    ]  # fmt: skip
     return max(found, key=lambda p: (p.stat().st_mtime_ns, str(p))) if found else None
 
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import polars as pl
 import pytest
 
 from pipelines.cli import main
-from pipelines.evaluate import check_same_vocabulary, check_training_split, headline_metrics
+from pipelines.evaluate import check_training_split, headline_metrics, in_model_indices
 
 
 def test_headline_shows_only_evaluated_metrics_at_the_reports_k():
@@ -32,17 +34,23 @@ def test_evaluate_summary_without_k_10_prints_no_nan(tmp_path, monkeypatch, caps
 def test_vocabulary_mismatch_says_how_many_ids_differ(tmp_path):
     model = pl.DataFrame({"item_idx": [1, 2, 3, 4], "item_id": ["a", "b", "c", "d"]})
     data = pl.DataFrame({"item_idx": [1, 2, 3, 4], "item_id": ["a", "b", "c", "e"]})
+    sequences = pl.DataFrame({"item_idx": [[1, 2], [4]]}, schema={"item_idx": pl.List(pl.Int32)})
     with pytest.raises(ValueError) as caught:
-        check_same_vocabulary(model, data, "runs:/r/model", tmp_path)
+        in_model_indices(model, data, sequences, "runs:/r/model", tmp_path)
     assert str(caught.value) == (
         f"model 'runs:/r/model' was trained on another item vocabulary than {tmp_path} (1 of the model's 4 ids are "
         "not in the data (e.g. 'd') and 1 of the data's 4 are new (e.g. 'e')): evaluate on the prepared data the "
         "model was trained on"
     )
+    # the same raw ids, at other indices or read as another type: mapped by id, as `score` maps them
+    moved = pl.DataFrame({"item_idx": [1, 2, 3, 4], "item_id": ["c", "a", "d", "b"]})
+    mapped = in_model_indices(model, moved, sequences, "runs:/r/model", tmp_path)  # data 1=c 2=a 4=b -> model 3, 1, 2
+    assert mapped.get_column("item_idx").to_list() == [[3, 1], [2]]
     typed = pl.DataFrame({"item_idx": [1, 2], "item_id": [1, 2]})
-    texts = pl.DataFrame({"item_idx": [1, 2], "item_id": ["1", "2"]})
-    with pytest.raises(ValueError, match=r"\(ids are Int64 in the model and String in the data\)"):
-        check_same_vocabulary(typed, texts, "runs:/r/model", tmp_path)
+    texts = pl.DataFrame({"item_idx": [1, 2], "item_id": ["2", "1"]})
+    two = pl.DataFrame({"item_idx": [[1, 2]]}, schema={"item_idx": pl.List(pl.Int32)})
+    assert in_model_indices(typed, texts, two, "runs:/r/model", tmp_path).get_column("item_idx").to_list() == [[2, 1]]
+    assert in_model_indices(model, model, sequences, "runs:/r/model", tmp_path) is sequences  # equal: unchanged
 
 
 @pytest.mark.parametrize(
@@ -67,33 +75,129 @@ def test_a_model_trained_on_held_out_events_is_refused(trained, protocol, cutoff
     assert f"was trained on split {trained}" in str(caught.value) and "\n" not in str(caught.value)
 
 
-def test_evaluate_temporal_refuses_a_leave_one_out_model_with_one_line(tmp_path, monkeypatch, capsys):
-    import mlflow
-    import torch
-
-    from pipelines.train import SPLIT_TAG
-    from recsys_alibi.config import ModelConfig, TrackingConfig
-    from recsys_alibi.data.prepare import read_items
-    from recsys_alibi.model.transformer import AlibiRanker
-    from recsys_alibi.tracking import log_ranker, setup_tracking
-
+def _prepared(tmp_path, monkeypatch) -> Path:
+    """A tiny generated log prepared into ``tmp_path/prepared``, the cwd and the MLflow store in ``tmp_path``."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
     small = ["--set", "generate.min_events=5", "--set", "generate.max_events=12"]
     assert main(["generate", "--users", "30", "--items", "20", "--output", "events.parquet", *small]) == 0
     assert main(["prepare", "--input", "events.parquet", "--output", "prepared", "--set", "data.min_events_per_user=3",
                  "--set", "data.min_events_per_item=1"]) == 0  # fmt: skip
-    items = read_items(tmp_path / "prepared")
-    torch.manual_seed(0)
-    model = AlibiRanker(ModelConfig(d_model=16, n_heads=2, n_layers=1, max_len=8), n_items=items.height).eval()
+    return tmp_path / "prepared"
+
+
+def _log_model(model, items: pl.DataFrame, tmp_path, split: str = "leave_one_out") -> str:
+    """Log ``model`` with vocabulary ``items`` in a run tagged with training split ``split``; its run id."""
+    import mlflow
+
+    from pipelines.train import SPLIT_TAG
+    from recsys_alibi.config import TrackingConfig
+    from recsys_alibi.tracking import log_ranker, setup_tracking
+
     setup_tracking(TrackingConfig())
     with mlflow.start_run() as run:
-        mlflow.set_tag(SPLIT_TAG, "leave_one_out")
-        log_ranker(model, items, None, tmp_path / "w")
+        mlflow.set_tag(SPLIT_TAG, split)
+        log_ranker(model, items, None, tmp_path / run.info.run_id)
+    return run.info.run_id
+
+
+def _random_model(n_items: int):
+    import torch
+
+    from recsys_alibi.config import ModelConfig
+    from recsys_alibi.model.transformer import AlibiRanker
+
+    torch.manual_seed(0)
+    return AlibiRanker(ModelConfig(d_model=16, n_heads=2, n_layers=1, max_len=8), n_items=n_items).eval()
+
+
+def test_evaluate_temporal_refuses_a_leave_one_out_model_with_one_line(tmp_path, monkeypatch, capsys):
+    from recsys_alibi.data.prepare import read_items
+
+    items = read_items(_prepared(tmp_path, monkeypatch))
+    run_id = _log_model(_random_model(items.height), items, tmp_path)
     capsys.readouterr()
-    args = ["evaluate", "--model-uri", f"runs:/{run.info.run_id}/model", "--prepared", "prepared", "--output", "r"]
+    args = ["evaluate", "--model-uri", f"runs:/{run_id}/model", "--prepared", "prepared", "--output", "r"]
     assert main([*args, "--set", "evaluate.protocol=temporal"]) == 2
     err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error")]
     assert len(err) == 1 and "was trained on split leave_one_out" in err[0]
     assert not (tmp_path / "r" / "report.json").exists()
     assert main(args) == 0  # the protocol it was trained on
+
+
+def test_a_model_with_the_same_ids_at_other_indices_is_evaluated_by_raw_id(tmp_path, monkeypatch):
+    """The same model with its item table and vocabulary renumbered scores every raw id the same: same metrics."""
+    import json
+
+    import torch
+
+    from recsys_alibi.data.prepare import read_items
+
+    items = read_items(_prepared(tmp_path, monkeypatch))
+    model = _random_model(items.height)
+    n = items.height
+    new_index = torch.tensor([0, *range(n, 0, -1)])  # item_idx i -> n + 1 - i (0 stays padding)
+    renumbered = _random_model(n)
+    state = model.state_dict()
+    table = "items.collection.embeddings.item_table.weight"
+    state[table] = torch.zeros_like(state[table]).index_copy(0, new_index, state[table])
+    renumbered.load_state_dict(state)
+    renumbered_items = items.with_columns((n + 1 - pl.col("item_idx")).cast(pl.Int32).alias("item_idx"))
+    reports = []
+    for logged, vocabulary in ((model, items), (renumbered, renumbered_items)):
+        run_id = _log_model(logged, vocabulary, tmp_path)
+        out = tmp_path / f"report-{run_id}"
+        assert main(["evaluate", "--model-uri", f"runs:/{run_id}/model", "--prepared", "prepared",
+                     "--output", str(out)]) == 0  # fmt: skip
+        reports.append(json.loads((out / "report.json").read_text())["metrics"])
+    assert reports[0]["NDCG@10"] > 0 and reports[0]["MRR"] > 0
+    assert reports[1] == pytest.approx(reports[0], abs=1e-6)
+
+
+def test_an_ad_hoc_evaluation_is_its_own_run_and_leaves_the_training_run_as_it_was(tmp_path, monkeypatch):
+    import json
+
+    import mlflow
+
+    from pipelines.evaluate import EVALUATES_TAG
+    from pipelines.train import DATA_TAG
+    from recsys_alibi.data.prepare import read_items
+    from recsys_alibi.data.prepared import data_sha256
+
+    prepared = _prepared(tmp_path, monkeypatch)
+    items = read_items(prepared)
+    run_id = _log_model(_random_model(items.height), items, tmp_path)
+    before = mlflow.get_run(run_id).data
+    args = ["evaluate", "--model-uri", f"runs:/{run_id}/model", "--prepared", "prepared", "--output", "r"]
+    assert main([*args, "--set", "evaluate.ks=[5,10]"]) == 0
+    assert main([*args, "--set", "evaluate.ks=[10,20]"]) == 0  # a second one: a second record, nothing replaced
+    after = mlflow.get_run(run_id).data
+    assert after.metrics == before.metrics and after.tags == before.tags  # the training run is untouched
+    assert mlflow.MlflowClient().list_artifacts(run_id, "evaluation") == []
+    evaluations = mlflow.search_runs(filter_string=f"tags.`{EVALUATES_TAG}` = '{run_id}'", output_format="list",
+                                     search_all_experiments=True, order_by=["attributes.start_time ASC"])  # fmt: skip
+    assert len(evaluations) == 2
+    last = evaluations[-1].data
+    report = json.loads((tmp_path / "r" / "report.json").read_text())["metrics"]
+    assert last.metrics["test/NDCG_at_20"] == pytest.approx(report["NDCG@20"])
+    assert "test/NDCG_at_20" not in evaluations[0].data.metrics and evaluations[0].data.params["evaluate.ks"] == "[5, 10]"
+    assert last.tags["recsys_alibi.model_uri"] == f"runs:/{run_id}/model" and last.tags[DATA_TAG] == data_sha256(prepared)
+    assert last.tags["recsys_alibi.eval_split"] == "leave_one_out"
+    assert [a.path for a in mlflow.MlflowClient().list_artifacts(evaluations[-1].info.run_id, "evaluation")]
+
+
+def test_temporal_protocol_on_data_timed_by_line_order_is_refused_with_one_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    lines = [f"{u} {(u + t) % 12 + 1}" for u in range(1, 31) for t in range(6)]  # SASRec: user item, time = line order
+    (tmp_path / "sas.txt").write_text("\n".join(lines) + "\n")
+    assert main(["prepare", "--input", "sas.txt", "--format", "sasrec", "--output", "prepared"]) == 0
+    capsys.readouterr()
+    temporal = ["--set", "evaluate.protocol=temporal"]
+    for args in (["evaluate", "--baseline", "popularity", "--prepared", "prepared", "--output", "r"],
+                 ["train", "--prepared", "prepared", "--quiet", "--set", "output=job"]):  # fmt: skip
+        assert main([*args, *temporal]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("error: evaluate.protocol=temporal needs real timestamps"), err
+        assert "line order" in err[0] and "leave_one_out" in err[0]
+    assert not (tmp_path / "r").exists() and not (tmp_path / "job").exists()
+    assert main(["evaluate", "--baseline", "popularity", "--prepared", "prepared", "--output", "r"]) == 0

@@ -291,3 +291,39 @@ def test_champion_trained_on_another_split_is_not_compared_and_the_new_one_promo
     worse, v3 = _register(temporal, 0.05, items, tmp_path)
     client.set_tag(client.get_model_version(NAME, v3).run_id, SPLIT_TAG, "temporal<4")
     assert not promotion.run_gate(temporal, worse, v3, items, sequences).decision.promote
+
+
+def test_a_champion_whose_artifacts_are_gone_fails_the_pipeline_with_exit_1_naming_it(
+    tmp_path, mlflow_store, fake_metrics, capsys, monkeypatch
+):
+    """docs/scheduling.md: a champion whose artifacts cannot be loaded is a failure (exit 1), not a user error."""
+    import shutil
+
+    from mlflow.artifacts import download_artifacts
+
+    from pipelines import cli
+
+    config, items, sequences = _config(), _items(), _sequences()
+    champion, v1 = _register(config, 0.30, items, tmp_path)
+    promotion.run_gate(config, champion, v1, items, sequences)
+    source = mlflow.MlflowClient().get_model_version(NAME, v1).source
+    shutil.rmtree(download_artifacts(artifact_uri=source))  # a local store: the download is the stored folder
+    with pytest.raises(Exception):  # noqa: B017 - gone indeed
+        download_artifacts(artifact_uri=source)
+    new, v2 = _register(config, 0.40, items, tmp_path)
+    with pytest.raises(promotion.ChampionUnavailable) as caught:
+        promotion.run_gate(config, new, v2, items, sequences)
+    message = str(caught.value)
+    assert message.startswith(f"the champion (version {v1} of '{NAME}', alias 'champion') cannot be loaded: its "
+                              "artifacts are missing")  # fmt: skip
+    assert "runs:/RUN_ID" not in message and "\n" not in message
+    assert _champion_version() == v1  # the alias did not move
+    assert not isinstance(caught.value, cli._user_errors())  # so `pipeline` exits 1, as documented
+
+    def gate_fails(*args, **kwargs):
+        raise caught.value
+
+    monkeypatch.setattr(cli, "COMMANDS", {**cli.COMMANDS, "pipeline": gate_fails})
+    capsys.readouterr()
+    assert cli.main(["pipeline", "--output", str(tmp_path / "job")]) == 1
+    assert capsys.readouterr().err.strip().splitlines()[-1] == f"error: pipeline failed: ChampionUnavailable: {message}"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipelines.train import _check_same_model
+from pipelines.resume import check_same_model
 from recsys_alibi.config import ConfigError, load_config
 from recsys_alibi.tracking import param_values
 
@@ -13,7 +13,7 @@ def test_resume_takes_another_item_table_or_attention_backend_but_not_another_mo
     logged = param_values(load_config(overrides=["model.embedding_backend=torchrec"]).model_dump())
     last = tmp_path / "last.ckpt"
     # the same state dict in either item table (docs/install.md): switching on resume is fine
-    _check_same_model(load_config(overrides=["model.embedding_backend=torch", "model.attention_backend=sdpa"]),
+    check_same_model(load_config(overrides=["model.embedding_backend=torch", "model.attention_backend=sdpa"]),
                       logged, last)  # fmt: skip
     with pytest.raises(ConfigError, match=r"model\.d_model=64 \(now 32\)"):
-        _check_same_model(load_config(overrides=["model.d_model=32"]), logged, last)
+        check_same_model(load_config(overrides=["model.d_model=32"]), logged, last)

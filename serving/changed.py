@@ -1,0 +1,157 @@
+"""``score --changed-since PREVIOUS``: rank again only the users whose history changed.
+
+Every scoring job writes, per shard and before its part file, ``_fingerprints/part-NNNNN.parquet``:
+``user_id`` and ``history`` (UInt64), a fingerprint of what the ranking of that user is computed
+from (:func:`history_fingerprints`: the history in model item indices, in order; the time-gap
+buckets for a time-gap model; the count of input events). 16 bytes a user, read a shard at a time:
+10^6 users are 16 MB of side files, and no file grows with the job.
+
+A job with ``score.changed_since`` (``--changed-since``) reads the previous output's manifest. When
+the previous model is the same (:func:`model_digest` of the weights, whatever the URI or alias
+that named it) and so are the settings that change rows (K, seen-item rule, context, sinks,
+catalog size, rule files), each shard is split (:meth:`CarryOver.split`): users whose fingerprint
+equals their previous one keep their previous rows, read from the previous part files (only
+those that hold them, filtered on the shard's user ids); new users and users whose history
+changed are ranked. When the model or a setting differs, every user is ranked and the job is an
+ordinary full score. Either way the output is a complete output of its own (part files,
+manifest, ``_skipped/``, fingerprints), written with the rules of :mod:`serving.manifest`, so a
+killed changed-only job run again ends with exactly the output of an uninterrupted one.
+
+Carried rows are the previous job's rows byte for byte. A full score of the same input gives the
+same (user, rank, item) rows, with scores equal up to float rounding (~1e-7): the hidden state
+of a user depends in its last bits on the batch the user was ranked in, and batches are made
+from the users being ranked.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from recsys_alibi.data import schema
+from recsys_alibi.data.ingest import DataError
+from serving.inputs import Shard
+from serving.manifest import FINGERPRINTS_DIR, read_manifest
+
+log = logging.getLogger(__name__)
+
+HISTORY = "history"
+REUSE_KEYS = ("model_digest", "k", "exclude_seen", "max_context", "sinks", "n_items", "rules")
+"""Identity keys of a scoring job that must be equal for its rows to be carried over."""
+_FILE = "_file"
+_C = (np.uint64(0x9E3779B97F4A7C15), np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB))
+
+
+def model_digest(model) -> str:
+    """SHA-256 (hex) of a model's weights: every ``state_dict`` entry's name, dtype, shape and bytes."""
+    import torch
+
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        value = tensor.detach().cpu().contiguous().reshape(-1)
+        digest.update(f"{name}:{value.dtype}:{tuple(tensor.shape)}".encode())
+        digest.update(value.view(torch.uint8).numpy().tobytes())  # raw bytes of any dtype (bfloat16 too)
+    return digest.hexdigest()
+
+
+def _mix(x: np.ndarray) -> np.ndarray:
+    """SplitMix64's finaliser on (E,) uint64 (wrapping arithmetic): a well-spread 64-bit hash of each value."""
+    with np.errstate(over="ignore"):
+        x = x + _C[0]
+        x = (x ^ (x >> np.uint64(30))) * _C[1]
+        x = (x ^ (x >> np.uint64(27))) * _C[2]
+        return x ^ (x >> np.uint64(31))
+
+
+def _per_sequence(events: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """(U,) uint64 wrapping sum of ``events`` (E,) uint64 over each sequence ``offsets`` (U + 1,)."""
+    total = np.concatenate([[np.uint64(0)], np.cumsum(events, dtype=np.uint64)])
+    with np.errstate(over="ignore"):
+        return total[offsets[1:]] - total[offsets[:-1]]
+
+
+def history_fingerprints(shard: Shard) -> pl.DataFrame:
+    """``user_id``, ``history`` UInt64: a 64-bit fingerprint of what each user's ranking is computed from.
+
+    Each event contributes a hash of (item index, position in the history) and, for a time-gap
+    model, of its gap bucket; the per-user sum is hashed with the history length and the count
+    of input events (unknown items included). Any change of an item, its order, a gap, or an
+    added or removed event changes the fingerprint (up to 64-bit collisions: 2^-64 per user).
+    Vectorised over the shard (no Python loop over users); stable across runs and versions.
+    """
+    seqs = shard.histories
+    lengths = seqs.lengths()
+    position = np.arange(seqs.values.shape[0], dtype=np.int64) - np.repeat(seqs.offsets[:-1], lengths)
+    with np.errstate(over="ignore"):
+        events = _mix(seqs.values.astype(np.uint64) * _C[1] + position.astype(np.uint64))
+        if shard.gaps is not None:
+            events = events ^ _mix(shard.gaps.values.astype(np.uint64) + _C[2])
+        given = lengths if shard.input_lengths is None else shard.input_lengths
+        summary = _mix(lengths.astype(np.uint64) * _C[0] + given.astype(np.uint64))
+        history = _mix(_per_sequence(events, seqs.offsets) ^ summary)
+    return pl.DataFrame({schema.USER_ID: shard.user_ids, HISTORY: pl.Series(history, dtype=pl.UInt64)})
+
+
+@dataclass(frozen=True)
+class CarryOver:
+    """A previous, complete scoring output whose rows may be carried over (same model and settings).
+
+    Attributes:
+        previous: the previous output directory.
+    """
+
+    previous: Path
+
+    @classmethod
+    def open(cls, previous: str | Path, output_dir: Path, identity: dict) -> "CarryOver | None":
+        """The carry-over from ``previous`` for a job of ``identity``, or None when its model or a
+        row-changing setting differs (then every user is ranked; logged).
+
+        Raises:
+            DataError: ``previous`` is no complete scoring output, has no fingerprints (written
+                before they existed), or is ``output_dir`` itself.
+        """
+        previous = Path(previous)
+        if previous.resolve() == output_dir.resolve():
+            raise DataError(f"--changed-since {previous} is the output itself; write the new rankings to another --output")
+        manifest = read_manifest(previous) if previous.is_dir() else None
+        if manifest is None or not manifest.complete:
+            raise DataError(f"--changed-since {previous}: not a complete scoring output (no complete _manifest.json); "
+                            "give the output directory of a finished `score`")  # fmt: skip
+        if not (previous / FINGERPRINTS_DIR).is_dir():
+            raise DataError(f"--changed-since {previous} has no {FINGERPRINTS_DIR}/ (scored by an older version); "
+                            "score it once in full, then use --changed-since on that output")  # fmt: skip
+        differs = [key for key in REUSE_KEYS if manifest.identity.get(key) != identity.get(key)]
+        if differs:
+            log.info("--changed-since %s: %s changed, so every user is ranked", previous, ", ".join(differs))
+            return None
+        return cls(previous=previous)
+
+    def split(self, fingerprints: pl.DataFrame) -> tuple[pl.DataFrame, np.ndarray]:
+        """Which users of a shard keep their previous rows.
+
+        Args:
+            fingerprints: the shard's ``user_id``, ``history`` (:func:`history_fingerprints`), U rows.
+
+        Returns:
+            ``(carried, changed)``: the previous ranking rows of the unchanged users (contract
+            schema, any order) and (U,) bool, True for the users to rank (new or changed).
+        """
+        users = fingerprints.get_column(schema.USER_ID)
+        before = (pl.scan_parquet(self.previous / FINGERPRINTS_DIR / "part-*.parquet", include_file_paths=_FILE)
+                  .filter(pl.col(schema.USER_ID).is_in(users.implode())).collect())  # fmt: skip
+        if before.schema[schema.USER_ID] != users.dtype:  # ids of another type: no user is the same
+            return pl.DataFrame(), np.ones(users.len(), dtype=bool)
+        same = fingerprints.join(before, on=[schema.USER_ID, HISTORY], how="inner")
+        keep = same.get_column(schema.USER_ID)
+        parts = sorted({Path(f).name for f in same.get_column(_FILE).to_list()})
+        carried = pl.DataFrame()
+        if parts:
+            carried = (pl.scan_parquet([self.previous / name for name in parts])
+                       .filter(pl.col(schema.USER_ID).is_in(keep.implode())).collect())  # fmt: skip
+        return carried, ~users.is_in(keep.implode()).to_numpy()

@@ -1,0 +1,125 @@
+"""``score --changed-since``: unchanged users keep their rows, the output equals a full re-score, a kill resumes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+from serving_fixtures import Killed, kill_at, read_rankings, score_config, snapshot, tiny_model, vocabulary, write_prepared
+
+from recsys_alibi.data import schema
+from recsys_alibi.data.ingest import DataError
+from recsys_alibi.data.loader import FlatSequences
+from serving.changed import history_fingerprints
+from serving.inputs import Shard
+from serving.score import score_with_model
+
+N_USERS = 100
+
+
+def _changed_input(prepared: Path, out: Path, share: float, new_users: int = 0) -> tuple[Path, set[str]]:
+    """A copy of ``prepared`` where ``share`` of the users got one more event (and ``new_users`` appear)."""
+    seq = pl.read_parquet(prepared / schema.SEQUENCES_FILE)
+    rng = np.random.default_rng(7)
+    picked = set(rng.choice(seq[schema.USER_ID].to_numpy(), round(share * seq.height), replace=False).tolist())
+    hit = pl.col(schema.USER_ID).is_in(list(picked))
+    seq = seq.with_columns(
+        pl.when(hit).then(pl.col(schema.ITEM_IDX).list.concat(pl.lit([5], dtype=pl.List(pl.Int32)))).otherwise(pl.col(schema.ITEM_IDX)),
+        pl.when(hit).then(pl.col(schema.TIMESTAMP).list.concat(pl.lit([10_000], dtype=pl.List(pl.Int64))))
+        .otherwise(pl.col(schema.TIMESTAMP)),
+    ).with_columns(pl.col(schema.ITEM_IDX).list.len().cast(pl.Int32).alias(schema.LENGTH))  # fmt: skip
+    if new_users:
+        extra = seq.head(new_users).with_columns((pl.lit("new-") + pl.col(schema.USER_ID)).alias(schema.USER_ID))
+        seq = pl.concat([seq, extra])
+    out.mkdir(parents=True)
+    seq.write_parquet(out / schema.SEQUENCES_FILE)
+    vocabulary().write_parquet(out / schema.ITEMS_FILE)
+    return out, picked
+
+
+def _score(input_path: Path, out: Path, seed: int = 0, **score):
+    config = score_config(shard_users=30, **score)
+    return score_with_model(config, tiny_model(seed=seed), vocabulary(), input_path, out, progress=False)
+
+
+@pytest.fixture
+def previous(tmp_path) -> tuple[Path, Path]:
+    """A prepared dir of 100 users and its complete rankings."""
+    prepared = write_prepared(tmp_path / "prepared", n_users=N_USERS)
+    _score(prepared, tmp_path / "previous")
+    return prepared, tmp_path / "previous"
+
+
+@pytest.mark.parametrize(("share", "new_users"), [(0.0, 0), (0.05, 3), (1.0, 3)])
+def test_changed_only_output_equals_a_full_rescore(previous, tmp_path, share, new_users):
+    prepared, before = previous
+    new_input, picked = _changed_input(prepared, tmp_path / "new", share, new_users=new_users)
+    full = _score(new_input, tmp_path / "full")
+    delta = _score(new_input, tmp_path / "delta", changed_since=str(before))
+    users = N_USERS + new_users
+    assert (delta.users, delta.rows, delta.skipped_users) == (full.users, full.rows, full.skipped_users) == (users, full.rows, 0)
+    assert delta.carried_users == N_USERS - len(picked) and full.carried_users == 0
+    got, expected = read_rankings(tmp_path / "delta"), read_rankings(tmp_path / "full")
+    key = [schema.USER_ID, schema.RANK, schema.ITEM_ID]
+    assert got.select(key).equals(expected.select(key))
+    assert np.allclose(got[schema.SCORE].to_numpy(), expected[schema.SCORE].to_numpy(), rtol=0, atol=1e-6)
+    unchanged = pl.col(schema.USER_ID).is_in(list(picked)).not_() & pl.col(schema.USER_ID).str.starts_with("new-").not_()
+    assert got.filter(unchanged).equals(read_rankings(before).filter(unchanged))  # carried rows, byte for byte
+    if share in (0.0, 1.0):  # everybody carried, or everybody ranked in the same batches as the full score: same bytes
+        for part in sorted((tmp_path / "full").glob("part-*.parquet")):
+            assert (tmp_path / "delta" / part.name).read_bytes() == part.read_bytes()
+    assert (f"carried over (history unchanged since the previous output): {delta.carried_users} users; ranked again: "
+            f"{users - delta.carried_users}" in delta.summary()) == (share < 1)
+
+
+def test_another_model_ranks_everybody_again(previous, tmp_path):
+    prepared, before = previous
+    new_input, _ = _changed_input(prepared, tmp_path / "new", 0.05)
+    full = _score(new_input, tmp_path / "full", seed=1)
+    delta = _score(new_input, tmp_path / "delta", seed=1, changed_since=str(before))
+    assert delta.carried_users == 0 and delta.users_scored == N_USERS
+    assert read_rankings(tmp_path / "delta").equals(read_rankings(tmp_path / "full"))
+    other_k = _score(new_input, tmp_path / "k5", k=5, changed_since=str(before))  # a setting that changes rows
+    assert other_k.carried_users == 0
+
+
+def test_killed_changed_only_run_rerun_equals_an_uninterrupted_one(previous, tmp_path):
+    prepared, before = previous
+    new_input, _ = _changed_input(prepared, tmp_path / "new", 0.05, new_users=2)
+    _score(new_input, tmp_path / "clean", changed_since=str(before))
+    for point, shard in (("written", 1), ("recorded", 2)):
+        out = tmp_path / f"killed-{point}"
+        with pytest.raises(Killed):
+            score_with_model(score_config(shard_users=30, changed_since=str(before)), tiny_model(), vocabulary(),
+                             new_input, out, progress=False, hook=kill_at(point, shard))  # fmt: skip
+        _score(new_input, out, changed_since=str(before))
+        assert snapshot(out) == snapshot(tmp_path / "clean")  # parts, fingerprints, manifest: byte for byte
+
+
+def test_changed_since_refuses_what_is_not_a_finished_output(previous, tmp_path):
+    prepared, before = previous
+    with pytest.raises(DataError, match="not a complete scoring output"):
+        _score(prepared, tmp_path / "a", changed_since=str(tmp_path / "nowhere"))
+    with pytest.raises(DataError, match="is the output itself"):
+        _score(prepared, before, changed_since=str(before))
+
+
+def _shard(histories: list[list[int]], gaps: list[list[int]] | None = None, ids: list[str] | None = None) -> Shard:
+    def flat(rows):
+        offsets = np.concatenate([[0], np.cumsum([len(r) for r in rows])]).astype(np.int64)
+        return FlatSequences(values=np.array([v for r in rows for v in r], dtype=np.int64), offsets=offsets)
+
+    users = pl.Series(schema.USER_ID, ids or [f"u{i}" for i in range(len(histories))])
+    return Shard(user_ids=users, histories=flat(histories), unknown_events=0, gaps=None if gaps is None else flat(gaps))
+
+
+def test_history_fingerprint_changes_with_any_item_order_or_gap_and_only_then():
+    base = [[1, 2, 3], [1, 2, 3], [3, 2, 1], [1, 2, 3, 4], [1, 2], [], [7]]
+    h = history_fingerprints(_shard(base))["history"].to_list()
+    assert h[0] == h[1] and len(set(h[1:])) == 6  # same history, same print; order, an added or removed event: another
+    again = history_fingerprints(_shard([[7], [1, 2, 3]], ids=["x", "y"]))["history"].to_list()
+    assert again == [h[6], h[0]]  # independent of the user, its position and the shard
+    timed = history_fingerprints(_shard([[1, 2], [1, 2]], gaps=[[0, 3], [0, 4]]))["history"].to_list()
+    assert timed[0] != timed[1] and h[4] not in timed
