@@ -21,6 +21,7 @@ from pathlib import Path
 from pipelines.cli import configure_logging
 from pipelines.evaluate import evaluate_scorer, test_examples
 from pipelines.train import run_train
+from recsys_alibi.atomic import write_text_atomic
 from recsys_alibi.config import load_config, with_overrides
 from recsys_alibi.data.prepare import read_items, read_sequences
 from recsys_alibi.model.scorer import RankerScorer
@@ -110,7 +111,7 @@ def main() -> None:
         f"--epochs {args.epochs}" + (f" --alibi-200-uri {args.alibi_200_uri}" if args.alibi_200_uri else ""),
     }
     args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(result, indent=2))
+    write_text_atomic(args.output, json.dumps(result, indent=2))
     plot(result, png)
     print(json.dumps(result, indent=2))
 

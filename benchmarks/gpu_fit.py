@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from recsys_alibi.atomic import atomic_path
+from recsys_alibi.atomic import write_text_atomic
 from recsys_alibi.config import load_config
 from recsys_alibi.data.prepare import read_sequences
 from recsys_alibi.data.splits import leave_one_out
@@ -64,8 +64,7 @@ def main(argv: list[str] | None = None) -> dict:
                     "gpu": torch.cuda.get_device_name() if device == "cuda" else None},  # fmt: skip
     }
     args.json.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_path(args.json) as tmp:
-        tmp.write_text(json.dumps(report, indent=2))
+    write_text_atomic(args.json, json.dumps(report, indent=2))
     print(json.dumps(report, indent=2))
     return report
 

@@ -82,7 +82,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {max_len} | {a['batches_per_epoch']} / {b['batches_per_epoch']} | {a['mean_rows']:.0f} / {b['mean_rows']:.0f} "
               f"| {a['tokens_per_second']:.0f} | {b['tokens_per_second']:.0f} | {a['peak_rss_gib']:.2f} | {b['peak_rss_gib']:.2f} |")
     if args.json:
-        args.json.write_text(json.dumps(results, indent=2) + "\n")
+        from recsys_alibi.atomic import write_text_atomic
+
+        write_text_atomic(args.json, json.dumps(results, indent=2) + "\n")
     return 0
 
 

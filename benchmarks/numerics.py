@@ -42,6 +42,7 @@ import lightning as L
 import numpy as np
 import torch
 
+from recsys_alibi.atomic import write_text_atomic
 from recsys_alibi.data.synthetic import EPISODE_GAP
 from recsys_alibi.diagnostics import diagnose, probe_zero_share
 from recsys_alibi.model.alibi import alibi_slopes
@@ -77,8 +78,8 @@ def run_paths(output: Path, n_heads: int = 8, length: int = 1024, max_bias: floa
         records.append({"dtype": dtype, "backend": "exp", "length": length, "measured": None,
                         "predicted": [h.zero_share for h in report.heads["exp"]], "seconds": 0.0})  # fmt: skip
     output.mkdir(parents=True, exist_ok=True)
-    (output / "paths.json").write_text(json.dumps(records, indent=2))
-    (output / "paths.md").write_text(paths_markdown(records, n_heads, length, max_bias))
+    write_text_atomic(output / "paths.json", json.dumps(records, indent=2))
+    write_text_atomic(output / "paths.md", paths_markdown(records, n_heads, length, max_bias))
     return records
 
 
@@ -472,8 +473,8 @@ def run_probe(output: Path, plan: Sequence[tuple[str, str, int]], json_path: Pat
         records += new
         done.add((precision, setting, seed))  # a plan may name a run twice
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(records, indent=2))
-        (output / "probe.md").write_text(probe_summary_markdown(records) + "\n" + probe_markdown(records))
+        write_text_atomic(path, json.dumps(records, indent=2))
+        write_text_atomic(output / "probe.md", probe_summary_markdown(records) + "\n" + probe_markdown(records))
         log.info("probe %s %s seed %d: %.0f s", precision, setting, seed, time.perf_counter() - started)
     return records
 

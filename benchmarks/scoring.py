@@ -182,6 +182,12 @@ def compare_engines(log: Path, k: int, shard_users: int, workdir: Path) -> list[
     return rows
 
 
+def _write_rows(path: Path, rows: list[dict]) -> None:
+    from recsys_alibi.atomic import write_text_atomic  # a device or FIFO there is refused, never replaced
+
+    write_text_atomic(path, json.dumps(rows, indent=2) + "\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--catalogs", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
@@ -202,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             shutil.rmtree(work, ignore_errors=True)
         if args.json:
-            args.json.write_text(json.dumps(rows, indent=2) + "\n")
+            _write_rows(args.json, rows)
         return 0
     if args.one:
         n_items, length, users, k, data, shard = args.one
@@ -227,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(table(rows))
     if args.json:
-        args.json.write_text(json.dumps(rows, indent=2) + "\n")
+        _write_rows(args.json, rows)
     return 0
 
 

@@ -44,7 +44,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import torch
 
-from recsys_alibi.atomic import atomic_path
+from recsys_alibi.atomic import write_text_atomic
 from recsys_alibi.config import ModelConfig, TrainConfig
 from recsys_alibi.data.loader import FlatSequences, NextItemWindows, collate_next_item, collate_packed_next_item
 from recsys_alibi.training.module import RankerModule
@@ -288,8 +288,7 @@ def main(argv: list[str] | None = None) -> dict:
     results = run_backends(args) if args.mode == "backends" else run_layouts(args)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        with atomic_path(args.json) as tmp:  # whole file or nothing
-            tmp.write_text(json.dumps(results, indent=2))
+        write_text_atomic(args.json, json.dumps(results, indent=2))  # whole file or nothing
     return results
 
 

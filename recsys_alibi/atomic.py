@@ -115,10 +115,15 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
             os.unlink(tmp)
 
 
+def write_text_atomic(path: str | Path, text: str) -> None:
+    """Write ``text`` (UTF-8) to ``path`` atomically (:func:`atomic_path`)."""
+    with atomic_path(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+
+
 def write_json_atomic(path: str | Path, payload: dict) -> None:
     """Write ``payload`` as indented JSON to ``path`` atomically."""
-    with atomic_path(path) as tmp:
-        tmp.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
+    write_text_atomic(path, json.dumps(payload, indent=2, sort_keys=True) + "\n")
 
 
 def publish_files(staging: Path, directory: Path, owned: tuple[str, ...], last: str | None = None) -> list[str]:
