@@ -30,6 +30,10 @@ from recsys_alibi.tracking import tracking_uri
 
 log = logging.getLogger(__name__)
 
+# the warm schedule's rule for unset train.warm keys (measured on the default data: docs/scheduling.md)
+WARM_EPOCHS_DIVISOR = 4  # a quarter of the cold run's epochs
+WARM_LR_FACTOR = 0.2  # a fifth of the cold peak learning rate
+WARM_WARMUP_STEPS = 5  # a short warm-up: the weights are trained already, only Adam's moments start from zero
 MARKER = "warm_start.json"  # checkpoints/<run_id>.warm_start.json of a warm-started run
 USERS_TAG, EVENTS_TAG = "recsys_alibi.data.users", "recsys_alibi.data.events"  # every run: size of its prepared data
 
@@ -178,6 +182,18 @@ def _parent_counts(run_id: str) -> tuple[int, int] | None:
 
 
 def warm_schedule(config: JobConfig) -> JobConfig:
-    """``config`` with the set keys of ``train.warm`` in place of their ``train.*`` values."""
-    changes = {key: value for key, value in config.train.warm.model_dump().items() if value is not None}
-    return with_overrides(config, train=changes) if changes else config
+    """``config`` with the warm schedule in place of the cold one (``train.warm``; docs/scheduling.md).
+
+    A key of ``train.warm`` left unset takes the measured rule: ``max_epochs`` a quarter of
+    ``train.max_epochs`` (rounded up), ``lr`` a fifth of ``train.lr``, ``warmup_steps`` at most
+    ``WARM_WARMUP_STEPS``; ``patience`` stays ``train.patience``.
+    """
+    train, warm = config.train, config.train.warm
+    rule = {
+        "max_epochs": -(-train.max_epochs // WARM_EPOCHS_DIVISOR),
+        "lr": train.lr * WARM_LR_FACTOR,
+        "warmup_steps": min(train.warmup_steps, WARM_WARMUP_STEPS),
+        "patience": train.patience,
+    }
+    return with_overrides(config, train={key: value if (value := getattr(warm, key)) is not None else default
+                                         for key, default in rule.items()})  # fmt: skip

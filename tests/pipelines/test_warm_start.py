@@ -98,3 +98,15 @@ def test_init_from_champion_without_one_starts_cold_and_says_so(tmp_path, mlflow
     (run,) = _runs()
     assert run.data.params["train.max_epochs"] == "1"  # the cold schedule
     assert run.data.tags["lineage.init_from"].startswith("none (train.init_from=champion")
+
+
+def test_unset_warm_keys_follow_the_measured_rule():
+    from pipelines.warm_start import warm_schedule
+    from recsys_alibi.config import load_config
+
+    cold = ["train.init_from=champion", "train.max_epochs=32", "train.lr=0.005", "train.warmup_steps=20", "train.patience=8"]
+    warm = warm_schedule(load_config(None, cold)).train
+    assert (warm.max_epochs, warm.lr, warm.warmup_steps, warm.patience) == (8, 0.005 * 0.2, 5, 8)
+    given = warm_schedule(load_config(None, [*cold, "train.warm.max_epochs=3", "train.warm.lr=0.002"])).train
+    assert (given.max_epochs, given.lr, given.warmup_steps) == (3, 0.002, 5)
+    assert warm_schedule(load_config(None, [*cold, "train.max_epochs=5", "train.warmup_steps=2"])).train.max_epochs == 2
