@@ -193,11 +193,13 @@ def test_temporal_protocol_on_data_timed_by_line_order_is_refused_with_one_line(
     assert main(["prepare", "--input", "sas.txt", "--format", "sasrec", "--output", "prepared"]) == 0
     capsys.readouterr()
     temporal = ["--set", "evaluate.protocol=temporal"]
+    pipeline = ["pipeline", "--output", "run", "--quiet", "--set", "data.input=sas.txt", "--set", "data.format=sasrec"]
     for args in (["evaluate", "--baseline", "popularity", "--prepared", "prepared", "--output", "r"],
-                 ["train", "--prepared", "prepared", "--quiet", "--set", "output=job"]):  # fmt: skip
+                 ["train", "--prepared", "prepared", "--quiet", "--set", "output=job"], pipeline):  # fmt: skip
         assert main([*args, *temporal]) == 2
-        err = capsys.readouterr().err.strip().splitlines()
+        err = [line for line in capsys.readouterr().err.strip().splitlines() if line.startswith("error")]
         assert len(err) == 1 and err[0].startswith("error: evaluate.protocol=temporal needs real timestamps"), err
         assert "line order" in err[0] and "leave_one_out" in err[0]
     assert not (tmp_path / "r").exists() and not (tmp_path / "job").exists()
+    assert not (tmp_path / "run" / "checkpoints").exists()  # refused before training
     assert main(["evaluate", "--baseline", "popularity", "--prepared", "prepared", "--output", "r"]) == 0
