@@ -178,7 +178,9 @@ def _cmd_pipeline(config: JobConfig, args) -> str:
     from recsys_alibi.training.launch import launch_rank
 
     check_pipeline_launch(config)
-    check_output_dir(config.output)
+    out = check_output_dir(config.output)
+    for step in ("prepared", "report", "rankings"):  # the steps' folders: a device or FIFO there is refused now
+        check_output_dir(out / step, f"output ({step})")
     if launch_rank(config.train.devices) != 0:  # a training process started by Lightning: train only
         from pipelines.train import run_train
 

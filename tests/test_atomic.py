@@ -159,3 +159,11 @@ def test_an_output_directory_holding_a_fifo_is_refused_before_the_job_reads_it(t
     assert main(args) == 2
     assert f"--output {out} holds _manifest.json, a FIFO (named pipe)" in _error_line(capsys)
     assert os.listdir(out) == ["_manifest.json"] and stat.S_ISFIFO(os.lstat(out / "_manifest.json").st_mode)
+
+
+def test_pipeline_refuses_a_fifo_in_a_steps_folder_before_its_first_step(tmp_path, capsys):
+    (tmp_path / "rankings").mkdir()
+    _fifo(tmp_path / "rankings" / "_manifest.json")  # read by its last step, after hours of training
+    assert main(["pipeline", "--output", str(tmp_path), "--quiet"]) == 2
+    assert "output (rankings) " in _error_line(capsys)
+    assert sorted(os.listdir(tmp_path)) == ["rankings"]  # nothing generated
