@@ -2,10 +2,12 @@
 PY ?= $(shell command -v python3.11 || command -v python3)
 VENV ?= .venv
 
-# requirements/ray.lock.txt: the optional Ray extra (`score --engine ray`); its tests skip without it
-$(VENV)/.installed: requirements/cpu.lock.txt requirements/test.lock.txt requirements/ray.lock.txt pyproject.toml
+# requirements/ray.lock.txt: the optional Ray extra (`score --engine ray`); requirements/faiss.lock.txt: the optional
+# FAISS extra (`export --index faiss`); their tests skip without them
+$(VENV)/.installed: requirements/cpu.lock.txt requirements/test.lock.txt requirements/ray.lock.txt requirements/faiss.lock.txt pyproject.toml
 	$(PY) -m venv $(VENV)
-	$(VENV)/bin/pip install -q --no-deps -r requirements/cpu.lock.txt -r requirements/test.lock.txt -r requirements/ray.lock.txt
+	$(VENV)/bin/pip install -q --no-deps -r requirements/cpu.lock.txt -r requirements/test.lock.txt -r requirements/ray.lock.txt \
+		-r requirements/faiss.lock.txt
 	$(VENV)/bin/pip install -q --no-deps --no-build-isolation -e .
 	touch $@
 

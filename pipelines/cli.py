@@ -84,6 +84,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--k", type=int)
     p.add_argument("--engine", choices=["local", "ray"],
                    help="local: this process (or torchrun shards); ray: a Ray Data actor pool (score.ray.*)")
+    p.add_argument("--changed-since", metavar="PREVIOUS_OUTPUT",
+                   help="rank only users whose history changed since that output (same model); carry the rest over")
+
+    p = sub.add_parser("export", help="item and user vectors (inner product) for a nearest-neighbour index")
+    _common(p)
+    p.add_argument("--model-uri", required=True)
+    p.add_argument("--input", type=Path, help="prepared dir, sequences Parquet, or raw events (any prepare format)")
+    p.add_argument("--output", type=Path, help="export directory (items.parquet, users.parquet, export.json)")
+    p.add_argument("--index", choices=["none", "faiss"], help="faiss: also a FAISS index over the items (export.*)")
 
     p = sub.add_parser("pipeline", help="generate -> prepare -> train -> evaluate -> register -> score")
     _common(p)
@@ -103,6 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
 FLAG_KEYS = {
     "users": "generate.users", "items": "generate.items", "seed": "seed", "days": "generate.days",
     "format": "data.format", "k": "score.k", "engine": "score.engine",
+    "changed_since": "score.changed_since", "index": "export.index",
     "heads": "model.n_heads", "max_len": "model.max_len",
 }  # flag (argparse dest) -> the config key it sets
 
@@ -173,6 +183,17 @@ def _cmd_score(config: JobConfig, args) -> str:
     return result.summary()
 
 
+def _cmd_export(config: JobConfig, args) -> str:
+    from serving.export import run_export
+    from serving.inputs import input_kind
+
+    output = check_output_dir(args.output or Path(config.output) / "export")
+    input_path = args.input or _default_prepared(config, None)
+    if input_kind(input_path) == "events":
+        check_outside_input(output, input_path)
+    return run_export(config, args.model_uri, input_path, output).summary()
+
+
 def _cmd_pipeline(config: JobConfig, args) -> str:
     from pipelines.pipeline import check_pipeline_launch, run_pipeline
     from recsys_alibi.training.launch import launch_rank
@@ -201,6 +222,7 @@ COMMANDS: dict[str, Callable[[JobConfig, argparse.Namespace], str]] = {
     "train": _cmd_train,
     "evaluate": _cmd_evaluate,
     "score": _cmd_score,
+    "export": _cmd_export,
     "pipeline": _cmd_pipeline,
     "diagnose": _cmd_diagnose,
 }

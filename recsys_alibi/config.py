@@ -352,6 +352,18 @@ class ScoreConfig(_Section):
         raise ValueError("must be auto, cpu, cuda, cuda:N or mps")
 
 
+class ExportConfig(_Section):
+    """``export``: the vectors for a nearest-neighbour index (serving.export)."""
+
+    index: Literal["none", "faiss"] = "none"  # --index faiss: also a FAISS index over the item vectors
+    hnsw_above: int = Field(100_000, ge=0)  # exact inner product (IndexFlatIP) up to this many items, HNSW above
+    hnsw_m: int = Field(32, ge=2)  # HNSW graph degree
+    ef_construction: int = Field(200, ge=1)
+    ef_search: int = Field(256, ge=1)  # search breadth stored with the index
+    recall_k: int = Field(100, ge=1)  # recall@k of the index against exact search, measured at export
+    recall_queries: int = Field(1_000, ge=0)  # user vectors used as queries for that measurement
+
+
 class TrackingConfig(_Section):
     """MLflow; ``MLFLOW_TRACKING_URI`` overrides ``uri``; None means sqlite under the working dir."""
 
@@ -386,6 +398,7 @@ class JobConfig(_Section):
     train: TrainConfig = TrainConfig()
     evaluate: EvaluateConfig = EvaluateConfig()
     score: ScoreConfig = ScoreConfig()
+    export: ExportConfig = ExportConfig()
     tracking: TrackingConfig = TrackingConfig()
 
     @model_validator(mode="before")

@@ -1,0 +1,136 @@
+"""``recsys-alibi export``: top-K by dot product of the exported vectors is score's ranking; the FAISS index."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+from engine_fixtures import ML1M_SCORE, ml1m_prepared
+from serving_fixtures import read_rankings, score_config, tiny_model, vocabulary
+
+from pipelines.cli import main
+from recsys_alibi.config import with_overrides
+from recsys_alibi.data import schema
+from serving import export as export_module
+from serving.export import export_model
+from serving.score import score_with_model
+
+TINY = [
+    "generate.users=80", "generate.items=50", "generate.min_events=5", "generate.max_events=40",
+    "data.min_events_per_user=2", "data.min_events_per_item=1", "model.d_model=16", "model.n_heads=2",
+    "model.n_layers=1", "model.max_len=16", "train.max_epochs=1", "train.batch_size=32", "train.warmup_steps=1",
+    "train.attention_health=false", "score.shard_users=30", "score.attention_backend=sdpa", "score.device=cpu",
+]  # fmt: skip
+
+
+def _sets(items: list[str]) -> list[str]:
+    return [arg for item in items for arg in ("--set", item)]
+
+
+def dot_product_rankings(export_dir: Path, prepared: Path, k: int) -> pl.DataFrame:
+    """Top-``k`` of ``users.vector @ items.vector`` with each user's history removed, ties to the lower
+    row: what a serving stack computes from the export (numpy reference), in the rankings schema."""
+    items = pl.read_parquet(export_dir / "items.parquet")
+    users = pl.read_parquet(export_dir / "users.parquet")
+    item_ids = items.get_column(schema.ITEM_ID)
+    scores = users.get_column("vector").to_numpy() @ items.get_column("vector").to_numpy().T  # (U, N)
+    row_of = {raw: row for row, raw in enumerate(item_ids.to_list())}
+    vocab = pl.read_parquet(prepared / schema.ITEMS_FILE).sort(schema.ITEM_IDX).get_column(schema.ITEM_ID).to_list()
+    histories = dict(pl.read_parquet(prepared / schema.SEQUENCES_FILE).select(schema.USER_ID, schema.ITEM_IDX).iter_rows())
+    frames = []
+    for u, user in enumerate(users.get_column(schema.USER_ID).to_list()):
+        row = scores[u].astype(np.float32)
+        row[[row_of[vocab[i - 1]] for i in histories[user]]] = -np.inf  # seen items
+        order = np.argsort(-row, kind="stable")[:k]
+        order = order[np.isfinite(row[order])]
+        frames.append(pl.DataFrame({schema.USER_ID: [user] * len(order),
+                                    schema.RANK: pl.Series(np.arange(1, len(order) + 1), dtype=pl.Int32),
+                                    schema.ITEM_ID: item_ids.gather(order), schema.SCORE: pl.Series(row[order], dtype=pl.Float32)}))  # fmt: skip
+    return pl.concat(frames).sort(schema.USER_ID, schema.RANK)
+
+
+def _same(got: pl.DataFrame, expected: pl.DataFrame) -> None:
+    key = [schema.USER_ID, schema.RANK, schema.ITEM_ID]
+    assert got.height == expected.height > 0
+    assert got.select(key).equals(expected.select(key))
+    assert np.allclose(got[schema.SCORE].to_numpy(), expected[schema.SCORE].to_numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_export_of_a_trained_model_ranks_every_user_like_score_on_default_data(tmp_path, mlflow_store, capsys):
+    assert main(["generate", "--output", str(tmp_path / "events.parquet"), *_sets(TINY)]) == 0
+    assert main(["prepare", "--input", str(tmp_path / "events.parquet"), "--output", str(tmp_path / "prep"), *_sets(TINY)]) == 0
+    assert main(["train", "--prepared", str(tmp_path / "prep"), "--quiet", *_sets(TINY), "--set", f"output={tmp_path / 'run'}"]) == 0
+    uri = f"runs:/{capsys.readouterr().out.split('mlflow_run_id: ')[1].split()[0]}/model"
+    common = ["--model-uri", uri, "--input", str(tmp_path / "prep"), "--quiet", *_sets(TINY)]
+    assert main(["score", *common, "--output", str(tmp_path / "rankings"), "--k", "10"]) == 0
+    assert main(["export", *common, "--output", str(tmp_path / "export")]) == 0
+    printed = capsys.readouterr().out
+    assert "\nexported 50 item and " in printed and "(D=16, inner product)" in printed
+    _same(dot_product_rankings(tmp_path / "export", tmp_path / "prep", 10), read_rankings(tmp_path / "rankings"))
+    manifest = json.loads((tmp_path / "export" / "export.json").read_text())
+    assert manifest["model"]["model_uri"] == uri and manifest["width"] == 16 and manifest["similarity"] == "inner_product"
+    assert manifest["users"] + manifest["users_without_vector"] == pl.read_parquet(tmp_path / "prep" / "sequences.parquet").height
+    items = pl.read_parquet(tmp_path / "export" / "items.parquet")
+    assert items.schema["vector"] == pl.Array(pl.Float32, 16) and items.height == 50  # padding row not exported
+    # the same scoring again with --changed-since: the model and every history are the same, so all rows carry over
+    assert main(["score", *common, "--output", str(tmp_path / "again"), "--k", "10", "--changed-since", str(tmp_path / "rankings")]) == 0
+    assert "carried over (history unchanged since the previous output): " in capsys.readouterr().out
+    assert read_rankings(tmp_path / "again").equals(read_rankings(tmp_path / "rankings"))
+
+
+def test_export_on_ml1m_ranks_like_score(shared_data, tmp_path):
+    prepared = ml1m_prepared(shared_data, tmp_path / "prep")
+    model, items = tiny_model(n_items=3_416, seed=5), pl.read_parquet(prepared / "items.parquet")
+    config = score_config(**{**ML1M_SCORE, "max_context": 50})  # histories beyond 50 events: the window with sinks
+    score_with_model(config, model, items, prepared, tmp_path / "rankings", progress=False)
+    result = export_model(config, model, items, prepared, tmp_path / "export")
+    assert (result.items, result.users, result.users_without_vector) == (3_416, 6_040, 0)
+    _same(dot_product_rankings(tmp_path / "export", prepared, 10), read_rankings(tmp_path / "rankings"))
+
+
+def test_faiss_index_exact_for_small_catalogs_hnsw_above_with_recall_measured(prepared, tmp_path):
+    faiss = pytest.importorskip("faiss", reason="faiss-cpu is not installed (optional extra: requirements/faiss.lock.txt)")
+    config = with_overrides(score_config(), export={"index": "faiss", "hnsw_above": 1_000, "recall_k": 5})
+    exact = export_model(config, tiny_model(), vocabulary(), prepared, tmp_path / "exact")
+    assert exact.index["type"] == "IndexFlatIP" and exact.index["recall"] == 1.0 and exact.index["recall_queries"] == 23
+    index = faiss.read_index(str(tmp_path / "exact" / "items.faiss"))
+    users = pl.read_parquet(tmp_path / "exact" / "users.parquet").get_column("vector").to_numpy()
+    items = pl.read_parquet(tmp_path / "exact" / "items.parquet").get_column("vector").to_numpy()
+    _, found = index.search(users, 5)
+    assert (found == np.argsort(-(users @ items.T), axis=1, kind="stable")[:, :5]).mean() > 0.99  # ids = item rows
+    n_items = 3_000
+    big = with_overrides(config, export={"hnsw_above": 1_000, "recall_k": 100, "hnsw_m": 16, "ef_search": 200})
+    hnsw = export_model(big, tiny_model(n_items=n_items), vocabulary(n_items), prepared, tmp_path / "hnsw")
+    assert hnsw.index["type"] == "IndexHNSWFlat" and hnsw.index["recall_k"] == 100 and 0.9 <= hnsw.index["recall"] <= 1.0
+    saved = json.loads((tmp_path / "hnsw" / "export.json").read_text())["index"]
+    assert saved["recall"] == hnsw.index["recall"] and saved["metric"] == "inner_product"
+    assert faiss.read_index(str(tmp_path / "hnsw" / "items.faiss")).ntotal == n_items
+
+
+def test_failed_export_leaves_the_previous_export_whole(prepared, tmp_path, monkeypatch):
+    config = score_config()
+    export_model(config, tiny_model(), vocabulary(), prepared, tmp_path / "export")
+    before = {p.name: p.read_bytes() for p in (tmp_path / "export").iterdir()}
+
+    def broken(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(export_module, "_write_users", broken)
+    with pytest.raises(OSError):
+        export_model(config, tiny_model(seed=3), vocabulary(), prepared, tmp_path / "export")
+    assert {p.name: p.read_bytes() for p in (tmp_path / "export").iterdir()} == before
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no staging folder left
+
+
+def test_export_index_faiss_without_faiss_is_a_one_line_error(prepared, tmp_path):
+    from without_modules import run_without
+
+    args = ["export", "--model-uri", "runs:/0/model", "--input", str(prepared), "--output", str(tmp_path / "x"), "--index", "faiss"]
+    code = f"import sys; from pipelines.cli import main; print('exit', main({args!r}))"
+    done = run_without("faiss", "-c", code)
+    assert done.stdout.strip() == "exit 2"
+    assert done.stderr.strip() == f"error: {export_module.FAISS_MISSING}"
+    assert not (tmp_path / "x").exists()
