@@ -139,7 +139,7 @@ def test_a_model_with_the_same_ids_at_other_indices_is_evaluated_by_raw_id(tmp_p
     new_index = torch.tensor([0, *range(n, 0, -1)])  # item_idx i -> n + 1 - i (0 stays padding)
     renumbered = _random_model(n)
     state = model.state_dict()
-    table = "items.collection.embeddings.item_table.weight"
+    (table,) = [name for name, value in state.items() if value.shape[:1] == (n + 1,)]  # the item table (N + 1, D)
     state[table] = torch.zeros_like(state[table]).index_copy(0, new_index, state[table])
     renumbered.load_state_dict(state)
     renumbered_items = items.with_columns((n + 1 - pl.col("item_idx")).cast(pl.Int32).alias("item_idx"))
