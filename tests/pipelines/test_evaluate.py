@@ -203,3 +203,26 @@ def test_temporal_protocol_on_data_timed_by_line_order_is_refused_with_one_line(
     assert not (tmp_path / "r").exists() and not (tmp_path / "job").exists()
     assert not (tmp_path / "run" / "checkpoints").exists()  # refused before training
     assert main(["evaluate", "--baseline", "popularity", "--prepared", "prepared", "--output", "r"]) == 0
+
+
+def test_evaluate_reads_one_prepare_and_refuses_a_directory_prepared_again_meanwhile(tmp_path, monkeypatch, capsys):
+    import pipelines.evaluate as evaluate_job
+    from recsys_alibi.config import DataConfig
+    from recsys_alibi.data.prepare import prepare
+
+    prepared = _prepared(tmp_path, monkeypatch)
+    other = tmp_path / "other.csv"
+    other.write_text("user_id,item_id,timestamp\n" + "\n".join(f"v{u},z{(u + t) % 7},{t}" for u in range(9) for t in range(5)))
+    real_read = evaluate_job.read_sequences
+
+    def read_then_prepare_again(*args, **kwargs):
+        frame = real_read(*args, **kwargs)
+        prepare(DataConfig(min_events_per_user=1, min_events_per_item=1), other, prepared)  # another catalog
+        return frame
+
+    monkeypatch.setattr(evaluate_job, "read_sequences", read_then_prepare_again)
+    capsys.readouterr()
+    assert main(["evaluate", "--baseline", "popularity", "--prepared", "prepared", "--output", "r"]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error")]
+    assert err == [f"error: {prepared.name} was prepared again while this job was reading it; run the job again"]
+    assert not (tmp_path / "r" / "report.json").exists()
