@@ -221,8 +221,8 @@ def _train_and_track(
              "train.world_size": float(fit.world_size)}
         )  # fmt: skip
         registered = config.tracking.registered_model if register else None
-        logged = log_ranker(fit.module.model, items, registered, Path(config.output) / "model" / run_id,
-                            pyfunc=pyfunc_flavour(fit.module.model, items, k=config.score.k))  # fmt: skip
+        pyfunc = pyfunc_flavour(fit.module.model, items, k=config.score.k, exclude_seen=config.score.exclude_seen)
+        logged = log_ranker(fit.module.model, items, registered, Path(config.output) / "model" / run_id, pyfunc=pyfunc)
     return TrainJobResult(
         run_id=run_id,
         model=logged,

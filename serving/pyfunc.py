@@ -267,7 +267,9 @@ class RankerPyfunc:
 
         Args:
             model_input: pandas/Polars frame or Arrow table, one row per user.
-            params: ``k`` (int >= 1, default ``score.k``), ``exclude_seen`` (bool, default True).
+            params: ``k`` (int >= 1, default ``score.k``), ``exclude_seen`` (bool, default: the
+                training config's ``exclude_seen``, logged in the signature: the seen-item rule of
+                ``recsys_alibi.evaluation.ranking``, as ``score`` applies it).
 
         Returns:
             pandas frame ``user_id``, ``rank`` int32, ``item_id``, ``score`` float32 (long format).
@@ -318,13 +320,14 @@ def example_input(items: pl.DataFrame, *, with_time: bool, n_events: int = 5):
     return pd.DataFrame(frame)
 
 
-def pyfunc_signature(items: pl.DataFrame, model, *, k: int):
+def pyfunc_signature(items: pl.DataFrame, model, *, k: int, exclude_seen: bool = True):
     """The MLflow signature and input example of the pyfunc flavour.
 
     No input schema (MLflow would then refuse Polars frames and Arrow tables; the columns are
     checked by :func:`histories_frame`, the example shows them); outputs: ``user_id`` any, ``rank`` integer, ``item_id`` long or
     string (the vocabulary's type), ``score`` float; params ``k`` long (default ``k``) and
-    ``exclude_seen`` boolean (default True). Written out, not inferred: MLflow's inference
+    ``exclude_seen`` boolean (default ``exclude_seen``: the training config's, so a call without
+    the param serves as ``score`` and ``evaluate`` do). Written out, not inferred: MLflow's inference
     warns about integer columns, noise in ``train``'s output.
 
     Returns:
@@ -338,15 +341,15 @@ def pyfunc_signature(items: pl.DataFrame, model, *, k: int):
     item_type = "string" if items.schema[schema.ITEM_ID] == pl.String else "long"
     outputs = Schema([ColSpec(AnyType(), schema.USER_ID), ColSpec("integer", schema.RANK), ColSpec(item_type, schema.ITEM_ID),
                       ColSpec("float", schema.SCORE)])  # fmt: skip
-    params = ParamSchema([ParamSpec("k", "long", int(k)), ParamSpec("exclude_seen", "boolean", True)])
+    params = ParamSchema([ParamSpec("k", "long", int(k)), ParamSpec("exclude_seen", "boolean", bool(exclude_seen))])
     return ModelSignature(inputs=None, outputs=outputs, params=params), example_input(items, with_time=with_time)
 
 
-def pyfunc_flavour(model, items: pl.DataFrame, *, k: int):
+def pyfunc_flavour(model, items: pl.DataFrame, *, k: int, exclude_seen: bool = True):
     """The :class:`recsys_alibi.tracking.PyfuncFlavour` that ``log_ranker`` logs beside PyTorch."""
     from recsys_alibi.tracking import PyfuncFlavour
 
-    signature, example = pyfunc_signature(items, model, k=k)
+    signature, example = pyfunc_signature(items, model, k=k, exclude_seen=exclude_seen)
     return PyfuncFlavour(loader_module=LOADER_MODULE, signature=signature, input_example=example,
                          model_config=dict.fromkeys(MODEL_CONFIG))
 

@@ -127,3 +127,13 @@ def test_a_prepare_completed_while_training_runs_fails_the_job_and_logs_no_model
     assert [a.path for a in mlflow.MlflowClient().list_artifacts(run.info.run_id)] == ["job_config.json"]
     assert mlflow.search_logged_models(output_format="list") == []  # no model logged,
     assert mlflow.MlflowClient().search_model_versions() == []  # none registered
+
+
+def test_the_logged_pyfunc_serves_under_the_configs_seen_item_rule(tmp_path, mlflow_store):
+    """Issue 31 defect 3: one exclude_seen for evaluate, score and the pyfunc. A pyfunc called without
+    the param takes the signature's default, which must be the training config's, not always true."""
+    prepared = _walks(tmp_path / "data", 12, "a")
+    assert main(_train(prepared, tmp_path / "job", "evaluate.exclude_seen=false")) == 0
+    (run,) = mlflow.search_runs(search_all_experiments=True, output_format="list")
+    pyfunc = mlflow.pyfunc.load_model(f"runs:/{run.info.run_id}/model")
+    assert {p.name: p.default for p in pyfunc.metadata.get_params_schema().params}["exclude_seen"] is False
