@@ -62,6 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--input", help="events: Parquet file/dir/glob, CSV/TSV, NDJSON, MovieLens, SASRec, S3-Rec (.gz ok)")
     p.add_argument("--format", choices=["parquet", "csv", "ndjson", "movielens", "sasrec", "s3rec"])
     p.add_argument("--output", type=Path, help="prepared directory")
+    p.add_argument("--append", action="store_true", default=None,
+                   help="merge --input (new events) into the existing prepared --output (data.append)")
 
     p = sub.add_parser("train", help="train the ranker; logs to MLflow and prints mlflow_run_id")
     _common(p)
@@ -111,7 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 FLAG_KEYS = {
     "users": "generate.users", "items": "generate.items", "seed": "seed", "days": "generate.days",
-    "format": "data.format", "k": "score.k", "engine": "score.engine",
+    "format": "data.format", "append": "data.append", "k": "score.k", "engine": "score.engine",
     "changed_since": "score.changed_since", "index": "export.index",
     "heads": "model.n_heads", "max_len": "model.max_len",
 }  # flag (argparse dest) -> the config key it sets

@@ -95,10 +95,13 @@ def run_generate_days(config: JobConfig, directory: str | Path) -> GenerateDaysR
 
 
 def run_prepare(config: JobConfig, input_path: str | Path | None, output_dir: str | Path):
-    """Events -> cleaned events, vocabulary, sequences, rejects and statistics in ``output_dir``.
+    """Events -> cleaned events, vocabulary, sequences, rejects and statistics in ``output_dir``;
+    with ``data.append`` the events are merged into the prepared ``output_dir`` instead
+    (:func:`recsys_alibi.data.append.append`).
 
     Raises:
-        DataError: no input given, or the input cannot be read (one line naming the fix).
+        DataError: no input given, or the input cannot be read (one line naming the fix); with
+            ``data.append``, no prepared directory at ``output_dir`` or other settings than its own.
         OutputPathError: ``output_dir`` is inside the input folder (its files would be read back as events).
     """
     from recsys_alibi.data.ingest import DataError
@@ -109,4 +112,8 @@ def run_prepare(config: JobConfig, input_path: str | Path | None, output_dir: st
         raise DataError("prepare needs an input: pass --input PATH or set data.input in the config")
     check_outside_input(output_dir, input_path)
     fmt = None if config.data.format == "auto" else config.data.format
+    if config.data.append:
+        from recsys_alibi.data.append import append
+
+        return append(config.data, input_path, output_dir, fmt=fmt)
     return prepare(config.data, input_path, output_dir, fmt=fmt)

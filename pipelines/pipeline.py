@@ -39,7 +39,7 @@ from recsys_alibi.config import ConfigError, JobConfig, with_overrides
 from recsys_alibi.data.sequences import read_items, read_sequences
 from recsys_alibi.data.time_gaps import has_real_timestamps, sequences_for
 from recsys_alibi.evaluation.report import format_metrics_table
-from serving.score import ScoreJobResult, run_score
+from serving.score import ScoreJobResult, engine_scorer, run_score
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +113,7 @@ def run_pipeline(config: JobConfig, *, progress: bool = True) -> PipelineResult:
         raise ValueError("the pipeline registers and promotes models: set tracking.registered_model to a name")
     check_promotion_metric(config)
     check_pipeline_launch(config)
+    engine_scorer(config)  # score.engine=ray (used by the scoring step): Ray and its cluster checked before training
     started = time.perf_counter()
     out = Path(config.output)
     input_path = config.data.input

@@ -106,6 +106,7 @@ class DataConfig(_Section):
     drop_duplicates: bool = True  # drop exact duplicate (user, item, timestamp, ...) rows
     partition_rows: int = Field(4_000_000, ge=1_000)  # events per user-hash partition (bounds memory)
     id_type: Literal["auto", "int", "str"] = "auto"  # ids of text formats; auto: Int64 only when every value round-trips (docs/data.md)
+    append: bool = False  # prepare merges the input into the existing prepared directory (docs/data.md, "Appending")
 
 
 class ModelConfig(_Section):

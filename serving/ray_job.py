@@ -28,15 +28,15 @@ all-to-all shuffle. That shuffle (``groupby("shard").map_groups``) never finishe
 local instance: its read tasks waited for CPUs the actors held (docs/scaling.md).
 
 Ray runs loopback only when this job starts it (``score.ray.address`` unset: a local instance
-on 127.0.0.1 without dashboard, shut down at the end); with an address it joins that cluster,
-and every node must read the input and write the output directory (shared storage). Ray's own
-logs and progress bars are kept out of the command's output.
+whose every process listens on 127.0.0.1, without dashboard, ignoring ``RAY_ADDRESS``, ended with
+the job even when the driver is killed: :mod:`serving.ray_instance`); with an address it joins
+that cluster (checked to answer first), and every node must read the input and write the output
+directory (shared storage). Ray's own logs and progress bars are kept out of the command's output.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import partial
@@ -51,81 +51,13 @@ from serving.distributed import World
 from serving.inputs import ScoreInput
 from serving.manifest import OutputDirError, part_name
 from serving.rank import ShardRanker
+from serving.ray_instance import check_ray, import_ray, loopback_env, ray_instance  # noqa: F401 (loopback_env: tests)
 from serving.score import ScoreJobResult, _ScoreJob, run_score, score_with_model, write_shard
 
 log = logging.getLogger(__name__)
 
-RAY_MISSING = (
-    "score.engine=ray needs Ray: install the optional extra (pip install --no-deps -r requirements/ray.lock.txt, "
-    "part of `make install`)"
-)
-QUIET_LOGGERS = ("ray", "ray.data", "ray.util", "ray._private", "filelock")
 STATS = ("users", "rows", "skipped_users", "unknown_events", "carried_users")  # per shard, as the manifest records them
 _USER_ERRORS = {"DataError": DataError, "OutputDirError": OutputDirError, "ConfigError": ConfigError}
-LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}  # every Ray process takes 127.0.0.1 as its node address
-
-
-def _import_ray():
-    try:
-        import ray
-        import ray.data  # noqa: F401
-    except ImportError:
-        raise ConfigError(RAY_MISSING) from None
-    return ray
-
-
-@contextmanager
-def loopback_env() -> Iterator[None]:
-    """:data:`LOOPBACK_ENV` in this process's environment while a local Ray instance starts.
-
-    The processes Ray starts (GCS, raylet, its agents, the workers) inherit it, so each one
-    names 127.0.0.1 as its node address and connects only there; without it the runtime-env
-    agent and the workers took the machine's interface address. The variable is restored after.
-    """
-    import os
-
-    before = {key: os.environ.get(key) for key in LOOPBACK_ENV}
-    os.environ.update(LOOPBACK_ENV)
-    try:
-        yield
-    finally:
-        for key, value in before.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-
-
-@contextmanager
-def ray_instance(cfg: RayConfig) -> Iterator[None]:
-    """Ray for one job: the running instance if there is one, else ``cfg.address``, else a local one.
-
-    A local instance (``address`` None) uses 127.0.0.1 only (:func:`loopback_env`), has no dashboard, holds
-    ``ceil(actors * cpus_per_actor)`` CPUs (and the GPUs the actors ask for) and is shut down on
-    exit. Ray's log lines below WARNING and its workers' output are not passed to this process.
-    """
-    ray = _import_ray()
-    for name in QUIET_LOGGERS:
-        logging.getLogger(name).setLevel(logging.ERROR)
-    if ray.is_initialized():
-        yield
-        return
-    quiet = {"include_dashboard": False, "log_to_driver": False, "logging_level": logging.ERROR}
-    if cfg.address:
-        ray.init(address=cfg.address, **quiet)
-    else:
-        gpus = math.ceil(cfg.actors * cfg.gpus_per_actor) if cfg.gpus_per_actor else 0
-        with loopback_env():
-            ray.init(num_cpus=max(1, math.ceil(cfg.actors * cfg.cpus_per_actor)), num_gpus=gpus,
-                     _node_ip_address="127.0.0.1", **quiet)  # fmt: skip
-    for name in QUIET_LOGGERS:  # ray.init configures its loggers again
-        logging.getLogger(name).setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        ray.shutdown()
-
-
 class ShardActor:
     """One actor of the pool: a model and a ranker; ``__call__`` scores a batch of shard indices.
 
@@ -181,7 +113,7 @@ class _RayScoreJob(_ScoreJob):
     def _score_todo(self, source: ScoreInput, todo: list[int], advance: Callable[[int], None]) -> int:
         if not todo:
             return 0
-        ray = _import_ray()
+        ray = import_ray()
         cfg = self.ray_cfg
         actors = min(cfg.actors, len(todo))
         kwargs = {"model": self.model, "items": self.items, "score": self.config.score, "k": self.ranker.k,
@@ -278,5 +210,5 @@ def run_ray_score(config: JobConfig, model_uri: str, input_path: str | Path, out
     Raises:
         ModelUriError, DataError, OutputDirError: as ``run_score``; ConfigError: no Ray.
     """
-    _import_ray()  # before loading the model: fail fast without the extra
+    check_ray(config.score.ray)  # before loading the model: fail fast without the extra or the cluster
     return run_score(config, model_uri, input_path, output_dir, scorer=score_with_ray, **options)

@@ -149,8 +149,7 @@ def run_score(
         output_dir: rankings directory (created; resumed when it holds this job's shards).
         k: items per user (default ``score.k``).
         progress: show a progress bar (rank 0).
-        scorer: what scores the loaded model (default :func:`score_with_model`; the Ray engine
-            passes ``serving.ray_job.score_with_ray``).
+        scorer: what scores the loaded model (default: ``score.engine``'s, :func:`engine_scorer`).
 
     A user with no event the model knows is not ranked; such users are counted, warned about
     and listed with the reason in ``output_dir/_skipped/``.
@@ -164,12 +163,30 @@ def run_score(
     """
     from recsys_alibi.tracking import load_ranker, setup_tracking
 
+    scorer = scorer or engine_scorer(config)  # before loading the model: Ray missing or unreachable fails fast
     setup_tracking(config.tracking)
     loaded = load_ranker(model_uri)
-    return (scorer or score_with_model)(
+    return scorer(
         config, loaded.model, loaded.items, input_path, output_dir, k=k, progress=progress,
         model_ref={"model_uri": model_uri, "run_id": loaded.run_id},
     )
+
+
+def engine_scorer(config: JobConfig) -> Callable[..., ScoreJobResult]:
+    """What scores a loaded model under ``score.engine``, for every caller of :func:`run_score`
+    (``score``, the pipeline's scoring step): :func:`score_with_model` for ``local``,
+    ``serving.ray_job.score_with_ray`` for ``ray`` (checked first: Ray installed, and
+    ``score.ray.address``, when set, answering).
+
+    Raises:
+        ConfigError: ``ray`` without Ray installed, or with an address where no cluster answers.
+    """
+    if config.score.engine != "ray":
+        return score_with_model
+    from serving.ray_job import check_ray, score_with_ray
+
+    check_ray(config.score.ray)
+    return score_with_ray
 
 
 def score_with_model(

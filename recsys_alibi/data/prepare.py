@@ -8,6 +8,8 @@ published at once with ``manifest.json`` last, see :mod:`recsys_alibi.data.prepa
 ``items.parquet``     the vocabulary: ``item_idx`` Int32 1..N, ``item_id``, ``count`` Int64
 ``sequences.parquet`` one row per user: ``user_id``, ``item_idx``, ``timestamp``, ``length``
 ``rejects.parquet``   rejected rows with ``reject_reason`` (only when a row was rejected)
+``cleaned.parquet``   the cleaned events before the k-core, with ``_subsecond`` and ``source_row``:
+                      what an append merges into (:mod:`recsys_alibi.data.append`)
 ``stats.json``        counts, rejects by reason, history-length quantiles, sparsity
 ``history_length.png`` histogram of events per user
 ``manifest.json``     the run's ``prepare_id`` (also in every Parquet footer and stats.json),
@@ -59,15 +61,17 @@ from pathlib import Path
 
 import numpy as np
 import polars as pl
+import pyarrow.parquet as pq
 
 from recsys_alibi.config import DataConfig
 from recsys_alibi.data.cleaning import k_core_mask
 from recsys_alibi.data.ingest import DataError, QuotedLinesError, Source, integer_id_columns, scan_source
 from recsys_alibi.data.prepare_clean import ITEM_CODE, USER_CODE, ItemCoder, Part, clean_partition
 from recsys_alibi.data.prepare_ingest import WORKERS, ipc_rows, n_partitions, parquet_rows, sink_partitions, sink_rejects
+from recsys_alibi.data.prepare_state import STATE_KEY, Base, file_sha256, settings
 from recsys_alibi.data.prepare_write import write_outputs
 from recsys_alibi.data.prepared import PREPARE_ID_KEY, STAGING_PREFIX, clean_stale, keep_failed_rejects, prepare_lock, publish
-from recsys_alibi.data.schema import COUNT, ITEM_ID, ITEM_IDX, ITEMS_FILE, REJECT_REASON, REJECTS_FILE, STATS_FILE, TIMESTAMP, USER_ID
+from recsys_alibi.data.schema import CLEANED_FILE, COUNT, ITEM_ID, ITEM_IDX, ITEMS_FILE, REJECT_REASON, REJECTS_FILE, STATS_FILE, TIMESTAMP, USER_ID
 from recsys_alibi.data.sequences import build_vocabulary, read_items, read_sequences
 from recsys_alibi.data.stats import HISTOGRAM_FILE, history_length_summary, plot_history_lengths, sparsity
 
@@ -78,26 +82,38 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class PrepareResult:
-    """What ``prepare`` wrote.
+    """What ``prepare`` (or an append) wrote.
 
     Attributes:
         output_dir: the prepared directory.
         counts: ``input_rows``, ``rejected``, ``deduplicated``, ``filtered_min_value``,
             ``filtered_kcore``, ``filtered``, ``kept``, ``users``, ``items``, ``events``,
-            ``kcore_rounds``.
-        stats: everything in ``stats.json``.
+            ``kcore_rounds`` (of the whole directory, every input together).
+        stats: everything in ``stats.json`` (an append: ``appended`` says what it brought).
+        appended: None for a full prepare; True when an append merged new files; False when
+            every file was already in the directory (nothing changed).
     """
 
     output_dir: Path
     counts: dict[str, int]
     stats: dict = field(default_factory=dict, repr=False)
+    appended: bool | None = None
 
     def summary(self) -> str:
         c = self.counts
-        return (
-            f"prepared {c['events']:,} events, {c['users']:,} users, {c['items']:,} items "
+        whole = (
+            f"{c['events']:,} events, {c['users']:,} users, {c['items']:,} items "
             f"from {c['input_rows']:,} rows ({c['rejected']:,} rejected, {c['deduplicated']:,} duplicates, "
             f"{c['filtered']:,} filtered) -> {self.output_dir}"
+        )
+        if self.appended is None:
+            return f"prepared {whole}"
+        if not self.appended:
+            return f"nothing to append: every input file is already prepared; {whole}"
+        a = self.stats["appended"]
+        return (
+            f"appended {a['input_rows']:,} rows ({a['new_events']:+,} events, {a['new_users']:,} new users, "
+            f"{a['new_items']:,} new items); now {whole}"
         )
 
 
@@ -127,33 +143,83 @@ def prepare(
     with prepare_lock(out):
         clean_stale(out)
         try:
-            return _prepare_in_work_dir(cfg, source, out)
+            return prepare_in_work_dir(cfg, source, out)
         except QuotedLinesError:  # rows span lines: fields cannot be counted per line; read without the check
             log.warning("%s: quoted fields span lines, so CSV rows are not checked for a wrong number of fields", source.paths[0])
-            return _prepare_in_work_dir(cfg, scan_source(cfg, input_path, fmt, count_fields=False), out)
+            return prepare_in_work_dir(cfg, scan_source(cfg, input_path, fmt, count_fields=False), out)
 
 
-def _prepare_in_work_dir(cfg: DataConfig, source: Source, out: Path) -> PrepareResult:
+def prepare_in_work_dir(
+    cfg: DataConfig, source: Source, out: Path, base: Base | None = None, digests: list[str] | None = None
+) -> PrepareResult:
     """``_prepare`` in a fresh staging directory inside ``out`` (removed afterwards; hold the lock)."""
     work = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=out))
     try:
-        return _prepare(cfg, source, out, work)
+        return _prepare(cfg, source, out, work, base, digests)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def _prepare(cfg: DataConfig, source: Source, out: Path, work: Path) -> PrepareResult:
-    """Every output into ``work`` (tagged with a new prepare id), then published into ``out``."""
+def _prepare(
+    cfg: DataConfig, source: Source, out: Path, work: Path, base: Base | None = None, digests: list[str] | None = None
+) -> PrepareResult:
+    """Every output into ``work`` (tagged with a new prepare id), then published into ``out``.
+
+    Args:
+        base: an append's existing directory (its cleaned events, rejects and vocabulary are
+            merged with the new input's); None for a full prepare.
+        digests: sha256 of each file of ``source`` (None: computed here, beside the reading).
+    """
     prepare_id = uuid.uuid4().hex
     tag = {PREPARE_ID_KEY: prepare_id}
+    with ThreadPoolExecutor(1) as hasher:  # hashlib releases the GIL: the input is hashed while polars reads it
+        hashing = hasher.submit(lambda: digests if digests is not None else [file_sha256(p) for p in source.paths])
+        ingested = _ingest(cfg, source, out, work, tag, base)
+        result = _clean_and_write(cfg, source, ingested, work, tag, base)
+        state = {**result.stats[STATE_KEY], "input_sha256": [*_before(base, STATE_KEY, {}).get("input_sha256", []), *hashing.result()]}
+    stats = {**result.stats, STATE_KEY: state}
+    (work / STATS_FILE).write_text(json.dumps(stats, indent=2) + "\n")
+    publish(work, out, prepare_id)
+    return PrepareResult(output_dir=out, counts=result.counts, stats=stats, appended=None if base is None else True)
+
+
+def _before(base: Base | None, key: str, default):
+    """``base.stats[key]`` (what the earlier inputs contributed), ``default`` for a full prepare."""
+    return default if base is None else base.stats.get(key, default)
+
+
+@dataclass(frozen=True)
+class _Ingested:
+    """Step A's result: the partitions (earlier cleaned events first) and the rejects' counts."""
+
+    parts: list[list[Path]]
+    n_parts: int
+    n_all: int  # good rows in the partitions (an append's earlier cleaned events included)
+    new_rows: int  # rows of this input (good and rejected)
+    text_ids: tuple[str, ...]
+    int_ids: list[str]
+    by_reason: dict[str, int]
+
+
+def _ingest(cfg: DataConfig, source: Source, out: Path, work: Path, tag: dict[str, str], base: Base | None) -> _Ingested:
+    """A: good events (after an append's earlier ones) to partitions, rejects (after the earlier ones) to Parquet."""
+    earlier = base.cleaned_rows if base is not None else 0
     rows = parquet_rows(source)
-    n_parts = n_partitions(cfg, source, rows)
-    parts = sink_partitions(cfg, source, work, n_parts)  # A
-    n_valid = sum(ipc_rows(files) for files in parts)
-    int_ids = integer_id_columns(pl.scan_ipc([f for files in parts for f in files]), source.text_ids) if n_valid else []
+    n_parts = n_partitions(cfg, source, rows, earlier)
+    parts = sink_partitions(cfg, source, work, n_parts, base.cleaned() if base is not None else None)
+    n_all = sum(ipc_rows(files) for files in parts)
+    n_valid = n_all - earlier
+    text_ids = source.text_ids
+    if base is not None:  # decided over the union; Int64 only if the earlier inputs' ids were too
+        text_ids = tuple(dict.fromkeys((*base.state["text_ids"], *source.text_ids)))
+    int_ids = integer_id_columns(pl.scan_ipc([f for files in parts for f in files]), text_ids) if n_all else []
+    if base is not None:
+        int_ids = [c for c in int_ids if c in base.state["int_ids"]]
     rejects_path = work / REJECTS_FILE
-    if n_valid != rows:  # some rows are rejects, or the row count is unknown: a second pass
-        sink_rejects(cfg, source, rejects_path, tag)
+    earlier_rejects = base.directory / REJECTS_FILE if base is not None else None
+    earlier_rejects = earlier_rejects if earlier_rejects is not None and earlier_rejects.is_file() else None
+    # some rows are rejects, or the row count is unknown: a second pass
+    sink_rejects(cfg, source, rejects_path, tag, before=earlier_rejects, new=n_valid != rows)
     rejects_by_reason = (
         pl.scan_parquet(rejects_path).group_by(REJECT_REASON).len().sort(REJECT_REASON).collect()
         if rejects_path.exists()
@@ -161,33 +227,61 @@ def _prepare(cfg: DataConfig, source: Source, out: Path, work: Path) -> PrepareR
     )
     by_reason = {r: int(n) for r, n in rejects_by_reason.iter_rows()}
     n_rejected = sum(by_reason.values())
-    input_rows = n_valid + n_rejected
-    if input_rows == 0:
+    new_rows = n_valid + n_rejected - _before(base, "rejected", 0)
+    if new_rows == 0:
         raise DataError(f"empty input: '{source.paths[0]}' has no rows; point --input at the event log")
     if not n_rejected:
         rejects_path.unlink(missing_ok=True)  # an empty file: published as "no rejects" (an older one is removed)
-    if n_valid == 0:
+    if n_all == 0:
         reasons = ", ".join(f"{k}: {v}" for k, v in by_reason.items())
         kept_at = keep_failed_rejects(rejects_path, out)
         raise DataError(f"all {n_rejected:,} rows were rejected ({reasons}); see {kept_at} and check --format and data.columns")
+    return _Ingested(parts, n_parts, n_all, new_rows, text_ids, int_ids, by_reason)
 
-    # B: per partition, min_value filter, local codes, sort, duplicate removal (held slim in memory);
-    # WORKERS partitions at a time (numpy and polars release the GIL), codes made global in order
+
+def _clean_partitions(
+    cfg: DataConfig, parts: list[list[Path]], int_ids: list[str], cleaned_path: Path, tag: dict[str, str]
+) -> tuple[list[Part], pl.Series, int]:
+    """B: per partition, min_value filter, local codes, sort, duplicate removal (held slim in memory).
+
+    ``WORKERS`` partitions at a time (numpy and polars release the GIL), codes made global in
+    partition order; each partition's cleaned events with raw ids are appended to
+    ``cleaned_path`` (what a later append merges into).
+
+    Returns:
+        ``(parts, item_ids, n_after_min)``: the partitions, the raw item id of every global item
+        code, and the events left after the min_value filter.
+    """
     coder = ItemCoder()
     cleaned: list[Part] = []
     n_after_min = n_users_seen = 0
     parts = [files for files in parts if files]
+    writer: pq.ParquetWriter | None = None
     with ThreadPoolExecutor(WORKERS) as pool:
-        for files, (users, items, frame, n_min) in zip(parts, pool.map(partial(clean_partition, cfg, int_ids), parts)):
+        for files, (users, items, frame, n_min, events) in zip(parts, pool.map(partial(clean_partition, cfg, int_ids), parts)):
             for f in files:  # free the disk as we go
                 f.unlink()
             if frame.height:
+                table = events.to_arrow()
+                if writer is None:
+                    writer = pq.ParquetWriter(cleaned_path, table.schema.with_metadata(tag), compression="zstd", compression_level=1)
+                writer.write_table(table)
                 item_codes = coder.encode(items)[frame[ITEM_ID].to_numpy()]  # local codes -> global ones
                 frame = frame.with_columns(pl.col(USER_ID) + n_users_seen, pl.Series(ITEM_ID, item_codes))
                 frame = frame.rename({USER_ID: USER_CODE, ITEM_ID: ITEM_CODE})
                 cleaned.append(Part(users=users, frame=frame, user_offset=n_users_seen))
                 n_users_seen += users.len()
                 n_after_min += n_min
+    if writer is not None:
+        writer.close()
+    return cleaned, coder.ids(), n_after_min
+
+
+def _clean_and_write(
+    cfg: DataConfig, source: Source, ingested: _Ingested, work: Path, tag: dict[str, str], base: Base | None
+) -> PrepareResult:
+    """B, C, D: clean the partitions, cut the k-core, index the items, write every output but the manifest."""
+    cleaned, item_ids, n_after_min = _clean_partitions(cfg, ingested.parts, ingested.int_ids, work / CLEANED_FILE, tag)
     n_after_dedup = sum(p.frame.height for p in cleaned)
 
     # C: k-core on the codes of all events at once (numpy views of the frames, no copies)
@@ -202,7 +296,6 @@ def _prepare(cfg: DataConfig, source: Source, out: Path, work: Path) -> PrepareR
             f"min_events_per_user={cfg.min_events_per_user}, min_events_per_item={cfg.min_events_per_item}); "
             "lower data.min_events_per_user / data.min_events_per_item"
         )
-    item_ids = coder.ids()
     item_count = np.zeros(item_ids.len(), dtype=np.int64)
     per_user: list[np.ndarray] = []
     start = 0
@@ -216,14 +309,14 @@ def _prepare(cfg: DataConfig, source: Source, out: Path, work: Path) -> PrepareR
     lengths = np.concatenate(per_user)
     lengths = lengths[lengths > 0]  # (U,) events per user kept, the same multiset as the sequences' lengths
     present = np.flatnonzero(item_count)
-    vocab = build_vocabulary(
-        pl.LazyFrame({ITEM_ID: item_ids.gather(present), COUNT: item_count[present].astype(np.int64)})
-    ).collect()
+    present_ids, present_counts = item_ids.gather(present), pl.Series(COUNT, item_count[present], dtype=pl.Int64)
+    if base is None:
+        vocab = build_vocabulary(pl.LazyFrame({ITEM_ID: present_ids, COUNT: present_counts})).collect()
+    else:  # earlier items keep their indices, new ones follow
+        vocab = base.vocabulary(present_ids, present_counts)
     idx_of_code = np.zeros(item_ids.len(), dtype=np.int32)  # 0 (padding) for items the k-core removed
     idx_of_code[present] = (
-        pl.DataFrame({ITEM_ID: item_ids.gather(present)})
-        .join(vocab, on=ITEM_ID, how="left", maintain_order="left")[ITEM_IDX]
-        .to_numpy()
+        pl.DataFrame({ITEM_ID: present_ids}).join(vocab, on=ITEM_ID, how="left", maintain_order="left")[ITEM_IDX].to_numpy()
     )
 
     # D: write events and sequences, partition after partition; the histogram is drawn meanwhile
@@ -234,26 +327,27 @@ def _prepare(cfg: DataConfig, source: Source, out: Path, work: Path) -> PrepareR
         vocab.write_parquet(work / ITEMS_FILE, metadata=tag)
         histogram.result()
 
-    n_users, n_items = int(lengths.shape[0]), int(vocab.height)
+    n_users, n_items, n_all = int(lengths.shape[0]), int(vocab.height), ingested.n_all
+    n_rejected = sum(ingested.by_reason.values())
     counts = {
-        "input_rows": input_rows,
+        "input_rows": _before(base, "input_rows", 0) + ingested.new_rows,
         "rejected": n_rejected,
-        "deduplicated": n_after_min - n_after_dedup,
-        "filtered_min_value": n_valid - n_after_min,
+        "deduplicated": _before(base, "deduplicated", 0) + n_after_min - n_after_dedup,
+        "filtered_min_value": _before(base, "filtered_min_value", 0) + n_all - n_after_min,
         "filtered_kcore": n_after_dedup - kept,
-        "filtered": (n_valid - n_after_min) + (n_after_dedup - kept),
         "kept": kept,
         "users": n_users,
         "items": n_items,
         "events": kept,
         "kcore_rounds": rounds,
     }
+    counts["filtered"] = counts["filtered_min_value"] + counts["filtered_kcore"]
     assert counts["input_rows"] == counts["kept"] + counts["rejected"] + counts["deduplicated"] + counts["filtered"]
     stats = {
-        "input": [str(p) for p in source.paths[:20]],
+        "input": [*_before(base, "input", []), *(str(p) for p in source.paths)][:20],
         "format": source.fmt,
         **counts,
-        "rejects_by_reason": by_reason,
+        "rejects_by_reason": ingested.by_reason,
         "min_value": cfg.min_value,
         "min_events_per_user": cfg.min_events_per_user,
         "min_events_per_item": cfg.min_events_per_item,
@@ -262,9 +356,21 @@ def _prepare(cfg: DataConfig, source: Source, out: Path, work: Path) -> PrepareR
         "timestamp_min": t_min,
         "timestamp_max": t_max,
         "time_from_line_order": TIMESTAMP not in source.columns,
-        "partitions": n_parts,
-        PREPARE_ID_KEY: prepare_id,
+        "partitions": ingested.n_parts,
+        PREPARE_ID_KEY: tag[PREPARE_ID_KEY],
+        STATE_KEY: {
+            "settings": settings(cfg, source),
+            "text_ids": list(ingested.text_ids),
+            "int_ids": ingested.int_ids,
+            "cleaned_rows": n_after_dedup,
+            "appends": _before(base, STATE_KEY, {}).get("appends", -1) + 1,
+        },
     }
-    (work / STATS_FILE).write_text(json.dumps(stats, indent=2) + "\n")
-    publish(work, out, prepare_id)
-    return PrepareResult(output_dir=out, counts=counts, stats=stats)
+    if base is not None:  # what this append brought (counts only grow: see recsys_alibi.data.append)
+        stats["appended"] = {
+            "input_rows": ingested.new_rows,
+            "new_users": n_users - int(base.stats["users"]),
+            "new_items": n_items - base.items.height,
+            "new_events": kept - int(base.stats["kept"]),
+        }
+    return PrepareResult(output_dir=work, counts=counts, stats=stats)

@@ -113,18 +113,19 @@ class ItemCoder:
 
 def clean_partition(
     cfg: DataConfig, int_ids: list[str], files: list[Path]
-) -> tuple[pl.Series, pl.Series, pl.DataFrame, int]:
+) -> tuple[pl.Series, pl.Series, pl.DataFrame, int, pl.DataFrame]:
     """B for one partition: id types, min_value filter, local codes, sort, exact duplicates (thread-safe).
 
     ``int_ids`` are the text id columns that become Int64 (``ingest.integer_id_columns``).
     Events are sorted and de-duplicated with their ``_subsecond`` part, which is then dropped.
 
     Returns:
-        ``(users, items, frame, n_after_min)``: the partition's distinct user and item ids
+        ``(users, items, frame, n_after_min, cleaned)``: the partition's distinct user and item ids
         (ascending); its events after the min_value filter and the duplicate removal, sorted by
         (user, time, source row), with ``user_id`` and ``item_id`` replaced by their positions
         in ``users`` and ``items`` (Int32; bijections, so duplicates stay duplicates) and
-        ``event_type`` as an Enum; the event count after the min_value filter.
+        ``event_type`` as an Enum; the event count after the min_value filter; and the same
+        events with their raw ids, ``_subsecond`` and ``source_row`` (``cleaned.parquet``).
     """
     df = cast_integer_ids(filter_min_value(pl.scan_ipc(files), cfg.min_value), int_ids).collect()
     users, user_codes = dense_codes(df[USER_ID])
@@ -146,5 +147,7 @@ def clean_partition(
     frame = pl.DataFrame(columns).gather(perm)
     if cfg.drop_duplicates:  # sorted: the first of equal rows is the first in source order
         duplicate = sorted_duplicates(frame)
-        frame = frame.filter(~duplicate) if duplicate.any() else frame
-    return users, items, frame.drop(SUBSECOND, strict=False), df.height
+        if duplicate.any():
+            frame = frame.filter(~duplicate)
+            perm = perm[~duplicate.to_numpy()]
+    return users, items, frame.drop(SUBSECOND, strict=False), df.height, df.gather(perm)

@@ -17,7 +17,7 @@ import polars as pl
 from recsys_alibi.config import DataConfig
 from recsys_alibi.data.errors import is_gzip, read_error
 from recsys_alibi.data.ingest import QuotedLinesError, Source, rejected_rows, tag_rows, valid_events
-from recsys_alibi.data.schema import USER_ID
+from recsys_alibi.data.schema import SUBSECOND, USER_ID
 
 BUCKET = "_bucket"
 HASH_SEED = 20240101  # fixed: the partition of a user never changes between runs
@@ -36,13 +36,14 @@ def parquet_rows(source: Source) -> int | None:
         return None
 
 
-def n_partitions(cfg: DataConfig, source: Source, rows: int | None) -> int:
-    """Partitions for ``rows`` events (estimated from the file sizes when None): whole rounds of ``WORKERS``."""
+def n_partitions(cfg: DataConfig, source: Source, rows: int | None, extra: int = 0) -> int:
+    """Partitions for ``rows`` events (estimated from the file sizes when None) plus ``extra``
+    (an append's earlier events): whole rounds of ``WORKERS``."""
     if rows is None:  # estimated from the file sizes
         ratio = 8 if source.fmt == "parquet" else BYTES_PER_TEXT_ROW
         size = sum(p.stat().st_size * (GZIP_RATIO if is_gzip(p) else 1) for p in source.paths)
         rows = size // ratio
-    n = math.ceil(rows / cfg.partition_rows)
+    n = math.ceil((rows + extra) / cfg.partition_rows)
     return 1 if n <= 1 else WORKERS * math.ceil(n / WORKERS)  # whole rounds of WORKERS threads
 
 
@@ -51,9 +52,19 @@ def ipc_rows(files: list[Path]) -> int:
     return pl.scan_ipc(files).select(pl.len()).collect().item() if files else 0
 
 
-def sink_partitions(cfg: DataConfig, source: Source, work: Path, n_parts: int) -> list[list[Path]]:
-    """A: a streaming pass; good events to user-hash partitions (Arrow IPC)."""
+def sink_partitions(
+    cfg: DataConfig, source: Source, work: Path, n_parts: int, before: pl.LazyFrame | None = None
+) -> list[list[Path]]:
+    """A: a streaming pass; good events to user-hash partitions (Arrow IPC).
+
+    Args:
+        before: an append's earlier cleaned events (``Base.cleaned``), written first; their id
+            columns take the new events' types (Int64 ids are cast to String where the new ones
+            are still text, for the id-typing pass to decide over both).
+    """
     valid = valid_events(tag_rows(source, cfg))
+    if before is not None:
+        valid = pl.concat([_aligned(before, valid.collect_schema()), valid], how="vertical")
     if n_parts == 1:
         stream(source, valid.sink_ipc(work / "valid.ipc", compression=None, lazy=True))
         return [[work / "valid.ipc"]]
@@ -63,9 +74,29 @@ def sink_partitions(cfg: DataConfig, source: Source, work: Path, n_parts: int) -
     return [sorted((work / "valid" / f"{BUCKET}={p}").glob("*.ipc")) for p in range(n_parts)]
 
 
-def sink_rejects(cfg: DataConfig, source: Source, path: Path, tag: dict[str, str]) -> None:
-    """A, second pass: rejected rows to Parquet (one pass for both sinks would cache the whole input)."""
-    stream(source, rejected_rows(tag_rows(source, cfg), source.raw_columns).sink_parquet(path, metadata=tag, lazy=True))
+def _aligned(before: pl.LazyFrame, schema: pl.Schema) -> pl.LazyFrame:
+    """``before`` with the columns and types of ``schema`` (a missing ``_subsecond`` is 0)."""
+    have = before.collect_schema()
+    return before.select(
+        pl.col(name).cast(dtype) if name in have else pl.lit(0 if name == SUBSECOND else None).cast(dtype).alias(name)
+        for name, dtype in schema.items()
+    )
+
+
+def sink_rejects(
+    cfg: DataConfig, source: Source, path: Path, tag: dict[str, str], before: Path | None = None, new: bool = True
+) -> None:
+    """A, second pass: rejected rows to Parquet (one pass for both sinks would cache the whole input).
+
+    Args:
+        before: an append's earlier ``rejects.parquet``, written first (same raw columns).
+        new: read the input's rejects (False: the input is known to have none).
+    """
+    frames = [pl.scan_parquet(before)] if before is not None else []
+    if new:
+        frames.append(rejected_rows(tag_rows(source, cfg), source.raw_columns))
+    if frames:
+        stream(source, pl.concat(frames, how="vertical").sink_parquet(path, metadata=tag, lazy=True))
 
 
 def stream(source: Source, sink: pl.LazyFrame) -> None:

@@ -42,6 +42,7 @@ import pyarrow.parquet as pq
 from recsys_alibi.atomic import check_replaceable, publish_files, replace_file, stale_temps, write_json_atomic
 from recsys_alibi.data.ingest import DataError
 from recsys_alibi.data.schema import (
+    CLEANED_FILE,
     EVENTS_FILE,
     ITEMS_FILE,
     MANIFEST_FILE,
@@ -56,7 +57,9 @@ log = logging.getLogger(__name__)
 PREPARE_ID_KEY = "recsys_alibi.prepare_id"  # Parquet footer key and stats.json field
 STAGING_PREFIX = ".prepare-"
 FAILED_REJECTS_FILE = "rejects-failed.parquet"  # the rejects of a run that failed, beside older prepared data
-OUTPUTS = (EVENTS_FILE, ITEMS_FILE, SEQUENCES_FILE, REJECTS_FILE, STATS_FILE, HISTOGRAM_FILE, FAILED_REJECTS_FILE)
+OUTPUTS = (
+    EVENTS_FILE, ITEMS_FILE, SEQUENCES_FILE, REJECTS_FILE, STATS_FILE, HISTOGRAM_FILE, FAILED_REJECTS_FILE, CLEANED_FILE,
+)  # fmt: skip
 FINGERPRINT_FILES = (SEQUENCES_FILE, ITEMS_FILE)  # the data a model is trained on
 COMPLETE, PUBLISHING = "complete", "publishing"
 T = TypeVar("T")
@@ -127,11 +130,42 @@ def publish(staging: Path, directory: Path, prepare_id: str) -> dict:
     for name in (MANIFEST_FILE, *OUTPUTS):  # a device or FIFO there: refused before anything is written
         check_replaceable(directory / name)
     manifest_path = directory / MANIFEST_FILE
-    write_json_atomic(manifest_path, {**manifest, "state": PUBLISHING})
+    write_json_atomic(manifest_path, {**manifest, "state": PUBLISHING, "staging": staging.name})
     publish_files(staging, directory, OUTPUTS)  # an earlier run's file this one lacks (e.g. rejects) is removed
     manifest = {**manifest, "state": COMPLETE}
     write_json_atomic(manifest_path, manifest)
     return manifest
+
+
+def roll_forward(directory: Path) -> bool:
+    """Finish the publish a killed ``prepare`` or append began (hold the lock).
+
+    The ``"publishing"`` manifest names the staging directory, whose files were complete before
+    the first was moved: the ones still there are moved into place, the outputs that run did not
+    write are removed, and the manifest is written ``"complete"``. An append calls this before it
+    reads the directory, so a kill while publishing loses nothing (a full ``prepare`` simply
+    replaces everything).
+
+    Returns:
+        True when an interrupted publish was finished.
+    """
+    path = directory / MANIFEST_FILE
+    try:
+        manifest = json.loads(path.read_text())
+        staging = directory / manifest["staging"] if manifest["state"] == PUBLISHING else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    if staging is None or not staging.is_dir() or not isinstance(manifest.get("files"), dict):
+        return False
+    for name in OUTPUTS:
+        if name not in manifest["files"] and (directory / name).is_file():
+            (directory / name).unlink()
+    for name in manifest["files"]:
+        if (staging / name).is_file():
+            os.replace(staging / name, directory / name)
+    write_json_atomic(path, {**{k: v for k, v in manifest.items() if k != "staging"}, "state": COMPLETE})
+    log.info("finished publishing %s (a prepare was killed while replacing its files)", directory)
+    return True
 
 
 def read_manifest(directory: str | Path) -> dict | None:

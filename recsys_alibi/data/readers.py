@@ -71,12 +71,14 @@ class QuotedLinesError(DataError):
 Read = tuple[pl.LazyFrame, dict[str, str], bool, tuple[str, ...]]  # frame, columns, text, text ids
 
 
-def scan_source(cfg: DataConfig, input_path: str | Path, fmt: str | None = None, *, count_fields: bool = True) -> Source:
+def scan_source(
+    cfg: DataConfig, input_path: str | Path | list[Path], fmt: str | None = None, *, count_fields: bool = True
+) -> Source:
     """Scan the input lazily; nothing but a few sniffed lines is read here.
 
     Args:
         cfg: ``format``, ``columns``, ``separator``, ``has_header``, ``id_type`` are used.
-        input_path: a file, a directory, or a glob.
+        input_path: a file, a directory, or a glob; or the files themselves, in reading order.
         fmt: overrides ``cfg.format``; ``None`` or ``"auto"`` infers it.
         count_fields: check each CSV row's number of fields against the header (off only for
             a CSV whose quoted fields span lines, see :class:`QuotedLinesError`).
@@ -85,7 +87,7 @@ def scan_source(cfg: DataConfig, input_path: str | Path, fmt: str | None = None,
         DataError: missing input, unknown format, unreadable file (naming the file, and the line
             or byte where it can), empty input, missing column.
     """
-    paths = resolve_paths(input_path)
+    paths = list(input_path) if isinstance(input_path, (list, tuple)) else resolve_paths(input_path)
     fmt = fmt or cfg.format
     if fmt == "auto":
         fmt = infer_format(paths)

@@ -30,4 +30,5 @@ REJECTS_FILE = "rejects.parquet"
 ITEMS_FILE = "items.parquet"
 SEQUENCES_FILE = "sequences.parquet"
 STATS_FILE = "stats.json"
+CLEANED_FILE = "cleaned.parquet"  # cleaned events of every input before the k-core, what an append merges into
 MANIFEST_FILE = "manifest.json"  # written last by prepare: its id, files, data fingerprint (recsys_alibi.data.prepared)

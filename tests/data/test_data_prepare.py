@@ -137,8 +137,8 @@ def test_output_files_are_complete_and_no_temporaries_remain(tmp_path):
     prepare(LOOSE, tmp_path / "e.csv", out)
     names = sorted(os.listdir(out))
     assert names == [
-        "events.parquet", "history_length.png", "items.parquet", "manifest.json", "rejects.parquet", "sequences.parquet",
-        "stats.json",
+        "cleaned.parquet", "events.parquet", "history_length.png", "items.parquet", "manifest.json", "rejects.parquet",
+        "sequences.parquet", "stats.json",
     ]
     assert (out / "history_length.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # a second run without bad rows removes the stale rejects file
@@ -241,7 +241,7 @@ def test_clean_partition_matches_the_reference_in_any_row_order(tmp_path, string
     reference = sort_events(drop_exact_duplicates(df.lazy())).collect()
     for name, rows in (("ordered", df), ("shuffled", df.sample(fraction=1.0, shuffle=True, seed=1))):
         rows.write_ipc(tmp_path / f"{name}.ipc")
-        users, items, frame, n_after_min = _clean_partition(DataConfig(), [], [tmp_path / f"{name}.ipc"])
+        users, items, frame, n_after_min, cleaned = _clean_partition(DataConfig(), [], [tmp_path / f"{name}.ipc"])
         assert n_after_min == n and users.to_list() == sorted(set(df["user_id"]))
         got = frame.with_columns(
             users.gather(frame["user_id"]).alias("user_id"),
@@ -249,3 +249,5 @@ def test_clean_partition_matches_the_reference_in_any_row_order(tmp_path, string
             pl.col("event_type").cast(pl.String),
         )
         assert_frame_equal(got, reference.select(got.columns))
+        # the same events with raw ids, time and source row (cleaned.parquet, what an append merges into)
+        assert_frame_equal(cleaned.select(reference.columns), reference)

@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import polars as pl
@@ -19,29 +16,9 @@ from recsys_alibi.data.prepared import data_sha256, prepare_lock
 from recsys_alibi.data.time_gaps import has_real_timestamps
 from recsys_alibi.training.datamodule import SequenceDataModule
 from serving.inputs import open_input
+from tests.data.kill_fixtures import run_killed
 
 LOOSE = DataConfig(min_events_per_user=1, min_events_per_item=1)
-REPO = Path(__file__).resolve().parents[2]
-
-# kills itself with SIGKILL around the os.replace whose target is named argv[3] ("after" or "before" it)
-KILLER = textwrap.dedent(
-    """
-    import os, signal, sys
-    from pathlib import Path
-    real = os.replace
-    def replace(src, dst, *args, **kwargs):
-        last = Path(dst).name == sys.argv[3]
-        if last and sys.argv[4] == "before":
-            os.kill(os.getpid(), signal.SIGKILL)
-        real(src, dst, *args, **kwargs)
-        if last:
-            os.kill(os.getpid(), signal.SIGKILL)
-    os.replace = replace
-    from recsys_alibi.config import DataConfig
-    from recsys_alibi.data.prepare import prepare
-    prepare(DataConfig(min_events_per_user=1, min_events_per_item=1), sys.argv[1], sys.argv[2])
-    """
-)
 
 
 def _events(path: Path, users: int, items: list[str]) -> Path:
@@ -51,11 +28,7 @@ def _events(path: Path, users: int, items: list[str]) -> Path:
 
 
 def _killed_prepare(tmp_path: Path, events: Path, out: Path, target: str, when: str) -> None:
-    script = tmp_path / "killer.py"
-    script.write_text(KILLER)
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, str(script), str(events), str(out), target, when], env=env, timeout=300)
-    assert done.returncode == -9  # SIGKILL
+    run_killed(tmp_path, events, out, target, when)
 
 
 def _readers(out: Path, tmp_path: Path) -> list:

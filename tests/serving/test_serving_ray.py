@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 
+import mlflow
 import pytest
 from engine_fixtures import ML1M_SCORE, assert_same_rankings, ml1m_prepared
 from serving_fixtures import Killed, kill_at, read_rankings, score_config, snapshot, tiny_model, vocabulary
@@ -97,8 +98,6 @@ def test_ray_job_input_error_raised_in_an_actor_reaches_the_caller_as_one_line(p
 
 
 def test_score_cli_engine_ray_prints_only_the_summary(prepared, tmp_path, mlflow_store, capfd):
-    import mlflow
-
     setup_tracking(score_config().tracking)
     with mlflow.start_run():
         logged = log_ranker(tiny_model(), vocabulary(), None, tmp_path / "w")
@@ -131,3 +130,21 @@ def test_ray_job_applies_allow_and_deny_rules_like_score(prepared, tmp_path):
     assert remote.rules == local.rules and remote.rules["deny_unknown_items"] == 1
     assert set(got["item_id"]) <= {1000 + i for i in range(9, 30, 3)}
     assert set(got["user_id"]) <= {f"u{u:03d}" for u in range(0, 23, 2)}
+
+
+def test_run_score_with_score_engine_ray_scores_on_the_actor_pool(prepared, tmp_path, mlflow_store, monkeypatch):
+    """Every caller of run_score (``score``, the pipeline's scoring step) honours score.engine=ray."""
+    from serving import score as score_module
+
+    setup_tracking(score_config().tracking)
+    with mlflow.start_run():
+        logged = log_ranker(tiny_model(), vocabulary(), None, tmp_path / "w")
+    local = score_module.run_score(score_config(), logged.uri, prepared, tmp_path / "local", progress=False)
+
+    def in_process(*args, **kwargs):
+        raise AssertionError("scored in-process although score.engine=ray")
+
+    monkeypatch.setattr(score_module._ScoreJob, "_score_todo", in_process)  # the Ray job has its own
+    remote = score_module.run_score(score_config(engine="ray"), logged.uri, prepared, tmp_path / "ray", progress=False)
+    assert (remote.users, remote.rows, remote.users_scored) == (23, local.rows, 23)
+    assert_same_rankings(read_rankings(tmp_path / "ray"), read_rankings(tmp_path / "local"))

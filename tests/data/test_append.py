@@ -1,0 +1,263 @@
+"""``prepare --append`` equals a full prepare of every input together, up to the numbering of new items."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import polars as pl
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from polars.testing import assert_frame_equal
+
+from recsys_alibi.config import DataConfig
+from recsys_alibi.data.append import append
+from recsys_alibi.data.ingest import DataError
+from recsys_alibi.data.prepare import prepare, read_items, read_sequences
+from tests.data.kill_fixtures import run_killed
+
+COMPARED: list[int] = []  # batches of each example the property test compared
+
+
+# ----------------------------------------------------------------------------- logs in batches
+
+
+@st.composite
+def batched_logs(draw, line_order: bool = False):
+    """(batches of CSV lines, k-core thresholds): 2-5 batches in time order, with late events,
+    an event delivered again in a later batch, new users and items, rejected lines, and
+    sometimes an id spelled ``07`` in a late batch (which makes the whole column text)."""
+    n = draw(st.integers(20, 70))
+    users = draw(st.integers(3, 12))
+    items = draw(st.integers(3, 10))
+    events = [
+        (draw(st.integers(0, users - 1)), draw(st.integers(0, items - 1)), draw(st.integers(0, 60)), draw(st.sampled_from(["a", "b"])))
+        for _ in range(n)
+    ]
+    events.sort(key=lambda e: e[2])  # time order
+    k = draw(st.integers(2, 5))
+    cuts = sorted(draw(st.lists(st.integers(1, n - 1), min_size=k - 1, max_size=k - 1, unique=True)))
+    batches = [events[a:b] for a, b in zip([0, *cuts], [*cuts, n])]
+    for _ in range(draw(st.integers(0, 4))):  # late: an event moved to a later batch; again: copied to one
+        src = draw(st.integers(0, k - 2))
+        if batches[src]:
+            event = batches[src][draw(st.integers(0, len(batches[src]) - 1))]
+            dst = draw(st.integers(src + 1, k - 1))
+            if draw(st.booleans()):
+                batches[src].remove(event)
+            batches[dst].insert(draw(st.integers(0, len(batches[dst]))), event)
+    lines = [[_line(e, line_order) for e in batch] for batch in batches]
+    for b in range(1, k):  # a new user and a new item, rare enough to sit on the k-core edge
+        if draw(st.booleans()):
+            lines[b].append(_line((users + b, items + b, 70 + b, "a"), line_order))
+    for _ in range(draw(st.integers(0, 3))):  # rejected lines
+        lines[draw(st.integers(0, k - 1))].append("9" if line_order else "5,,x,a")
+    if not line_order and draw(st.integers(0, 4)) == 0:
+        lines[k - 1].append("07,1,65,a")  # not an integer as Int64 prints it: user_id becomes String
+    thresholds = (draw(st.integers(1, 3)), draw(st.integers(1, 3)))
+    return lines, thresholds
+
+
+def _line(event: tuple, line_order: bool) -> str:
+    user, item, t, kind = event
+    return f"{user} {item}" if line_order else f"{user},{item},{t},{kind}"
+
+
+def _write_batches(folder: Path, lines: list[list[str]], line_order: bool) -> list[Path]:
+    folder.mkdir(parents=True, exist_ok=True)
+    header = "" if line_order else "user_id,item_id,timestamp,event_type\n"
+    paths = []
+    for b, batch in enumerate(lines, start=1):
+        path = folder / (f"day{b}.txt" if line_order else f"day{b}.csv")
+        path.write_text(header + "".join(line + "\n" for line in batch))
+        paths.append(path)
+    return paths
+
+
+def _cfg(thresholds: tuple[int, int], line_order: bool) -> DataConfig:
+    extra = {"format": "sasrec"} if line_order else {"columns": {"event_type": "event_type"}}
+    return DataConfig(min_events_per_user=thresholds[0], min_events_per_item=thresholds[1], **extra)
+
+
+def _by_raw_ids(directory: Path) -> dict:
+    """Everything a prepared directory holds, with items named by raw id (item_idx mapped away)."""
+    items = read_items(directory)
+    names = dict(zip(items["item_idx"].to_list(), items["item_id"].to_list()))
+    sequences = read_sequences(directory).sort("user_id")
+    stats = json.loads((directory / "stats.json").read_text())
+    rejects = pl.read_parquet(directory / "rejects.parquet") if (directory / "rejects.parquet").exists() else None
+    return {
+        "sequences": [
+            (user, [names[i] for i in idx], ts)
+            for user, idx, ts in zip(sequences["user_id"], sequences["item_idx"].to_list(), sequences["timestamp"].to_list())
+        ],
+        "items": items.select("item_id", "count").sort("item_id"),
+        "events": pl.read_parquet(directory / "events.parquet").sort(pl.all()),
+        "rejects": rejects,
+        "counts": {k: stats[k] for k in ("input_rows", "rejected", "deduplicated", "filtered_min_value", "filtered_kcore", "kept", "users", "items")},
+        "rejects_by_reason": stats["rejects_by_reason"],
+        "times": (stats["timestamp_min"], stats["timestamp_max"]),
+    }
+
+
+def _assert_same(appended: dict, full: dict) -> None:
+    assert appended["counts"] == full["counts"]
+    assert appended["sequences"] == full["sequences"]
+    assert_frame_equal(appended["items"], full["items"])
+    assert_frame_equal(appended["events"], full["events"])
+    assert appended["rejects_by_reason"] == full["rejects_by_reason"] and appended["times"] == full["times"]
+    if full["rejects"] is None:
+        assert appended["rejects"] is None
+    else:
+        assert_frame_equal(appended["rejects"], full["rejects"])
+
+
+def _append_step_by_step(cfg: DataConfig, paths: list[Path], out: Path) -> None:
+    """prepare the first batch, append the others one at a time; every existing item_idx kept."""
+    prepare(cfg, paths[0], out)
+    for path in paths[1:]:
+        before = read_items(out)
+        result = append(cfg, path, out)
+        after = read_items(out)
+        assert result.appended
+        old = before.select("item_idx", pl.col("item_id").cast(after["item_id"].dtype))
+        assert_frame_equal(after.head(before.height).select("item_idx", "item_id"), old)  # same index, same id
+        assert after["item_idx"].to_list() == list(range(1, after.height + 1))  # new ones after every existing one
+
+
+@pytest.mark.parametrize("line_order", [False, True], ids=["csv", "sasrec"])
+def test_append_in_batches_equals_a_full_prepare_of_all_inputs(tmp_path_factory, line_order):
+    @settings(max_examples=8, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+    @given(batched_logs(line_order=line_order))
+    def check(log):
+        lines, thresholds = log
+        tmp = tmp_path_factory.mktemp("log")
+        paths = _write_batches(tmp / "in", lines, line_order)
+        cfg = _cfg(thresholds, line_order)
+        try:
+            prepare(cfg, tmp / "in", tmp / "full")
+        except DataError:  # nothing left after the k-core even for the union: no append can have any
+            with pytest.raises(DataError):
+                _append_step_by_step(cfg, paths, tmp / "app")
+            return
+        try:
+            _append_step_by_step(cfg, paths, tmp / "app")
+        except DataError:  # the first batch alone has nothing left after the k-core
+            with pytest.raises(DataError, match="no events left"):
+                prepare(cfg, paths[0], tmp / "first")
+            return
+        _assert_same(_by_raw_ids(tmp / "app"), _by_raw_ids(tmp / "full"))
+        COMPARED.append(len(paths))
+
+    COMPARED.clear()
+    check()
+    assert len(COMPARED) >= 3 and max(COMPARED) >= 3  # examples compared, some with 3+ batches
+
+
+def _events(path: Path, rows: list[tuple]) -> Path:
+    path.write_text("user_id,item_id,timestamp\n" + "".join(f"{u},{i},{t}\n" for u, i, t in rows))
+    return path
+
+
+def test_events_dropped_by_the_k_core_come_back_when_a_later_batch_lifts_them(tmp_path):
+    cfg = DataConfig(min_events_per_user=2, min_events_per_item=2)
+    day1 = _events(tmp_path / "day1.csv", [("a", "x", 1), ("a", "y", 2), ("b", "x", 3), ("b", "y", 4), ("c", "z", 5)])
+    out = tmp_path / "p"
+    prepare(cfg, day1, out)
+    assert read_items(out)["item_id"].to_list() == ["x", "y"]  # c and z are below the thresholds
+    day2 = _events(tmp_path / "day2.csv", [("c", "x", 6), ("a", "z", 0), ("a", "y", 2)])  # late, and a repeat
+    result = append(cfg, day2, out)
+    items = read_items(out)
+    assert items.rows() == [(1, "x", 3), (2, "y", 2), (3, "z", 2)]  # x, y keep 1, 2; z comes back as 3
+    sequences = {row["user_id"]: row for row in read_sequences(out).iter_rows(named=True)}
+    assert sequences["a"]["item_idx"] == [3, 1, 2] and sequences["a"]["timestamp"] == [0, 1, 2]  # the late event first
+    assert sequences["c"]["item_idx"] == [3, 1] and sequences["c"]["timestamp"] == [5, 6]  # back from day 1
+    assert result.counts["deduplicated"] == 1 and result.stats["appended"] == {
+        "input_rows": 3, "new_users": 1, "new_items": 1, "new_events": 3,
+    }  # fmt: skip
+
+
+def test_the_same_append_again_changes_nothing(tmp_path):
+    cfg = DataConfig(min_events_per_user=1, min_events_per_item=1)
+    out = tmp_path / "p"
+    prepare(cfg, _events(tmp_path / "day1.csv", [("a", "x", 1), ("b", "y", 2)]), out)
+    new = tmp_path / "new"
+    new.mkdir()
+    _events(new / "day2.csv", [("a", "y", 3), ("c", "z", 4)])
+    append(cfg, new, out)
+    files = {p.name: p.read_bytes() for p in out.iterdir()}
+    again = append(cfg, new, out)
+    assert not again.appended and again.counts["events"] == 4
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == files  # not one byte rewritten
+    _events(new / "day3.csv", [("c", "x", 5)])  # a folder that grows: only the new file is read
+    third = append(cfg, new, out)
+    assert third.stats["appended"]["input_rows"] == 1 and third.counts["input_rows"] == 5
+
+
+def test_an_append_with_other_settings_or_without_a_prepared_dir_is_one_line(tmp_path):
+    cfg = DataConfig(min_events_per_user=1, min_events_per_item=1)
+    out = tmp_path / "p"
+    prepare(cfg, _events(tmp_path / "day1.csv", [("a", "x", 1)]), out)
+    day2 = _events(tmp_path / "day2.csv", [("a", "y", 3)])
+    cases = [
+        (cfg.model_copy(update={"min_events_per_item": 2}), day2, out, "min_events_per_item 1, this input has 2"),
+        (cfg, tmp_path / "day2.ndjson", out, "format 'csv', this input has 'ndjson'"),
+        (cfg, tmp_path / "other.csv", out, "raw_columns"),
+        (cfg, day2, tmp_path / "missing", "is not a prepared directory"),
+    ]
+    (tmp_path / "day2.ndjson").write_text('{"user_id": "a", "item_id": "y", "timestamp": 3}\n')
+    (tmp_path / "other.csv").write_text("user_id,item_id,timestamp,extra\na,y,3,1\n")
+    for config, path, target, expected in cases:
+        with pytest.raises(DataError) as err:
+            append(config, path, target)
+        assert expected in str(err.value) and "\n" not in str(err.value)
+    assert not (tmp_path / "missing").exists()
+    assert read_items(out)["item_id"].to_list() == ["x"]  # untouched
+
+
+def test_cli_prepare_append_end_to_end(tmp_path, capsys):
+    from pipelines.cli import main
+
+    loose = ["--set", "data.min_events_per_user=1", "--set", "data.min_events_per_item=1"]
+    day1 = _events(tmp_path / "day1.csv", [("a", "x", 1), ("b", "y", 2)])
+    day2 = _events(tmp_path / "day2.csv", [("a", "z", 3), ("c", "x", 4), ("a", "z", 3)])
+    out = tmp_path / "prepared"
+    assert main(["prepare", "--input", str(day1), "--output", str(out), *loose]) == 0
+    assert main(["prepare", "--input", str(day2), "--output", str(out), "--append", *loose]) == 0
+    assert "appended 3 rows (+2 events, 1 new users, 1 new items)" in capsys.readouterr().out
+    assert read_items(out).rows() == [(1, "x", 2), (2, "y", 1), (3, "z", 1)]
+    assert main(["prepare", "--input", str(day2), "--output", str(out), "--append", *loose]) == 0
+    assert "nothing to append" in capsys.readouterr().out
+    assert main(["prepare", "--input", str(day2), "--output", str(tmp_path / "none"), "--append", *loose]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: cannot append to") and "\n" not in err
+
+
+# ----------------------------------------------------------------------------- killed appends
+
+@pytest.mark.parametrize(
+    ("target", "when"),
+    [("manifest.json", "before"), ("sequences.parquet", "after")],
+    ids=["before-publishing", "while-publishing"],
+)
+def test_a_killed_append_reruns_to_the_uninterrupted_result(tmp_path, target, when):
+    cfg = DataConfig(min_events_per_user=2, min_events_per_item=2)
+    day1 = _events(tmp_path / "day1.csv", [(u, i, 10 * u + i) for u in range(6) for i in range(3)])
+    day2 = _events(tmp_path / "day2.csv", [(u, i, 10 * u + i + 5) for u in range(3, 9) for i in range(2, 5)])
+    calm, killed = tmp_path / "calm", tmp_path / "killed"
+    prepare(cfg, day1, calm)
+    prepare(cfg, day1, killed)
+    before = _by_raw_ids(killed)
+    run_killed(tmp_path, day2, killed, target, when, append=True, k=2)
+    if when == "before":  # nothing published: the old directory, whole, for every reader
+        _assert_same(_by_raw_ids(killed), before)
+    else:  # killed between two renames: readers refuse (one line) until the next prepare or append
+        with pytest.raises(DataError, match="half-written"):
+            read_sequences(killed)
+    append(cfg, day2, calm)
+    append(cfg, day2, killed)  # finishes (or redoes) the killed append; never appends it twice
+    assert not [n for n in os.listdir(killed) if n.startswith(".")]
+    _assert_same(_by_raw_ids(killed), _by_raw_ids(calm))
+    assert_frame_equal(read_items(killed), read_items(calm))

@@ -1,0 +1,106 @@
+"""The Ray instance of ``score --engine ray``: a local one listens on loopback only, ignores RAY_ADDRESS
+and ends with its driver (even killed); an address without a cluster is one line, fast.
+
+No module-wide Ray instance here (``test_serving_ray.py`` has one): these tests start their own.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from proc_sockets import alive, inet_sockets, is_loopback
+
+from pipelines.cli import main
+from recsys_alibi.config import ConfigError, with_overrides
+
+ray = pytest.importorskip("ray", reason="ray is not installed (optional extra: requirements/ray.lock.txt)")
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+
+# A driver that scores with a local instance; when the first part file is written it records the
+# sockets of every process it started, then kills itself (SIGKILL: no cleanup of its own).
+DRIVER = """
+import json, os, signal, sys
+from pathlib import Path
+sys.path[:0] = [{here!r}, {repo!r}]
+from proc_sockets import descendants, inet_sockets
+from serving_fixtures import score_config, tiny_model, vocabulary, write_prepared
+from serving.ray_job import score_with_ray
+
+def hook(point, shard):
+    if point == "written":
+        started = descendants(os.getpid())
+        with open({report!r}, "w") as f:
+            json.dump({{"started": started, "sockets": inet_sockets(list(started)) + inet_sockets([os.getpid()])}}, f)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+config = score_config(ray={{"actors": 1, "cpus_per_actor": 1}})
+prepared = write_prepared(Path({tmp!r}) / "prepared", n_users=6)
+score_with_ray(config, tiny_model(), vocabulary(), prepared, Path({tmp!r}) / "out", progress=False, hook=hook)
+"""
+
+
+def _free_port() -> int:
+    """A loopback port where nothing listens (bound once, then closed)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_local_ray_instance_listens_on_loopback_only_ignores_ray_address_and_ends_with_a_killed_driver(tmp_path):
+    report = tmp_path / "report.json"
+    script = DRIVER.format(here=str(HERE), repo=str(REPO), report=str(report), tmp=str(tmp_path))
+    env = {**__import__("os").environ, "RAY_ADDRESS": f"127.0.0.1:{_free_port()}", "OMP_NUM_THREADS": "1"}
+    driver = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=240)
+    assert driver.returncode == -9 and report.is_file(), driver.stderr[-2000:]  # killed in the hook, as planned
+    found = json.loads(report.read_text())
+    started = {int(pid): t for pid, t in found["started"].items()}
+    listening = [s for s in found["sockets"] if s[1].startswith("tcp") and s[3] == "0A"]
+    assert len({s[0] for s in listening}) >= 3, found  # GCS, raylet, a worker (and this driver) listen
+    exposed = [s for s in found["sockets"] if not is_loopback(s[2])]
+    assert not exposed, exposed  # no socket on 0.0.0.0, ::, or the machine's interface address
+    deadline = time.monotonic() + 30
+    while alive(started) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not alive(started)  # GCS, raylet, agents, workers and the watchdog: all gone
+
+
+def test_ray_address_auto_without_a_cluster_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys):
+    from ray._private import services, utils
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)  # no cluster on this machine, whatever else runs here
+    monkeypatch.setattr(services, "find_gcs_addresses", lambda: set())
+    monkeypatch.setattr(utils, "read_ray_address", lambda temp_dir=None: None)
+    code = main(["score", "--engine", "ray", "--model-uri", "runs:/x/model", "--input", str(tmp_path / "in"),
+                 "--output", str(tmp_path / "out"), "--set", "score.ray.address=auto"])  # fmt: skip
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and err[0].startswith("error: score.ray.address=auto: no running Ray cluster")
+
+
+def test_ray_address_where_nothing_listens_is_one_line_and_exit_2_within_the_connect_timeout(tmp_path, capsys):
+    for address in (f"127.0.0.1:{_free_port()}", f"ray://127.0.0.1:{_free_port()}", "localhost"):
+        started = time.monotonic()
+        code = main(["score", "--engine", "ray", "--model-uri", "runs:/x/model", "--input", str(tmp_path / "in"),
+                     "--output", str(tmp_path / "out"), "--set", f"score.ray.address={address}"])  # fmt: skip
+        err = capsys.readouterr().err.strip().splitlines()
+        assert code == 2 and len(err) == 1 and err[0].startswith(f"error: score.ray.address={address}: "), err
+        assert time.monotonic() - started < 10
+    assert "cannot connect to 127.0.0.1:" in err[0] or "give auto, host:port" in err[0]
+
+
+def test_pipeline_with_score_engine_ray_checks_ray_before_training(tmp_path):
+    from pipelines.pipeline import run_pipeline
+    from recsys_alibi.config import JobConfig
+
+    address = f"127.0.0.1:{_free_port()}"
+    config = with_overrides(JobConfig(), output=str(tmp_path / "run"), score={"engine": "ray", "ray": {"address": address}})
+    with pytest.raises(ConfigError, match=f"score.ray.address={address}: cannot connect"):
+        run_pipeline(config, progress=False)
+    assert not (tmp_path / "run").exists()  # refused before generate, prepare and training
