@@ -13,6 +13,7 @@ of the same items at other indices is evaluated; data items the model does not k
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,6 +33,7 @@ from recsys_alibi.tracking import metric_key
 
 EVALUATES_TAG = "recsys_alibi.evaluates_run_id"  # on an evaluation run: the run that trained the evaluated model
 
+
 @dataclass(frozen=True)
 class EvaluateJobResult:
     """The evaluation result of one scorer and where its report went."""
@@ -39,12 +41,14 @@ class EvaluateJobResult:
     name: str
     result: EvaluationResult
     report_dir: Path
+    run_id: str | None = None  # the MLflow run recording an ad-hoc evaluation of a model (log_evaluation_run)
 
     def summary(self) -> str:
         """One line: HR and NDCG at the headline K (10 when evaluated) and MRR, as evaluated."""
+        recorded = f"; MLflow run {self.run_id}" if self.run_id else ""
         return (
             f"{self.name}: {self.result.protocol} on {self.result.n_users} users, "
-            f"{headline_metrics(self.result.metrics)}; report {self.report_dir}"
+            f"{headline_metrics(self.result.metrics)}; report {self.report_dir}{recorded}"
         )
 
 
@@ -272,5 +276,5 @@ def run_evaluate(
         check_real_timestamps(prepared_dir, prepare_id)
     examples = test_examples(config, sequences_for(loaded.model, sequences))  # with the gaps the model reads
     job = evaluate_scorer(config, scorer, examples, loaded.items.height, output_dir)
-    log_evaluation_run(config, job, model_uri, loaded.run_id, prepared_dir, prepare_id, cutoff)
-    return job
+    run_id = log_evaluation_run(config, job, model_uri, loaded.run_id, prepared_dir, prepare_id, cutoff)
+    return dataclasses.replace(job, run_id=run_id)

@@ -154,7 +154,7 @@ def test_a_model_with_the_same_ids_at_other_indices_is_evaluated_by_raw_id(tmp_p
     assert reports[1] == pytest.approx(reports[0], abs=1e-6)
 
 
-def test_an_ad_hoc_evaluation_is_its_own_run_and_leaves_the_training_run_as_it_was(tmp_path, monkeypatch):
+def test_an_ad_hoc_evaluation_is_its_own_run_and_leaves_the_training_run_as_it_was(tmp_path, monkeypatch, capsys):
     import json
 
     import mlflow
@@ -170,7 +170,9 @@ def test_an_ad_hoc_evaluation_is_its_own_run_and_leaves_the_training_run_as_it_w
     before = mlflow.get_run(run_id).data
     args = ["evaluate", "--model-uri", f"runs:/{run_id}/model", "--prepared", "prepared", "--output", "r"]
     assert main([*args, "--set", "evaluate.ks=[5,10]"]) == 0
+    capsys.readouterr()
     assert main([*args, "--set", "evaluate.ks=[10,20]"]) == 0  # a second one: a second record, nothing replaced
+    printed = capsys.readouterr().out.strip().splitlines()[-1]
     after = mlflow.get_run(run_id).data
     assert after.metrics == before.metrics and after.tags == before.tags  # the training run is untouched
     assert mlflow.MlflowClient().list_artifacts(run_id, "evaluation") == []
@@ -184,6 +186,7 @@ def test_an_ad_hoc_evaluation_is_its_own_run_and_leaves_the_training_run_as_it_w
     assert last.tags["recsys_alibi.model_uri"] == f"runs:/{run_id}/model" and last.tags[DATA_TAG] == data_sha256(prepared)
     assert last.tags["recsys_alibi.eval_split"] == "leave_one_out"
     assert [a.path for a in mlflow.MlflowClient().list_artifacts(evaluations[-1].info.run_id, "evaluation")]
+    assert printed.endswith(f"; MLflow run {evaluations[-1].info.run_id}")
 
 
 def test_temporal_protocol_on_data_timed_by_line_order_is_refused_with_one_line(tmp_path, monkeypatch, capsys):
