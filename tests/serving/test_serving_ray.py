@@ -148,3 +148,22 @@ def test_run_score_with_score_engine_ray_scores_on_the_actor_pool(prepared, tmp_
     remote = score_module.run_score(score_config(engine="ray"), logged.uri, prepared, tmp_path / "ray", progress=False)
     assert (remote.users, remote.rows, remote.users_scored) == (23, local.rows, 23)
     assert_same_rankings(read_rankings(tmp_path / "ray"), read_rankings(tmp_path / "local"))
+
+
+def test_ray_job_changed_since_carries_over_like_score(prepared, tmp_path):
+    """score --changed-since on Ray: the actors carry over the unchanged users' rows as the local engine does."""
+    import polars as pl
+
+    config = score_config()
+    score_with_model(config, tiny_model(), vocabulary(), prepared, tmp_path / "before", progress=False)
+    seq = pl.read_parquet(prepared / "sequences.parquet")
+    seq = seq.with_columns(pl.when(pl.col("user_id").is_in(["u003", "u017"])).then(pl.col("item_idx").list.reverse())
+                           .otherwise(pl.col("item_idx")).alias("item_idx"))  # fmt: skip
+    (tmp_path / "new").mkdir()
+    seq.write_parquet(tmp_path / "new" / "sequences.parquet")
+    vocabulary().write_parquet(tmp_path / "new" / "items.parquet")
+    delta = score_config(changed_since=str(tmp_path / "before"))
+    local = score_with_model(delta, tiny_model(), vocabulary(), tmp_path / "new", tmp_path / "local", progress=False)
+    remote = score_with_ray(delta, tiny_model(), vocabulary(), tmp_path / "new", tmp_path / "ray", progress=False)
+    assert remote.carried_users == local.carried_users == 21
+    assert read_rankings(tmp_path / "ray").equals(read_rankings(tmp_path / "local"))
