@@ -254,12 +254,15 @@ class RankerPyfunc:
         self.items = items
         self.score = score or ScoreConfig()
         self._rankers: dict[tuple[int, bool], ShardRanker] = {}
+        self.rule_stats: dict[str, int] = {}  # score.allow / deny counts (ids the model does not know warned about)
 
     def _ranker(self, k: int, exclude_seen: bool) -> ShardRanker:
         key = (k, exclude_seen)
         if key not in self._rankers:
             cfg = self.score.model_copy(update={"exclude_seen": exclude_seen})
-            self._rankers[key] = ShardRanker(self.model, self.items, cfg, k)
+            self._rankers[key] = ranker = ShardRanker(self.model, self.items, cfg, k)
+            if ranker.rules is not None and not self.rule_stats:  # once: unknown ids counted and logged
+                self.rule_stats = ranker.rules.stats()
         return self._rankers[key]
 
     def predict(self, model_input: Any, params: dict[str, Any] | None = None):

@@ -93,8 +93,10 @@ def test_pyfunc_applies_the_rules_of_its_model_config_like_score(prepared, tmp_p
     score_with_model(config, tiny_model(), vocabulary(), prepared, tmp_path / "out", progress=False)
     pyfunc = RankerPyfunc(tiny_model(), vocabulary(), config.score.model_copy(update={"allow": None, "deny": None}))
     plain = pyfunc.predict_polars(raw_histories(prepared), {"k": K})
-    ruled = RankerPyfunc(tiny_model(), vocabulary(), config.score).predict_polars(raw_histories(prepared), {"k": K})
+    with_rules = RankerPyfunc(tiny_model(), vocabulary(), config.score)
+    ruled = with_rules.predict_polars(raw_histories(prepared), {"k": K})
     assert_same_rankings(ruled, read_rankings(tmp_path / "out"))
+    assert with_rules.rule_stats["deny_unknown_items"] == 1 and with_rules.rule_stats["deny_rows"] == 23 * 5 + 1
     assert not plain.equals(ruled)
     assert rules_config({"allow": allow}).allow == allow
     with pytest.raises(DataError, match=r"pyfunc model_config: unknown \[.alow.\]"):
