@@ -76,7 +76,7 @@ def test_ray_job_killed_then_finished_by_the_local_engine(prepared, tmp_path):
         score_with_ray(config, tiny_model(), vocabulary(), prepared, tmp_path / "out", progress=False,
                        hook=kill_at("recorded", 1))  # fmt: skip
     finished = score_with_model(config, tiny_model(), vocabulary(), prepared, tmp_path / "out", progress=False)
-    assert finished.shards_skipped >= 2
+    assert finished.shards_skipped >= 1  # shard 1 at least: results stream back in completion order
     local = score_with_model(config, tiny_model(), vocabulary(), prepared, tmp_path / "clean", progress=False)
     assert local.rows == finished.rows
     assert_same_rankings(read_rankings(tmp_path / "out"), read_rankings(tmp_path / "clean"))
