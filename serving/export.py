@@ -29,7 +29,7 @@ Input and model loading are ``score``'s (:func:`serving.inputs.open_input`,
 :func:`recsys_alibi.tracking.load_ranker`). The files are written into a hidden staging folder
 beside ``--output`` and moved into place at the end, ``export.json`` last and the old one removed
 first: a reader that finds ``export.json`` finds the complete set it describes; a killed export
-leaves the previous export (or nothing) and is simply run again.
+leaves the previous export (or nothing) and is simply run again (its staging folder is removed then).
 """
 
 from __future__ import annotations
@@ -120,6 +120,8 @@ def export_model(config: JobConfig, model, items: pl.DataFrame, input_path: str 
     output_dir = Path(output_dir)
     output_dir.parent.mkdir(parents=True, exist_ok=True)
     ranker = ShardRanker(model, items, config.score, 1)
+    for stale in output_dir.parent.glob(f".{output_dir.name}.*.tmp"):  # left by a killed export
+        shutil.rmtree(stale, ignore_errors=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{output_dir.name}.", suffix=".tmp", dir=output_dir.parent))
     try:
         source = open_input(input_path, items, config.data, staging / "_input", time_gap_buckets=ranker.time_gap_buckets)

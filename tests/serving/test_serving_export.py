@@ -123,6 +123,11 @@ def test_failed_export_leaves_the_previous_export_whole(prepared, tmp_path, monk
         export_model(config, tiny_model(seed=3), vocabulary(), prepared, tmp_path / "export")
     assert {p.name: p.read_bytes() for p in (tmp_path / "export").iterdir()} == before
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no staging folder left
+    (tmp_path / ".export.abc.tmp").mkdir()  # as a hard kill leaves it
+    monkeypatch.undo()
+    export_model(config, tiny_model(seed=3), vocabulary(), prepared, tmp_path / "export")
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+    assert (tmp_path / "export" / "users.parquet").read_bytes() != before["users.parquet"]  # the new model's vectors
 
 
 def test_export_index_faiss_without_faiss_is_a_one_line_error(prepared, tmp_path):
