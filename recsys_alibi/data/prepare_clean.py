@@ -125,7 +125,8 @@ def clean_partition(
         (user, time, source row), with ``user_id`` and ``item_id`` replaced by their positions
         in ``users`` and ``items`` (Int32; bijections, so duplicates stay duplicates) and
         ``event_type`` as an Enum; the event count after the min_value filter; and the same
-        events with their raw ids, ``_subsecond`` and ``source_row`` (``cleaned.parquet``).
+        events with their raw ids, ``_subsecond`` and ``source_row`` in the partition's row order
+        (``cleaned.parquet``: an append that reads them back finds them in source order).
     """
     df = cast_integer_ids(filter_min_value(pl.scan_ipc(files), cfg.min_value), int_ids).collect()
     users, user_codes = dense_codes(df[USER_ID])
@@ -145,9 +146,12 @@ def clean_partition(
     if subseconds is not None:
         columns.append(subseconds)
     frame = pl.DataFrame(columns).gather(perm)
+    cleaned = df
     if cfg.drop_duplicates:  # sorted: the first of equal rows is the first in source order
         duplicate = sorted_duplicates(frame)
         if duplicate.any():
             frame = frame.filter(~duplicate)
-            perm = perm[~duplicate.to_numpy()]
-    return users, items, frame.drop(SUBSECOND, strict=False), df.height, df.gather(perm)
+            dropped = np.zeros(df.height, dtype=bool)
+            dropped[perm[duplicate.to_numpy()]] = True
+            cleaned = df.filter(~pl.Series(dropped))  # kept in the partition's row order: an append's fast path
+    return users, items, frame.drop(SUBSECOND, strict=False), df.height, cleaned
