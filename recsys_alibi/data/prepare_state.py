@@ -43,7 +43,7 @@ def settings(cfg: DataConfig, source: Source) -> dict:
     schema = source.frame.collect_schema()
     return {
         "format": source.fmt,
-        "raw_columns": {name: str(schema[name]) for name in source.raw_columns},
+        "raw_columns": [[name, str(schema[name])] for name in source.raw_columns],  # in order
         "columns": dict(source.columns),
         "id_type": cfg.id_type,
         "timestamp_unit": cfg.timestamp_unit,

@@ -205,10 +205,12 @@ def test_an_append_with_other_settings_or_without_a_prepared_dir_is_one_line(tmp
         (cfg.model_copy(update={"min_events_per_item": 2}), day2, out, "min_events_per_item 1, this input has 2"),
         (cfg, tmp_path / "day2.ndjson", out, "format 'csv', this input has 'ndjson'"),
         (cfg, tmp_path / "other.csv", out, "raw_columns"),
+        (cfg, tmp_path / "swapped.csv", out, "raw_columns"),  # the same columns in another order
         (cfg, day2, tmp_path / "missing", "is not a prepared directory"),
     ]
     (tmp_path / "day2.ndjson").write_text('{"user_id": "a", "item_id": "y", "timestamp": 3}\n')
     (tmp_path / "other.csv").write_text("user_id,item_id,timestamp,extra\na,y,3,1\n")
+    (tmp_path / "swapped.csv").write_text("item_id,user_id,timestamp\ny,a,3\n")
     for config, path, target, expected in cases:
         with pytest.raises(DataError) as err:
             append(config, path, target)
