@@ -263,3 +263,19 @@ def test_a_killed_append_reruns_to_the_uninterrupted_result(tmp_path, target, wh
     assert not [n for n in os.listdir(killed) if n.startswith(".")]
     _assert_same(_by_raw_ids(killed), _by_raw_ids(calm))
     assert_frame_equal(read_items(killed), read_items(calm))
+
+
+def test_append_sorts_and_deduplicates_at_full_precision_across_batches(tmp_path):
+    cfg = DataConfig(min_events_per_user=1, min_events_per_item=1, timestamp_unit="ms")
+    folder = tmp_path / "in"
+    folder.mkdir()
+    day1 = _events(folder / "day1.csv", [("a", "x", 1_000_500), ("a", "y", 1_000_900)])
+    day2 = _events(folder / "day2.csv", [("a", "z", 1_000_700), ("a", "x", 1_000_500), ("a", "y", 1_000_901)])
+    prepare(cfg, folder, tmp_path / "full")
+    prepare(cfg, day1, tmp_path / "app")
+    result = append(cfg, day2, tmp_path / "app")
+    got = _by_raw_ids(tmp_path / "app")
+    # one second, ordered by the milliseconds; the x delivered twice is one event, y 1 ms later is not
+    assert got["sequences"] == [("a", ["x", "z", "y", "y"], [1000, 1000, 1000, 1000])]
+    assert result.counts["deduplicated"] == 1
+    _assert_same(got, _by_raw_ids(tmp_path / "full"))
