@@ -41,6 +41,7 @@ from recsys_alibi.data.loader import FlatSequences
 from recsys_alibi.data.prepared import check_file, check_prepared, read_consistent
 from recsys_alibi.data.sequences import read_parquet_file, vocabulary_difference
 from recsys_alibi.data.time_gaps import checked_timestamps, gap_buckets, has_real_timestamps
+from recsys_alibi.data.timestamps import seconds_of_lists
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +106,9 @@ class ScoreInput:
         stats: ``unknown_items`` and, for raw events, ``input_rows``, ``rejected_rows``,
             ``duplicate_rows``, ``filtered_rows``.
         time_gap_buckets: G > 0 when the model reads time gaps: shards then carry ``gaps``
-            from the input's ``timestamp`` lists (``recsys_alibi.data.time_gaps``).
+            from the input's ``timestamp`` lists (``recsys_alibi.data.time_gaps``), read by
+            ``prepare``'s rule as the pyfunc reads them (integers above 1e11 are ms, ...:
+            ``seconds_of_lists`` with ``auto``; seconds, as ``prepare`` writes, stay as they are).
         prepare_id: the prepare of the directory holding ``sequences`` (None: no manifest);
             every shard read checks the file still carries it (``recsys_alibi.data.prepared``).
     """
@@ -127,6 +130,7 @@ class ScoreInput:
         mapped, unknown = map_histories(histories, self.remap)
         gaps = None
         if self.time_gap_buckets:
+            frame = frame.with_columns(seconds_of_lists(pl.col(schema.TIMESTAMP), frame.schema[schema.TIMESTAMP].inner, "auto"))
             try:
                 timestamps = checked_timestamps(frame)
             except ValueError as err:
@@ -242,6 +246,14 @@ def _check_timestamps(sequences: Path) -> None:
         raise DataError(
             f"the model reads time gaps but {sequences} has no '{schema.TIMESTAMP}' list of integer seconds "
             f"(found: {found or 'no such column'})"
+        )
+    negative = pl.scan_parquet(sequences).select(
+        pl.col(schema.TIMESTAMP).list.eval((pl.element() < 0).sum()).explode().sum()).collect().item()  # fmt: skip
+    if negative:
+        first = _first_row(sequences, pl.col(schema.TIMESTAMP).list.eval((pl.element() < 0).any()).list.first())
+        raise DataError(
+            f"{sequences}: {negative} timestamps before the epoch (first: row {first}); give seconds since 1970 "
+            "(prepare rejects earlier events as bad_timestamp)"
         )
     if not has_real_timestamps(sequences.parent):  # a prepared or staged dir records where time came from
         raise DataError(

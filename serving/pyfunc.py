@@ -52,7 +52,7 @@ import polars as pl
 from recsys_alibi.config import DataConfig, ScoreConfig
 from recsys_alibi.data import schema
 from recsys_alibi.data.ingest import DataError
-from recsys_alibi.data.timestamps import timestamp_parts, usable_seconds
+from recsys_alibi.data.timestamps import seconds_of_lists, usable_seconds
 from serving.inputs import open_input
 from serving.rank import ShardRanker
 
@@ -185,11 +185,11 @@ def event_times(frame: pl.DataFrame, unit: str) -> pl.DataFrame:
         raise _input_error(schema.TIMESTAMP, f"{int(differ.sum())} user(s) with a list of another length than "
                                              f"item_id (first: row {int(differ.arg_true()[0])}); give one time per item")  # fmt: skip
     try:
-        seconds = timestamp_parts(pl.element(), times.dtype.inner, unit)[0]
+        seconds = seconds_of_lists(pl.col(schema.TIMESTAMP), times.dtype.inner, unit)
     except TypeError:
         raise _input_error(schema.TIMESTAMP, f"times of type {times.dtype.inner}; give integers (seconds, ms, us "
                                              "or ns), ISO-8601 strings or datetimes") from None  # fmt: skip
-    frame = frame.with_columns(pl.col(schema.TIMESTAMP).list.eval(seconds).cast(pl.List(pl.Int64)))
+    frame = frame.with_columns(seconds)
     keep = pl.col(schema.TIMESTAMP).list.eval(usable_seconds(pl.element()).arg_true())
     kept = frame.with_columns(pl.col(schema.ITEM_ID, schema.TIMESTAMP).list.gather(keep))
     dropped = int(times.list.len().sum() - kept.get_column(schema.TIMESTAMP).list.len().sum())

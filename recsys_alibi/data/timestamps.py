@@ -93,6 +93,16 @@ def usable_seconds(seconds: pl.Expr) -> pl.Expr:
     return seconds.is_not_null() & (seconds >= 0)
 
 
+def seconds_of_lists(lists: pl.Expr, inner: pl.DataType, unit: str) -> pl.Expr:
+    """A list column of raw times as list<Int64> whole seconds by the rules above (null where
+    unreadable), e.g. ``seconds_of_lists(pl.col("timestamp"), pl.Int64, "auto")``.
+
+    Raises:
+        TypeError: ``inner`` (the lists' element type) is not one :func:`timestamp_parts` reads.
+    """
+    return lists.list.eval(timestamp_parts(pl.element(), inner, unit)[0]).cast(pl.List(pl.Int64))
+
+
 def timestamp_parts(raw: str | pl.Expr, dtype: pl.DataType, unit: str) -> tuple[pl.Expr, pl.Expr]:
     """(seconds, nanoseconds) expressions for the raw timestamp column ``raw``.
 

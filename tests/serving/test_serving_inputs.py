@@ -177,3 +177,22 @@ def test_negative_indices_never_wrap_around_the_remap_and_are_counted_unknown():
     assert unknown == 3  # -1, -3 and 5 (beyond the input vocabulary); the padding 0 is not counted
     identity, unknown = map_histories(histories, None)
     assert identity.values.tolist() == [2, 5, 3] and unknown == 2
+
+
+def test_time_gap_sequences_in_milliseconds_rank_as_in_seconds_and_pre_epoch_times_are_refused(prepared, tmp_path):
+    """A sequences Parquet follows prepare's time rule as the pyfunc does: ms (above 1e11) read as ms."""
+    model = tiny_model(time_gap_buckets=12)
+    seconds = pl.read_parquet(prepared / schema.SEQUENCES_FILE).with_columns(
+        pl.col(schema.TIMESTAMP).list.eval(1_700_000_000 + 7 * pl.element() ** 2))  # gaps of 7 s .. 9 min  # fmt: skip
+    variants = {"s": seconds, "ms": seconds.with_columns(pl.col(schema.TIMESTAMP).list.eval(pl.element() * 1000 + 999)),
+                "negative": seconds.with_columns(pl.col(schema.TIMESTAMP).list.eval(pl.element() - 1_700_000_003))}  # fmt: skip
+    for name, frame in variants.items():
+        (tmp_path / name).mkdir()
+        frame.write_parquet(tmp_path / name / schema.SEQUENCES_FILE)
+        vocabulary().write_parquet(tmp_path / name / schema.ITEMS_FILE)
+    for name in ("s", "ms"):
+        score_with_model(score_config(), model, vocabulary(), tmp_path / name, tmp_path / f"out-{name}", progress=False)
+    assert read_rankings(tmp_path / "out-ms").equals(read_rankings(tmp_path / "out-s"))
+    with pytest.raises(DataError, match=r"sequences.parquet: \d+ timestamps before the epoch \(first: row 0\)"):
+        score_with_model(score_config(), model, vocabulary(), tmp_path / "negative", tmp_path / "out-neg", progress=False)
+    assert not (tmp_path / "out-neg").exists()
