@@ -223,6 +223,12 @@ def score_with_model(
 
 def _checked(result: ScoreJobResult, main: bool) -> ScoreJobResult:
     """Warn about users that were not ranked; raise when no user at all was (nothing to serve)."""
+    if result.users and not result.users_ranked and result.rules:
+        raise DataError(
+            f"no user was ranked: the allow / deny rules (score.allow, score.deny) and seen-item exclusion left none of "
+            f"the {result.users} users an item to recommend ({rules_summary(result.rules)}; users listed with the "
+            f"reason in {result.output_dir / SKIPPED_DIR}); check the rule files' ids and users"
+        )
     if result.users and not result.users_ranked:
         raise DataError(
             f"no user was ranked: none of the {result.users} users has an event whose item the model knows "
@@ -231,7 +237,7 @@ def _checked(result: ScoreJobResult, main: bool) -> ScoreJobResult:
             "trained on this data"
         )
     if result.skipped_users and main:
-        log.warning("%d of %d users were not ranked (no item the model knows, or every item already seen); "
+        log.warning("%d of %d users were not ranked (no item the model knows, or every item already seen or excluded); "
                     "listed with the reason in %s", result.skipped_users, result.users, result.output_dir / SKIPPED_DIR)  # fmt: skip
     return result
 

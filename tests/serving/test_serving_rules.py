@@ -146,3 +146,9 @@ def test_bad_rule_files_are_one_line_errors(prepared, tmp_path):
         with pytest.raises(DataError, match=message):
             _score(prepared, tmp_path / "out", deny=path)
     assert ScoreConfig(allow="x.parquet").allow == "x.parquet"
+
+
+def test_rules_that_leave_nobody_an_item_are_one_line_naming_the_rules(prepared, tmp_path):
+    allow = _per_user(tmp_path / "allow.parquet", seed=1, size=2, skip=set(USERS))  # only u002's unknown id
+    with pytest.raises(DataError, match=r"no user was ranked: the allow / deny rules .*\(rules: allow 1 rows \(1 unknown"):
+        _score(prepared, tmp_path / "out", allow=allow)
