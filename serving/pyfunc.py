@@ -35,6 +35,11 @@ with one, MLflow's own check takes pandas-like input only (it refuses Polars fra
 tables) and rejects a bad frame with a message that prints the whole frame without naming the
 column; the columns are checked here instead (:func:`histories_frame`), each problem one line
 naming the column. ``k`` (long) and ``exclude_seen`` (boolean) are typed params.
+
+Business rules (``score.allow`` / ``score.deny``, :mod:`serving.rules`) are files the serving side
+owns, so they are given when the model is loaded, not with each request:
+``mlflow.pyfunc.load_model(URI, model_config={"allow": PATH, "deny": PATH})`` (:func:`rules_config`);
+every ``predict`` then applies them as ``score`` does.
 """
 
 from __future__ import annotations
