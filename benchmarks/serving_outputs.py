@@ -41,7 +41,7 @@ sys.path.insert(0, str(REPO))
 
 ML1M = REPO.parent / "shared" / "data" / "ml-1m" / "ml-1m.txt.gz"
 TRAIN = ["model.max_len=50", "model.d_model=64", "train.batch_size=256", "train.precision=32-true",
-         "train.accelerator=cpu", "train.val_users=500", "train.max_minutes=15", "evaluate.ks=[10]",
+         "train.accelerator=cpu", "train.val_users=500", "train.max_minutes=15", "train.warmup_steps=10", "evaluate.ks=[10]",
          "train.attention_health=false"]  # fmt: skip
 SCORE = ["score.device=cpu", "score.max_context=200", "score.shard_users=1000"]  # histories beyond 200: window + sinks
 
@@ -186,7 +186,7 @@ def bench_rules(work: Path, prepared: Path, n_users: int, per_user: int = 100, s
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--work", type=Path, required=True)
-    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--log", type=Path, default=ML1M, help="behaviour log (default ML-1M, SASRec file)")
     parser.add_argument("--steps", default="export,faiss,changed,rules")
     parser.add_argument("--synthetic-items", type=int, default=1_000_000)
