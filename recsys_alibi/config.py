@@ -171,7 +171,8 @@ class ModelConfig(_Section):
 class WarmConfig(_Section):
     """The schedule of a warm-started run (``train.init_from``): each key replaces its ``train.*`` value.
 
-    None keeps the ``train.*`` value. Chosen from measurements on the default data (docs/scheduling.md).
+    None: the rule of :func:`pipelines.warm_start.warm_schedule` (a quarter of the epochs, a fifth of the
+    learning rate, a warm-up of at most 5 steps), measured on the default data (docs/scheduling.md).
     """
 
     max_epochs: int | None = Field(None, ge=1)

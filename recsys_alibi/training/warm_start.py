@@ -15,8 +15,9 @@ old one's:
   item's input vector and its score vector. Drawn from the trained rows' statistics it has the
   norm and direction of a typical trained item, so the new item starts ranked like an average
   item and its rows' gradients have the scale of everyone else's; the model's own init
-  (``normal(0, 0.02)``) would give vectors much shorter than trained rows (scored ~0 by
-  every user) and the mean alone would give every new item the same score (ties);
+  (``normal(0, 0.02)``) would give vectors about 5x shorter than trained rows (scored ~0 by
+  every user; on the default data, 6 of 7 days: trained rows' mean norm 0.82, init 0.16, new rows
+  by this rule 0.85) and the mean alone would give every new item the same score (ties);
 * items of the old vocabulary that are not in the new one are dropped (their rows are unused);
 * **every other weight** (transformer blocks, norms, slopes when learnable, the time-gap table,
   learned positions) is copied unchanged.
