@@ -13,7 +13,7 @@ from recsys_alibi.data.ingest import DataError
 from recsys_alibi.data.partition import read_lengths, read_sequence_rows
 from recsys_alibi.data.prepare import prepare, read_items, read_sequences
 from recsys_alibi.data.prepared import data_sha256, prepare_lock
-from recsys_alibi.data.time_gaps import has_real_timestamps
+from recsys_alibi.data.time_gaps import check_time_protocol, has_real_timestamps
 from recsys_alibi.training.datamodule import SequenceDataModule
 from serving.inputs import open_input
 from tests.data.kill_fixtures import run_killed
@@ -125,7 +125,7 @@ def test_a_second_prepare_into_a_directory_being_prepared_is_refused(tmp_path):
     assert prepare(LOOSE, events, out).counts["users"] == 6  # the lock is released with the block
 
 
-@pytest.mark.parametrize("name", ["sequences.parquet", "items.parquet"])
+@pytest.mark.parametrize("name", ["sequences.parquet", "items.parquet", "stats.json"])
 def test_a_truncated_prepared_file_is_reported_unreadable_by_every_reader(tmp_path, name):
     out = tmp_path / "prepared"
     prepare(LOOSE, _events(tmp_path / "a.csv", 6, ["a", "b", "c"]), out)
@@ -134,6 +134,8 @@ def test_a_truncated_prepared_file_is_reported_unreadable_by_every_reader(tmp_pa
     readers = _readers(out, tmp_path)
     if name == "items.parquet":  # the readers that read the vocabulary
         readers = [readers[1], readers[5], readers[6]]
+    elif name == "stats.json":  # where time came from: time gaps, the temporal protocol
+        readers = [readers[4], lambda: check_time_protocol(out, "temporal")]
     else:
         readers = [r for i, r in enumerate(readers) if i not in (1, 4)]  # not the vocabulary, not stats.json
     for read in readers:
