@@ -9,8 +9,8 @@ Run (from the repository root; a heavy job: one at a time, one torch thread):
 The log is read with the project's readers (``data.*`` of the config) and cut at boundaries
 ``b_0 < b_1 < ...``: ``b_0`` is the ``--start`` quantile of the timestamps, then one boundary every
 ``--period-days``. Step 0 prepares the events before ``b_0`` and trains a model from scratch.
-Step ``k >= 1`` adds the period ``[b_(k-1), b_k)`` to the prepared directory (a full prepare of
-every event before ``b_k``), then trains
+Step ``k >= 1`` appends the period ``[b_(k-1), b_k)`` to the prepared directory (``prepare
+--append``: the directory of a full prepare of every event before ``b_k``), then trains
 
 * **scratch**: the config's recipe from random weights, and
 * **warm**: ``train.init_from`` the previous step's warm model (step 1: the step-0 model), with
@@ -116,11 +116,13 @@ def score_model(config, uri: str, prepared: Path, events: pl.DataFrame, lo: int,
     return {"NDCG@10": result.metrics["NDCG@10"], "HR@10": result.metrics["HR@10"], "per_user": per_user}
 
 
-def grow(config, periods: list[Path], prepared: Path) -> None:
-    """``prepared`` holds every period in ``periods`` (a full prepare of them all, replacing the directory)."""
+def grow(config, period: Path, prepared: Path, first: bool) -> None:
+    """Prepare the first period into ``prepared``, or append a later one to it (``prepare --append``)."""
+    from recsys_alibi.data.append import append
     from recsys_alibi.data.prepare import prepare
 
-    prepare(config.data.model_copy(update={"format": "parquet"}), periods, prepared)
+    data = config.data.model_copy(update={"format": "parquet"})
+    (prepare if first else append)(data, period, prepared)
 
 
 def counts(prepared: Path) -> tuple[int, set, set]:
@@ -155,13 +157,13 @@ def replay(config, events: pl.DataFrame, bounds: list[int], workdir: Path, steps
         events.filter((pl.col("timestamp") >= edges[k]) & (pl.col("timestamp") < edges[k + 1])).write_parquet(path)
         files.append(path)
     prepared = workdir / "prepared"
-    grow(config, files[:1], prepared)
+    grow(config, files[0], prepared, first=True)
     before = counts(prepared)
     warm_uri, _ = train(config, prepared, workdir / "step-000")
     last = len(bounds) - 2 if steps is None else min(len(bounds) - 2, steps)
     out = []
     for k in range(1, last + 1):
-        grow(config, files[: k + 1], prepared)
+        grow(config, files[k], prepared, first=False)
         now = counts(prepared)
         scratch_uri, scratch_s = train(config, prepared, workdir / f"step-{k:03d}-scratch")
         warm_uri, warm_s = train(config, prepared, workdir / f"step-{k:03d}-warm", init_from=warm_uri)
