@@ -226,6 +226,21 @@ def file_prepare_id(path: Path) -> str | None:
     return raw.decode() if raw is not None else None
 
 
+def read_json_file(path: Path) -> dict:
+    """A prepared JSON file (``stats.json``) as a dict.
+
+    Raises:
+        DataError: missing, unreadable, not JSON or not an object (:func:`unreadable_error`).
+    """
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise unreadable_error(path, err) from None
+    if not isinstance(value, dict):
+        raise unreadable_error(path, ValueError(f"expected a JSON object, got {type(value).__name__}"))
+    return value
+
+
 def unreadable_error(path: Path, err: BaseException) -> DataError:
     """The one-line error of a prepared file that is missing or cannot be read (truncated, not Parquet)."""
     if not path.exists():

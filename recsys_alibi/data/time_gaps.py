@@ -20,7 +20,6 @@ whole histories, so a window cut out of a history keeps each event's true gap.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -28,7 +27,7 @@ import polars as pl
 import pyarrow as pa
 
 from recsys_alibi.data.loader import FlatSequences
-from recsys_alibi.data.prepared import read_consistent, unreadable_error
+from recsys_alibi.data.prepared import read_consistent, read_json_file
 from recsys_alibi.data.schema import ITEM_IDX, STATS_FILE, TIME_GAPS, TIMESTAMP
 
 FIRST_EVENT = 1
@@ -110,18 +109,8 @@ def has_real_timestamps(data_dir: str | Path, prepare_id: str | None = None) -> 
     path = Path(data_dir) / STATS_FILE
     if not path.exists():
         return True
-    stats = read_consistent(data_dir, STATS_FILE, _read_json, prepare_id)
+    stats = read_consistent(data_dir, STATS_FILE, read_json_file, prepare_id)
     return not stats.get("time_from_line_order")
-
-
-def _read_json(path: Path) -> dict:
-    try:
-        value = json.loads(path.read_text())
-    except (OSError, ValueError) as err:
-        raise unreadable_error(path, err) from None
-    if not isinstance(value, dict):
-        raise unreadable_error(path, ValueError(f"expected a JSON object, got {type(value).__name__}"))
-    return value
 
 
 def check_time_protocol(data_dir: str | Path, protocol: str, prepare_id: str | None = None) -> None:
