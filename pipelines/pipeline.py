@@ -118,6 +118,9 @@ def run_pipeline(config: JobConfig, *, progress: bool = True) -> PipelineResult:
     out = Path(config.output)
     input_path = config.data.input
     if config.generate.enabled:
+        if config.data.input is not None:  # two sources of events: the one ignored would be a silent surprise
+            raise ValueError(f"generate.enabled=true generates the pipeline's events, so data.input={config.data.input} "
+                             "would be ignored: set generate.enabled=false to read data.input, or drop data.input")
         if config.generate.days is not None:
             raise ValueError("generate.days writes daily files with `recsys-alibi generate --days N`; a pipeline reads "
                              "one day: set data.input to a day file and generate.enabled=false (docs/scheduling.md)")
