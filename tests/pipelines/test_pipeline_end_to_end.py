@@ -128,3 +128,28 @@ def test_time_gaps_on_data_without_timestamps_is_a_one_line_error(tmp_path, mlfl
     assert main(["train", "--prepared", str(prepared), "--set", "model.time_gap_buckets=16", "--quiet"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "no timestamps" in err[0] and "time_gap_buckets" in err[0]
+
+
+def test_the_pipeline_evaluates_on_the_prepare_its_model_was_trained_on(tmp_path, mlflow_store, capsys, monkeypatch):
+    """A prepare that completes into OUTPUT/prepared/ after training: the evaluation and the gate refuse, one line."""
+    import pipelines.pipeline as pipeline_job
+    from pipelines.train import TrainJobResult
+    from recsys_alibi.data.prepared import check_prepared
+    from recsys_alibi.data.prepare import prepare
+
+    out = tmp_path / "job"
+    other = tmp_path / "other.csv"
+    other.write_text("user_id,item_id,timestamp\n" + "\n".join(f"v{u},z{(u + t) % 7},{t}" for u in range(9) for t in range(5)))
+
+    def trained_then_prepared_again(config, prepared_dir, **kwargs):
+        trained_on = check_prepared(prepared_dir)
+        prepare(config.data, other, prepared_dir)  # e.g. an overlapping job with the same --output
+        return TrainJobResult(run_id="r", model=None, best_val_ndcg_at_10=0.0, epochs=1, train_seconds=0.0,
+                              checkpoint="", prepare_id=trained_on)  # fmt: skip
+
+    monkeypatch.setattr(pipeline_job, "run_train", trained_then_prepared_again)
+    capsys.readouterr()
+    assert main(["pipeline", "--output", str(out), "--quiet", *(x for item in TINY for x in ("--set", item))]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error")]
+    assert err == [f"error: {out / 'prepared'} was prepared again while this job was reading it; run the job again"]
+    assert not (out / "report").exists() and not (out / "rankings").exists()
