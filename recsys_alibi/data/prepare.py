@@ -67,7 +67,15 @@ from recsys_alibi.config import DataConfig
 from recsys_alibi.data.cleaning import k_core_mask
 from recsys_alibi.data.ingest import DataError, QuotedLinesError, Source, integer_id_columns, scan_source
 from recsys_alibi.data.prepare_clean import ITEM_CODE, USER_CODE, ItemCoder, Part, clean_partition
-from recsys_alibi.data.prepare_ingest import WORKERS, ipc_rows, n_partitions, parquet_rows, sink_partitions, sink_rejects
+from recsys_alibi.data.prepare_ingest import (
+    WORKERS,
+    ipc_rows,
+    n_partitions,
+    parquet_rows,
+    round_trip_ids,
+    sink_partitions,
+    sink_rejects,
+)
 from recsys_alibi.data.prepare_state import STATE_KEY, Base, file_sha256, settings
 from recsys_alibi.data.prepare_write import write_outputs
 from recsys_alibi.data.prepared import PREPARE_ID_KEY, STAGING_PREFIX, clean_stale, keep_failed_rejects, prepare_lock, publish
@@ -206,15 +214,17 @@ def _ingest(cfg: DataConfig, source: Source, out: Path, work: Path, tag: dict[st
     earlier = base.cleaned_rows if base is not None else 0
     rows = parquet_rows(source)
     n_parts = n_partitions(cfg, source, rows, earlier)
-    parts = sink_partitions(cfg, source, work, n_parts, base.cleaned() if base is not None else None)
-    n_all = sum(ipc_rows(files) for files in parts)
-    n_valid = n_all - earlier
-    text_ids = source.text_ids
-    if base is not None:  # decided over the union; Int64 only if the earlier inputs' ids were too
+    if base is None:
+        text_ids = source.text_ids
+        parts = sink_partitions(cfg, source, work, n_parts)
+        n_all = sum(ipc_rows(files) for files in parts)
+        int_ids = integer_id_columns(pl.scan_ipc([f for files in parts for f in files]), text_ids) if n_all else []
+    else:  # Int64 only where the earlier inputs' ids were (so all round-trip) and every new one round-trips too
         text_ids = tuple(dict.fromkeys((*base.state["text_ids"], *source.text_ids)))
-    int_ids = integer_id_columns(pl.scan_ipc([f for files in parts for f in files]), text_ids) if n_all else []
-    if base is not None:
-        int_ids = [c for c in int_ids if c in base.state["int_ids"]]
+        int_ids = round_trip_ids(cfg, source, [c for c in text_ids if c in base.state["int_ids"]])
+        parts = sink_partitions(cfg, source, work, n_parts, base.cleaned(), int_ids)
+        n_all = sum(ipc_rows(files) for files in parts)
+    n_valid = n_all - earlier
     rejects_path = work / REJECTS_FILE
     earlier_rejects = base.directory / REJECTS_FILE if base is not None else None
     earlier_rejects = earlier_rejects if earlier_rejects is not None and earlier_rejects.is_file() else None

@@ -16,6 +16,7 @@ import polars as pl
 
 from recsys_alibi.config import DataConfig
 from recsys_alibi.data.errors import is_gzip, read_error
+from recsys_alibi.data.ids import cast_integer_ids, round_trips
 from recsys_alibi.data.ingest import QuotedLinesError, Source, rejected_rows, tag_rows, valid_events
 from recsys_alibi.data.schema import SUBSECOND, USER_ID
 
@@ -53,17 +54,18 @@ def ipc_rows(files: list[Path]) -> int:
 
 
 def sink_partitions(
-    cfg: DataConfig, source: Source, work: Path, n_parts: int, before: pl.LazyFrame | None = None
+    cfg: DataConfig, source: Source, work: Path, n_parts: int, before: pl.LazyFrame | None = None, int_ids: list[str] = ()
 ) -> list[list[Path]]:
     """A: a streaming pass; good events to user-hash partitions (Arrow IPC).
 
     Args:
-        before: an append's earlier cleaned events (``Base.cleaned``), written first; their id
-            columns take the new events' types (Int64 ids are cast to String where the new ones
-            are still text, for the id-typing pass to decide over both).
+        before: an append's earlier cleaned events (``Base.cleaned``), written first.
+        int_ids: with ``before``, the text id columns of the union that are Int64 (the new
+            events' are cast); the earlier events' other Int64 id columns are cast to String.
     """
     valid = valid_events(tag_rows(source, cfg))
-    if before is not None:
+    if before is not None:  # the id columns the earlier and the new events share as Int64 are cast first
+        valid = cast_integer_ids(valid, int_ids)
         valid = pl.concat([_aligned(before, valid.collect_schema()), valid], how="vertical")
     if n_parts == 1:
         stream(source, valid.sink_ipc(work / "valid.ipc", compression=None, lazy=True))
@@ -99,18 +101,31 @@ def sink_rejects(
         stream(source, pl.concat(frames, how="vertical").sink_parquet(path, metadata=tag, lazy=True))
 
 
-def stream(source: Source, sink: pl.LazyFrame) -> None:
-    """Run a lazy sink on the streaming engine; a read failure becomes one line naming the file.
+def stream(source: Source, sink: pl.LazyFrame) -> pl.DataFrame:
+    """Run a lazy query (a sink) on the streaming engine; a read failure becomes one line naming the file.
 
     Raises:
         QuotedLinesError: CSV rows span lines (their fields cannot be counted per line).
         DataError: the input cannot be read.
     """
     try:
-        sink.collect(engine="streaming")
+        return sink.collect(engine="streaming")
     except pl.exceptions.ShapeError as err:  # the CSV rows and the lines counted beside them differ
         if source.fmt == "csv":
             raise QuotedLinesError(f"rows of '{source.paths[0]}' span lines") from None
         raise read_error(source.paths, source.fmt, err, "check the file or --format") from None
     except (pl.exceptions.PolarsError, OSError) as err:
         raise read_error(source.paths, source.fmt, err, "check the file or --format") from None
+
+
+def round_trip_ids(cfg: DataConfig, source: Source, columns: list[str]) -> list[str]:
+    """The text id ``columns`` whose every value in the input's good rows round-trips as Int64.
+
+    One streaming pass over the input (``ids.round_trips``); an append asks it of the new
+    events only, for the columns the earlier inputs typed Int64 (their values all round-trip).
+    """
+    if not columns:
+        return []
+    valid = valid_events(tag_rows(source, cfg))
+    row = stream(source, valid.select(*[round_trips(pl.col(c)).all().alias(c) for c in columns]))
+    return [c for c in columns if row[c][0] is not False]
