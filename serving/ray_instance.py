@@ -103,9 +103,9 @@ def loopback_env() -> Iterator[None]:
 
     Sets :data:`LOOPBACK_ENV` (the processes Ray starts inherit it and name 127.0.0.1 as their node
     address), removes ``RAY_ADDRESS`` (a local instance joins nothing) and turns Ray's cluster
-    mode off in this process too: Ray reads the
-    variable once at import, so without that the driver would resolve 127.0.0.1 to the machine's
-    interface address and the GCS and raylet would listen on every interface.
+    mode off in this process too (``ray_constants.ENABLE_RAY_CLUSTER``, read from the variable
+    once at import): without that the driver resolves 127.0.0.1 to the machine's interface
+    address and the GCS, raylet and workers listen on every interface.
     """
     from ray._private import ray_constants
 
