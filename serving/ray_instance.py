@@ -27,6 +27,7 @@ retries without end. Inside a running Ray job (``ray.is_initialized()``) that in
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import math
 import os
@@ -35,7 +36,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 from recsys_alibi.config import ConfigError, RayConfig
@@ -98,26 +99,37 @@ def import_ray():
 
 
 @contextmanager
-def loopback_env() -> Iterator[None]:
-    """Ray's settings for a loopback local instance while it starts; the caller's restored after.
-
-    Sets :data:`LOOPBACK_ENV` (the processes Ray starts inherit it and name 127.0.0.1 as their node
-    address), removes ``RAY_ADDRESS`` (a local instance joins nothing) and turns Ray's cluster
-    mode off in this process too (``ray_constants.ENABLE_RAY_CLUSTER``, read from the variable
-    once at import): without that the driver resolves 127.0.0.1 to the machine's interface
-    address and the GCS, raylet and workers listen on every interface.
-    """
+def _loopback_kept() -> Iterator[None]:
+    """Ray's cluster mode off in this process (``ray_constants.ENABLE_RAY_CLUSTER``, read from
+    ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER`` once at import), so that Ray keeps a loopback address
+    as given instead of replacing it by the machine's interface address; restored after."""
     from ray._private import ray_constants
 
-    env = {**LOOPBACK_ENV, "RAY_ADDRESS": None}
-    before = {key: os.environ.get(key) for key in env}
     cluster_mode = ray_constants.ENABLE_RAY_CLUSTER
-    _set_env(env)
     ray_constants.ENABLE_RAY_CLUSTER = False
     try:
         yield
     finally:
         ray_constants.ENABLE_RAY_CLUSTER = cluster_mode
+
+
+@contextmanager
+def loopback_env() -> Iterator[None]:
+    """Ray's settings for a loopback local instance while it starts; the caller's restored after.
+
+    Sets :data:`LOOPBACK_ENV` (the processes Ray starts inherit it and name 127.0.0.1 as their node
+    address), removes ``RAY_ADDRESS`` (a local instance joins nothing) and turns Ray's cluster
+    mode off in this process too (:func:`_loopback_kept`): without that the driver resolves
+    127.0.0.1 to the machine's interface address and the GCS, raylet and workers listen on every
+    interface.
+    """
+    env = {**LOOPBACK_ENV, "RAY_ADDRESS": None}
+    before = {key: os.environ.get(key) for key in env}
+    _set_env(env)
+    try:
+        with _loopback_kept():
+            yield
+    finally:
         _set_env(before)
 
 
@@ -136,7 +148,9 @@ def checked_address(address: str) -> str:
         address: ``score.ray.address``: ``auto``, ``host:port`` or ``ray://host[:port]``.
 
     Returns:
-        ``auto`` resolved by Ray's own discovery (``host:port``); other addresses as given.
+        ``auto`` resolved by Ray's own discovery (``host:port``); other addresses as given. A
+        loopback address stays loopback (Ray would swap it for the interface address, where a
+        cluster started on 127.0.0.1 does not listen: :func:`_loopback_kept`).
 
     Raises:
         ConfigError: ``auto`` finds no cluster; the address has no host or port; nothing accepts
@@ -148,7 +162,8 @@ def checked_address(address: str) -> str:
     resolved = address
     if address == "auto":
         try:
-            resolved = services.canonicalize_bootstrap_address("auto")
+            with _loopback_kept():
+                resolved = services.canonicalize_bootstrap_address("auto")
         except ConnectionError:
             raise ConfigError(
                 "score.ray.address=auto: no running Ray cluster found (no RAY_ADDRESS, no `ray start` on this "
@@ -167,6 +182,14 @@ def checked_address(address: str) -> str:
             f"score.ray.address={address}: cannot connect to {host}:{port} ({reason}, {CONNECT_TIMEOUT_S:.0f} s); {fix}"
         ) from None
     return resolved
+
+
+def _is_loopback(address: str) -> bool:
+    host = address.removeprefix("ray://").rpartition(":")[0].strip("[]") or address.removeprefix("ray://")
+    try:
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name
+        return False
 
 
 def check_ray(cfg: RayConfig) -> None:
@@ -197,7 +220,8 @@ def ray_instance(cfg: RayConfig) -> Iterator[None]:
     workers' output are not passed to this process.
 
     Raises:
-        ConfigError: Ray is not installed; ``cfg.address`` finds no cluster or does not answer.
+        ConfigError: Ray is not installed; ``cfg.address`` finds no cluster, does not answer, or
+            ``ray.init`` cannot join it (Ray's own retries, then its ``ConnectionError``).
     """
     ray = import_ray()
     for name in QUIET_LOGGERS:
@@ -209,7 +233,13 @@ def ray_instance(cfg: RayConfig) -> Iterator[None]:
     watchdog = None
     try:
         if cfg.address:
-            ray.init(address=checked_address(cfg.address), **quiet)
+            address = checked_address(cfg.address)
+            try:
+                with _loopback_kept() if _is_loopback(address) else nullcontext():
+                    ray.init(address=address, **quiet)
+            except (ConnectionError, RuntimeError) as err:  # e.g. not a Ray GCS, or another auth token
+                raise ConfigError(f"score.ray.address={cfg.address}: Ray could not join the cluster at {address} "
+                                  f"({str(err).strip().splitlines()[0]})") from None  # fmt: skip
         else:
             ray_dir = Path(tempfile.mkdtemp(prefix=TEMP_PREFIX))
             watchdog = _watchdog(ray_dir)  # first: a driver killed while Ray starts leaves nothing either

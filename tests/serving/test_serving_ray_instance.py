@@ -104,3 +104,17 @@ def test_pipeline_with_score_engine_ray_checks_ray_before_training(tmp_path):
     with pytest.raises(ConfigError, match=f"score.ray.address={address}: cannot connect"):
         run_pipeline(config, progress=False)
     assert not (tmp_path / "run").exists()  # refused before generate, prepare and training
+
+
+def test_ray_address_on_loopback_stays_loopback_for_auto_and_host_port(monkeypatch):
+    """Ray swaps 127.0.0.1 for the machine's interface address; a cluster listening on loopback only
+    (as the local instances here do) must still be found and checked there."""
+    from serving.ray_instance import checked_address
+
+    with socket.socket() as listener:  # stands for a GCS on 127.0.0.1
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(4)
+        address = f"127.0.0.1:{listener.getsockname()[1]}"
+        monkeypatch.setenv("RAY_ADDRESS", address)
+        assert checked_address("auto") == address
+        assert checked_address(address) == address
