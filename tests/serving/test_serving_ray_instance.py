@@ -24,8 +24,9 @@ ray = pytest.importorskip("ray", reason="ray is not installed (optional extra: r
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 
-# A driver that scores with a local instance; when the first part file is written it records the
-# sockets of every process it started, then kills itself (SIGKILL: no cleanup of its own).
+# A driver that scores with a local instance, RAY_ADDRESS set and a `ray start` cluster recorded on
+# the machine (both dead addresses); when the first part file is written it records the sockets of
+# every process it started, then kills itself (SIGKILL: no cleanup of its own).
 DRIVER = """
 import json, os, signal, sys
 from pathlib import Path
@@ -33,6 +34,8 @@ sys.path[:0] = [{here!r}, {repo!r}]
 from proc_sockets import descendants, inet_sockets
 from serving_fixtures import score_config, tiny_model, vocabulary, write_prepared
 from serving.ray_job import score_with_ray
+import ray._private.services as services
+services.find_bootstrap_address = lambda temp_dir=None: {recorded!r}  # as if `ray start` had left a cluster
 
 def hook(point, shard):
     if point == "written":
@@ -56,7 +59,8 @@ def _free_port() -> int:
 
 def test_local_ray_instance_listens_on_loopback_only_ignores_ray_address_and_ends_with_a_killed_driver(tmp_path):
     report = tmp_path / "report.json"
-    script = DRIVER.format(here=str(HERE), repo=str(REPO), report=str(report), tmp=str(tmp_path))
+    script = DRIVER.format(here=str(HERE), repo=str(REPO), report=str(report), tmp=str(tmp_path),
+                           recorded=f"127.0.0.1:{_free_port()}")  # fmt: skip
     env = {**__import__("os").environ, "RAY_ADDRESS": f"127.0.0.1:{_free_port()}", "OMP_NUM_THREADS": "1"}
     driver = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=240)
     assert driver.returncode == -9 and report.is_file(), driver.stderr[-2000:]  # killed in the hook, as planned
