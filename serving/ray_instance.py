@@ -10,12 +10,12 @@
   ``"local"`` address never joins one (``score.ray.address=auto`` does);
 * it ends with the job: ``ray.shutdown()`` on exit, and a watchdog process (:func:`_watchdog`)
   started before Ray that, once the driver is gone (its pipe closes: normal end, exception or
-  ``kill -9``), ends every process still holding a file in the instance's own Ray directory
-  (``ray.init(_temp_dir=...)``, :data:`TEMP_PREFIX` + a random suffix: each Ray process keeps
-  its log files there open; an environment mark would not do, Ray's Python processes overwrite
-  theirs with their process title). Ray's own fate sharing ends the GCS and raylet with a killed
-  driver but left the dashboard and runtime-env agents running. Ray's logs stay in that
-  directory.
+  ``kill -9``), ends every process of its session still holding a file in the instance's own
+  Ray directory (``ray.init(_temp_dir=...)``, :data:`TEMP_PREFIX` + a random suffix: each Ray
+  process keeps its log files there open; an environment mark would not do, Ray's Python
+  processes overwrite theirs with their process title). Ray's own fate sharing ends the GCS and
+  raylet with a killed driver but left the dashboard and runtime-env agents running. Ray's logs
+  stay in that directory.
 
 ``score.ray.address`` set: the job joins that cluster (``auto``: Ray's discovery, i.e.
 ``RAY_ADDRESS`` or the cluster ``ray start`` left on this machine; ``host:port`` or
@@ -55,21 +55,24 @@ CONNECT_TIMEOUT_S = 5.0
 RAY_CLIENT_PORT = 10001  # ray://host without a port
 
 # The watchdog: ignores the signals a terminal or a group kill sends, waits for EOF on stdin (the
-# driver closed its pipe or died), then ends the processes (never the driver) holding a file below argv[1].
+# driver closed its pipe or died), then ends the processes of its session (never the driver) holding a
+# file below argv[1] (a viewer of Ray's logs started from another terminal is left alone).
 _WATCHDOG = r"""
 import os, signal, sys, time
 for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
     signal.signal(s, signal.SIG_IGN)
-driver, root = os.getppid(), sys.argv[1].rstrip("/") + "/"
+driver, session, root = os.getppid(), os.getsid(0), sys.argv[1].rstrip("/") + "/"
 sys.stdin.buffer.read()
 def holds(pid):
     try:
+        if os.getsid(int(pid)) != session:
+            return False
         fds = [f"/proc/{pid}/fd/{fd}" for fd in os.listdir(f"/proc/{pid}/fd")]
     except OSError:
         return False
     for link in [f"/proc/{pid}/cwd", *fds]:
         try:
-            if os.readlink(link).startswith(root):
+            if (os.readlink(link) + "/").startswith(root):
                 return True
         except OSError:
             pass
