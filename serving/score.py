@@ -275,11 +275,12 @@ class _ScoreJob:
     def _open(self) -> tuple[Manifest, ScoreInput | None]:
         """Rank 0: check/create the manifest, stage and open the input, fix the shard plan.
 
-        An input refused here (bad data, no users) withdraws a manifest this run created
-        (:func:`serving.manifest.withdraw_manifest`): the directory holds no rankings, so the same
+        An input refused here (bad data, no users) withdraws the manifest when it holds no shard
+        plan yet (this run created it, or one of the same job was killed before it read its input:
+        :func:`serving.manifest.withdraw_manifest`): the directory holds no rankings, so the same
         command with the input fixed is a new job there, not "another job's rankings".
         """
-        new_dir, new_manifest = not self.output_dir.exists(), not (self.output_dir / MANIFEST).exists()
+        new_dir = not self.output_dir.exists()
         manifest = open_manifest(self.output_dir, self.identity, overwrite=self.config.score.overwrite)
         if manifest.complete:  # a kill may have come between completing and releasing
             release_staged(self.output_dir / STAGED_INPUT)
@@ -290,7 +291,7 @@ class _ScoreJob:
                 time_gap_buckets=self.ranker.time_gap_buckets,
             )  # fmt: skip
         except Exception:
-            if new_manifest:
+            if manifest.users is None and not manifest.shards:
                 withdraw_manifest(self.output_dir, remove_dir=new_dir)
             raise
         n_shards = max(1, -(-source.n_users // self.config.score.shard_users))

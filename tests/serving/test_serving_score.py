@@ -103,14 +103,22 @@ def test_bare_sequences_with_bad_keys_or_indices_are_refused(tmp_path, users, hi
     assert not list((tmp_path / "out").glob("part-*.parquet"))
 
 
-def test_a_refused_input_leaves_no_manifest_so_the_fixed_input_is_scored_there(tmp_path):
+def test_a_refused_input_leaves_no_manifest_so_the_fixed_input_is_scored_there(tmp_path, monkeypatch):
     """A refused run holds no rankings: the same command with the input fixed is not "another job"."""
     path = tmp_path / "users.parquet"
     bad = pl.DataFrame({schema.USER_ID: ["a", "b", "a"], schema.ITEM_IDX: pl.Series([[1], [2], [3]], dtype=pl.List(pl.Int32))})
     bad.write_parquet(path)
-    with pytest.raises(DataError, match="repeat a user_id"):
+    with monkeypatch.context() as killed:  # a run killed while reading its input leaves its manifest
+        killed.setattr(score_module, "withdraw_manifest", lambda *args, **kwargs: None)
+        with pytest.raises(DataError, match="repeat a user_id"):
+            _run(path, tmp_path / "out")
+    assert (tmp_path / "out" / "_manifest.json").is_file()
+    with pytest.raises(DataError, match="repeat a user_id"):  # the same job refused again: withdrawn now
         _run(path, tmp_path / "out")
-    assert not (tmp_path / "out").exists()  # created by the refused run, left empty: removed
+    assert (tmp_path / "out").is_dir() and not any((tmp_path / "out").iterdir())
+    with pytest.raises(DataError, match="repeat a user_id"):
+        _run(path, tmp_path / "new")
+    assert not (tmp_path / "new").exists()  # created by the refused run, left empty: removed
     (tmp_path / "kept").mkdir()
     (tmp_path / "kept" / "notes.txt").write_text("mine")
     with pytest.raises(DataError, match="repeat a user_id"):
