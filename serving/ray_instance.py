@@ -219,7 +219,7 @@ def ray_instance(cfg: RayConfig) -> Iterator[None]:
 
     A local instance (``address`` None, the module docstring): loopback only, no dashboard, holds
     ``ceil(actors * cpus_per_actor)`` CPUs (and the GPUs the actors ask for); it and every process
-    it started end when this exits or the process dies. Ray's log lines below WARNING and its
+    it started end when this exits or the process dies. Ray's log lines below ERROR and its
     workers' output are not passed to this process.
 
     Raises:
