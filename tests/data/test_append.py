@@ -297,3 +297,36 @@ def test_integer_ids_stay_int64_only_while_every_input_round_trips(tmp_path, spe
     assert users.dtype == (pl.Int64 if spelling == "7" else pl.String)
     assert users.len() == (4 if spelling == "7" else 5)
     _assert_same(_by_raw_ids(tmp_path / "app"), _by_raw_ids(tmp_path / "full"))
+
+
+def _render(fmt: str, rows: list[tuple], path: Path) -> Path:
+    """Events ``(user, item, time)`` (None: a field left out, a reject) written in ``fmt``."""
+    if fmt == "parquet":
+        pl.DataFrame(rows, schema={"user_id": pl.Int64, "item_id": pl.Int64, "timestamp": pl.Int64}, orient="row").write_parquet(path)
+    elif fmt == "ndjson":
+        path.write_text("".join(json.dumps({"user_id": u, "item_id": i, "timestamp": t}) + "\n" for u, i, t in rows))
+    elif fmt == "movielens":
+        path.write_text("".join(f"{u}::{'' if i is None else i}::5::{t}\n" for u, i, t in rows))
+    else:  # s3rec: one line per user, items in time order
+        users = dict.fromkeys(u for u, _, _ in rows)
+        path.write_text("".join(f"{u} " + " ".join(str(i) for v, i, _ in rows if v == u and i is not None) + "\n" for u in users))
+    return path
+
+
+@pytest.mark.parametrize(("fmt", "suffix"), [("parquet", "parquet"), ("ndjson", "ndjson"), ("movielens", "dat"), ("s3rec", "txt")])
+def test_append_equals_a_full_prepare_for_every_format(tmp_path, fmt, suffix):
+    cfg = DataConfig(min_events_per_user=2, min_events_per_item=2, format=fmt)
+    day1 = [(1, 10, 5), (1, 11, 6), (2, 10, 7), (2, 11, 8), (3, 13, 9)]  # user 3 and item 13 below the 2-core
+    day2 = [(3, 10, 10), (1, 13, 4), (2, 10, 7), (4, 13, 11), (4, 11, 12)]  # lifts them; late, repeated, new user
+    if fmt not in ("parquet", "s3rec"):
+        day2.append((5, None, 13))  # a reject
+    folder = tmp_path / "in"
+    folder.mkdir()
+    _render(fmt, day1, folder / f"day1.{suffix}")
+    _render(fmt, day2, folder / f"day2.{suffix}")
+    prepare(cfg, folder, tmp_path / "full")
+    prepare(cfg, folder / f"day1.{suffix}", tmp_path / "app")
+    append(cfg, folder / f"day2.{suffix}", tmp_path / "app")
+    appended, full = _by_raw_ids(tmp_path / "app"), _by_raw_ids(tmp_path / "full")
+    _assert_same(appended, full)
+    assert appended["counts"]["users"] == 4 and appended["counts"]["kept"] == (10 if fmt == "s3rec" else 9)  # s3rec: a repeated line is a re-consumption
