@@ -65,7 +65,7 @@ def append(cfg: DataConfig, input_path: str | Path, output_dir: str | Path, *, f
         input_path: new events: file, directory or glob of the directory's format. Files whose
             bytes were already prepared into the directory are skipped.
         output_dir: an existing prepared directory (from ``prepare``, or an earlier append).
-        fmt: overrides ``cfg.format``.
+        fmt: overrides ``cfg.format``; when neither gives one, the directory's format is used.
 
     Returns:
         The counts and stats of the whole (appended) directory; ``appended`` is False when
@@ -81,6 +81,8 @@ def append(cfg: DataConfig, input_path: str | Path, output_dir: str | Path, *, f
             f"cannot append to {out}: it is not a prepared directory (no {MANIFEST_FILE}); "
             "run `recsys-alibi prepare` without --append first"
         )
+    if (fmt or cfg.format) == "auto":  # not given: the new files are read as the directory's were
+        fmt = _recorded_format(out)
     source = scan_source(cfg, input_path, fmt)
     with prepare_lock(out):
         roll_forward(out)  # a publish a killed append began: finish it before reading
@@ -102,6 +104,15 @@ def append(cfg: DataConfig, input_path: str | Path, output_dir: str | Path, *, f
             log.warning("%s: quoted fields span lines, so CSV rows are not checked for a wrong number of fields", paths[0])
             source = scan_source(cfg, paths, source.fmt, count_fields=False)
             return prepare_in_work_dir(cfg, _after(base, source), out, base, digests)
+
+
+def _recorded_format(out: Path) -> str | None:
+    """The format ``stats.json`` records (None when unreadable: the format is then inferred)."""
+    try:
+        recorded = json.loads((out / STATS_FILE).read_text()).get("format")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return recorded if isinstance(recorded, str) else None
 
 
 def _after(base: Base, source: Source) -> Source:

@@ -203,7 +203,7 @@ def test_an_append_with_other_settings_or_without_a_prepared_dir_is_one_line(tmp
     day2 = _events(tmp_path / "day2.csv", [("a", "y", 3)])
     cases = [
         (cfg.model_copy(update={"min_events_per_item": 2}), day2, out, "min_events_per_item 1, this input has 2"),
-        (cfg, tmp_path / "day2.ndjson", out, "format 'csv', this input has 'ndjson'"),
+        (cfg.model_copy(update={"format": "ndjson"}), tmp_path / "day2.ndjson", out, "format 'csv', this input has 'ndjson'"),
         (cfg, tmp_path / "other.csv", out, "raw_columns"),
         (cfg, tmp_path / "swapped.csv", out, "raw_columns"),  # the same columns in another order
         (cfg, day2, tmp_path / "missing", "is not a prepared directory"),
@@ -330,3 +330,15 @@ def test_append_equals_a_full_prepare_for_every_format(tmp_path, fmt, suffix):
     appended, full = _by_raw_ids(tmp_path / "app"), _by_raw_ids(tmp_path / "full")
     _assert_same(appended, full)
     assert appended["counts"]["users"] == 4 and appended["counts"]["kept"] == (10 if fmt == "s3rec" else 9)  # s3rec: a repeated line is a re-consumption
+
+
+def test_an_append_without_a_format_reads_the_new_files_as_the_directory_was_read(tmp_path):
+    sasrec = DataConfig(min_events_per_user=1, min_events_per_item=1, format="sasrec")
+    out = tmp_path / "p"
+    (tmp_path / "day1.txt").write_text("1 10\n1 11\n2 10\n")
+    (tmp_path / "day2.txt").write_text("1 12 13\n")  # three fields: would be inferred as s3rec
+    prepare(sasrec, tmp_path / "day1.txt", out)
+    with pytest.raises(DataError, match="bad_field_count|format"):
+        append(sasrec.model_copy(update={"format": "s3rec"}), tmp_path / "day2.txt", out)
+    result = append(DataConfig(min_events_per_user=1, min_events_per_item=1), tmp_path / "day2.txt", out)
+    assert result.stats["format"] == "sasrec" and result.counts["rejected"] == 1  # a sasrec line with 3 fields
