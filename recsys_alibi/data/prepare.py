@@ -79,7 +79,7 @@ from recsys_alibi.data.prepare_ingest import (
 from recsys_alibi.data.prepare_state import STATE_KEY, Base, file_sha256, settings
 from recsys_alibi.data.prepare_write import write_outputs
 from recsys_alibi.data.prepared import PREPARE_ID_KEY, STAGING_PREFIX, clean_stale, keep_failed_rejects, prepare_lock, publish
-from recsys_alibi.data.schema import CLEANED_FILE, COUNT, ITEM_ID, ITEM_IDX, ITEMS_FILE, REJECT_REASON, REJECTS_FILE, STATS_FILE, TIMESTAMP, USER_ID
+from recsys_alibi.data.schema import CLEANED_FILE, COUNT, EVENT_TYPE, ITEM_ID, ITEM_IDX, ITEMS_FILE, REJECT_REASON, REJECTS_FILE, STATS_FILE, TIMESTAMP, USER_ID
 from recsys_alibi.data.sequences import build_vocabulary, read_items, read_sequences
 from recsys_alibi.data.stats import HISTOGRAM_FILE, history_length_summary, plot_history_lengths, sparsity
 
@@ -266,25 +266,56 @@ def _clean_partitions(
     cleaned: list[Part] = []
     n_after_min = n_users_seen = 0
     parts = [files for files in parts if files]
-    writer: pq.ParquetWriter | None = None
-    with ThreadPoolExecutor(WORKERS) as pool:
+    writer = _CleanedWriter(cleaned_path, tag)
+    with writer, ThreadPoolExecutor(WORKERS) as pool:
         for files, (users, items, frame, n_min, events) in zip(parts, pool.map(partial(clean_partition, cfg, int_ids), parts)):
             for f in files:  # free the disk as we go
                 f.unlink()
             if frame.height:
-                table = events.to_arrow()
-                if writer is None:
-                    writer = pq.ParquetWriter(cleaned_path, table.schema.with_metadata(tag), compression="zstd", compression_level=1)
-                writer.write_table(table)
+                writer.write(events)
                 item_codes = coder.encode(items)[frame[ITEM_ID].to_numpy()]  # local codes -> global ones
                 frame = frame.with_columns(pl.col(USER_ID) + n_users_seen, pl.Series(ITEM_ID, item_codes))
                 frame = frame.rename({USER_ID: USER_CODE, ITEM_ID: ITEM_CODE})
                 cleaned.append(Part(users=users, frame=frame, user_offset=n_users_seen))
                 n_users_seen += users.len()
                 n_after_min += n_min
-    if writer is not None:
-        writer.close()
     return cleaned, coder.ids(), n_after_min
+
+
+class _CleanedWriter:
+    """``cleaned.parquet`` written partition after partition in a background thread (pyarrow releases
+    the GIL), in the order given; plain encoding but for the event type (ids, times and rows are
+    near-unique: dictionaries cost CPU and save nothing), no statistics, zstd level 1."""
+
+    def __init__(self, path: Path, tag: dict[str, str]) -> None:
+        self._path, self._tag = path, tag
+        self._writer: pq.ParquetWriter | None = None
+        self._thread = ThreadPoolExecutor(1)
+        self._pending: list = []
+
+    def write(self, events: pl.DataFrame) -> None:
+        self._pending.append(self._thread.submit(self._write, events.to_arrow()))
+
+    def _write(self, table) -> None:
+        if self._writer is None:
+            dictionary = [name for name in table.column_names if name == EVENT_TYPE] or False
+            self._writer = pq.ParquetWriter(
+                self._path, table.schema.with_metadata(self._tag), compression="zstd", compression_level=1,
+                use_dictionary=dictionary, write_statistics=False,
+            )  # fmt: skip
+        self._writer.write_table(table)
+
+    def __enter__(self) -> _CleanedWriter:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._thread.shutdown(wait=True)
+        try:
+            for done in self._pending:
+                done.result()  # a write error is raised here
+        finally:
+            if self._writer is not None:
+                self._writer.close()
 
 
 def _clean_and_write(
