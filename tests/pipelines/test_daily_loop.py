@@ -55,3 +55,11 @@ def test_second_day_warm_starts_from_the_champion_and_counts_what_is_new(tmp_pat
         f"{new_items} new, 0 dropped; {new_users} new users, {events2 - events1} new events" in printed
     )
     assert printed.strip().splitlines()[-1].startswith("pipeline: data ")  # the decision line stays last
+
+
+def test_pipeline_refuses_generate_days_with_one_line(tmp_path, mlflow_store, capsys):
+    args = ["pipeline", "--output", str(tmp_path / "out"), "--set", "generate.enabled=true", "--set", "generate.days=3"]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: generate.days writes daily files with `recsys-alibi generate")
+    assert not (tmp_path / "out" / "events.parquet").exists()
