@@ -238,7 +238,7 @@ def _ingest(cfg: DataConfig, source: Source, out: Path, work: Path, tag: dict[st
     by_reason = {r: int(n) for r, n in rejects_by_reason.iter_rows()}
     n_rejected = sum(by_reason.values())
     new_rows = n_valid + n_rejected - _before(base, "rejected", 0)
-    if new_rows == 0:
+    if new_rows == 0 and base is None:  # an append of no rows (a quiet day) adds nothing, as in a full prepare
         raise DataError(f"empty input: '{source.paths[0]}' has no rows; point --input at the event log")
     if not n_rejected:
         rejects_path.unlink(missing_ok=True)  # an empty file: published as "no rejects" (an older one is removed)

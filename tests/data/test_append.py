@@ -114,9 +114,15 @@ def _assert_same(appended: dict, full: dict) -> None:
         assert_frame_equal(appended["rejects"], full["rejects"])
 
 
-def _append_step_by_step(cfg: DataConfig, paths: list[Path], out: Path) -> None:
-    """prepare the first batch, append the others one at a time; every existing item_idx kept."""
-    prepare(cfg, paths[0], out)
+def _append_step_by_step(cfg: DataConfig, paths: list[Path], out: Path) -> bool:
+    """prepare the first batch, append the others one at a time; every existing item_idx kept.
+
+    Returns False when the first batch alone cannot be prepared (empty, nothing left after the k-core).
+    """
+    try:
+        prepare(cfg, paths[0], out)
+    except DataError:
+        return False
     for path in paths[1:]:
         before = read_items(out)
         result = append(cfg, path, out)
@@ -125,6 +131,7 @@ def _append_step_by_step(cfg: DataConfig, paths: list[Path], out: Path) -> None:
         old = before.select("item_idx", pl.col("item_id").cast(after["item_id"].dtype))
         assert_frame_equal(after.head(before.height).select("item_idx", "item_id"), old)  # same index, same id
         assert after["item_idx"].to_list() == list(range(1, after.height + 1))  # new ones after every existing one
+    return True
 
 
 @pytest.mark.parametrize("line_order", [False, True], ids=["csv", "sasrec"])
@@ -138,16 +145,11 @@ def test_append_in_batches_equals_a_full_prepare_of_all_inputs(tmp_path_factory,
         cfg = _cfg(thresholds, line_order)
         try:
             prepare(cfg, tmp / "in", tmp / "full")
-        except DataError:  # nothing left after the k-core even for the union: no append can have any
-            with pytest.raises(DataError):
-                _append_step_by_step(cfg, paths, tmp / "app")
+        except DataError:  # nothing left after the k-core even for the union: nor for its first batch
+            assert not _append_step_by_step(cfg, paths, tmp / "app")
             return
-        try:
-            _append_step_by_step(cfg, paths, tmp / "app")
-        except DataError:  # the first batch alone has nothing left after the k-core
-            with pytest.raises(DataError, match="no events left"):
-                prepare(cfg, paths[0], tmp / "first")
-            return
+        if not _append_step_by_step(cfg, paths, tmp / "app"):
+            return  # the first batch alone is empty or has nothing left after the k-core
         _assert_same(_by_raw_ids(tmp / "app"), _by_raw_ids(tmp / "full"))
         COMPARED.append(len(paths))
 
@@ -342,3 +344,15 @@ def test_an_append_without_a_format_reads_the_new_files_as_the_directory_was_rea
         append(sasrec.model_copy(update={"format": "s3rec"}), tmp_path / "day2.txt", out)
     result = append(DataConfig(min_events_per_user=1, min_events_per_item=1), tmp_path / "day2.txt", out)
     assert result.stats["format"] == "sasrec" and result.counts["rejected"] == 1  # a sasrec line with 3 fields
+
+
+def test_a_day_without_events_appends_nothing_and_is_no_error(tmp_path):
+    cfg = DataConfig(min_events_per_user=1, min_events_per_item=1, format="sasrec")
+    out = tmp_path / "p"
+    (tmp_path / "day1.txt").write_text("1 10\n1 11\n")
+    (tmp_path / "day2.txt").write_text("")  # a quiet day
+    prepare(cfg, tmp_path / "day1.txt", out)
+    result = append(cfg, tmp_path / "day2.txt", out)
+    assert result.appended and result.stats["appended"] == {"input_rows": 0, "new_users": 0, "new_items": 0, "new_events": 0}
+    assert read_sequences(out)["item_idx"].to_list() == [[1, 2]]
+    assert not append(cfg, tmp_path / "day2.txt", out).appended  # recorded: a re-run changes nothing
