@@ -102,8 +102,10 @@ def scan_source(
     except DataError:
         raise
     except (pl.exceptions.PolarsError, ValueError, *GZIP_ERRORS) as err:  # a gzipped Parquet file is read by Python's gzip
-        if isinstance(err, pl.exceptions.NoDataError):
-            raise DataError(f"empty input: '{paths[0]}' has no rows; point --input at the event log") from None
+        if isinstance(err, pl.exceptions.NoDataError):  # name the empty file, not the first one
+            empty = next((p for p in paths if not head_bytes(p, 1)), paths[0])
+            fix = "point --input at the event log" if len(paths) == 1 else "remove it from the input"
+            raise DataError(f"empty input: '{empty}' has no rows; {fix}") from None
         raise read_error(paths, fmt, err, f"check the file or {FORMAT_HELP}") from None
     raw = tuple(name for name in schema.names() if name not in (SOURCE_ROW, FIELDS_OK))
     if text and any("\ufffd" in name for name in raw):  # polars replaced bytes of a non-UTF-8 header

@@ -405,3 +405,12 @@ def test_repeated_lines_without_timestamps_are_reconsumptions_not_duplicates(tmp
     result = prepare(LOOSE, path, tmp_path / "out", fmt="sasrec")
     assert result.counts["deduplicated"] == 0 and result.counts["events"] == 3
     assert result.stats["time_from_line_order"] is True
+
+
+def test_an_empty_file_among_several_is_named_itself(tmp_path):
+    folder = tmp_path / "in"
+    folder.mkdir()
+    _write(folder / "day1.csv", "user_id,item_id,timestamp\n1,2,3\n")
+    _write(folder / "day2.csv", "")  # zero bytes: no header either
+    msg = _one_line_error(prepare, LOOSE, folder, tmp_path / "out")
+    assert f"empty input: '{folder / 'day2.csv'}' has no rows; remove it from the input" in msg
