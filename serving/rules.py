@@ -173,15 +173,12 @@ class ItemRules:
     def _user_rows(self, rule: RuleFile, user_ids: pl.Series) -> FlatSequences:
         """U sequences of model item indices: the rows of ``rule`` of each user of ``user_ids``."""
         users = pl.DataFrame({schema.USER_ID: user_ids, _ROW: np.arange(user_ids.len(), dtype=np.int64)})
-        rows = rule.scan()
-        if not _id_types_agree(rule.user_type, user_ids.dtype):
-            rows = rows.with_columns(pl.col(schema.USER_ID).cast(pl.String))
-            users = users.with_columns(pl.col(schema.USER_ID).cast(pl.String))
-        elif user_ids.dtype.is_integer():
-            rows = rows.with_columns(pl.col(schema.USER_ID).cast(pl.Int64))
-            users = users.with_columns(pl.col(schema.USER_ID).cast(pl.Int64))
+        # the shard's ids take the file's type (an id with no such form matches nothing), never the reverse:
+        # a filter on the file's own column is pushed into the Parquet reader, which then skips the row
+        # groups of other users and never holds the whole file (a cast of the file's column would read it all)
+        users = users.with_columns(pl.col(schema.USER_ID).cast(rule.user_type, strict=False)).drop_nulls(schema.USER_ID)
         wanted = users.get_column(schema.USER_ID)
-        rows = rows.filter(pl.col(schema.USER_ID).is_in(wanted.implode()))  # pushed into the Parquet scan
+        rows = rule.scan().filter(pl.col(schema.USER_ID).is_in(wanted.implode()))
         found = (self._mapped(rows, rule.item_type).join(users.lazy(), on=schema.USER_ID, how="inner")
                  .select(_ROW, schema.ITEM_IDX).collect(engine="streaming"))  # fmt: skip
         owner = found.get_column(_ROW).to_numpy()

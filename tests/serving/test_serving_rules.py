@@ -152,3 +152,13 @@ def test_rules_that_leave_nobody_an_item_are_one_line_naming_the_rules(prepared,
     allow = _per_user(tmp_path / "allow.parquet", seed=1, size=2, skip=set(USERS))  # only u002's unknown id
     with pytest.raises(DataError, match=r"no user was ranked: the allow / deny rules .*\(rules: allow 1 rows \(1 unknown"):
         _score(prepared, tmp_path / "out", allow=allow)
+
+
+@pytest.mark.parametrize("file_type", [pl.Int32, pl.Int64, pl.String])
+def test_per_user_rows_match_user_ids_of_another_integer_or_text_type(tmp_path, file_type):
+    from serving.rules import ItemRules
+
+    rows = pl.DataFrame({schema.USER_ID: [7, 7, 9, 11], schema.ITEM_ID: [1001, 1030, 1002, 1003]})
+    path = _write(tmp_path / "deny.parquet", rows.with_columns(pl.col(schema.USER_ID).cast(file_type)))
+    got = ItemRules(None, path, vocabulary()).for_users(pl.Series(schema.USER_ID, [9, 7, 8], dtype=pl.Int64)).per_user["deny"]
+    assert [sorted(got.get(u).tolist()) for u in range(3)] == [[2], [1, 30], []]  # item indices, users in the shard's order
