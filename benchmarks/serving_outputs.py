@@ -191,6 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", default="export,faiss,changed,rules")
     parser.add_argument("--synthetic-items", type=int, default=1_000_000)
     parser.add_argument("--rule-users", type=int, default=1_000_000)
+    parser.add_argument("--synthetic-hnsw", default="16,100,256", help="M,efConstruction,efSearch of the synthetic catalog")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     import torch
@@ -209,7 +210,9 @@ def main(argv: list[str] | None = None) -> int:
         items = pl.read_parquet(args.work / "export" / "items.parquet").get_column("vector").to_numpy()
         figures["faiss_ml1m"] = bench_faiss(items, users, 32, 200, 256)
         if args.synthetic_items:
-            figures["faiss_synthetic"] = bench_faiss(*synthetic(args.synthetic_items, items.shape[1], 1_000), 16, 100, 256)
+            m, ef_construction, ef_search = (int(v) for v in args.synthetic_hnsw.split(","))
+            figures["faiss_synthetic"] = bench_faiss(*synthetic(args.synthetic_items, items.shape[1], 1_000), m,
+                                                     ef_construction, ef_search)  # fmt: skip
     if "changed" in steps:
         figures.update(bench_changed(args.work, prepared, uri))
     if "rules" in steps:
