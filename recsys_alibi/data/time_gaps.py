@@ -27,7 +27,7 @@ import polars as pl
 import pyarrow as pa
 
 from recsys_alibi.data.loader import FlatSequences
-from recsys_alibi.data.prepared import read_consistent, read_json_file
+from recsys_alibi.data.prepared import read_consistent, read_json_file, read_manifest
 from recsys_alibi.data.schema import ITEM_IDX, STATS_FILE, TIME_GAPS, TIMESTAMP
 
 FIRST_EVENT = 1
@@ -101,13 +101,15 @@ def has_real_timestamps(data_dir: str | Path, prepare_id: str | None = None) -> 
 
     Such data (e.g. the SASRec ``user item`` format) has a gap of one "second" between all
     events, so time gaps would be made up and a time cutoff splits by file position;
-    ``stats.json`` records it. True without a stats file.
+    ``stats.json`` records it. True without a stats file, unless the directory's manifest lists one.
 
     Raises:
-        DataError: the stats file is not from the directory's (or the given ``prepare_id``) prepare.
+        DataError: the stats file is not from the directory's (or the given ``prepare_id``) prepare,
+            or it is missing while the manifest lists it (a temporal cutoff would silently split by
+            line position).
     """
     path = Path(data_dir) / STATS_FILE
-    if not path.exists():
+    if not path.exists() and STATS_FILE not in ((read_manifest(data_dir) or {}).get("files") or {}):
         return True
     stats = read_consistent(data_dir, STATS_FILE, read_json_file, prepare_id)
     return not stats.get("time_from_line_order")

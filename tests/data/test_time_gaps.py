@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from recsys_alibi.data import schema
+from recsys_alibi.data.errors import DataError
 from recsys_alibi.data.loader import (
     FlatSequences,
     HistoryTargets,
@@ -116,6 +117,15 @@ def test_line_order_time_is_refused(tmp_path):
     (tmp_path / schema.STATS_FILE).write_text(json.dumps({"time_from_line_order": False}))
     check_real_timestamps(tmp_path)
     assert has_real_timestamps(tmp_path) and has_real_timestamps(tmp_path / "no-stats-here")
+
+
+def test_a_missing_stats_file_the_manifest_lists_is_refused(tmp_path):
+    """Line-order data whose stats.json was deleted must not pass as real time (temporal split by line)."""
+    (tmp_path / schema.MANIFEST_FILE).write_text(
+        json.dumps({"state": "complete", "prepare_id": "p1", "files": {schema.STATS_FILE: 10}})
+    )
+    with pytest.raises(DataError, match="stats.json"):
+        has_real_timestamps(tmp_path)
 
 
 def _items_and_gaps() -> tuple[FlatSequences, FlatSequences]:
