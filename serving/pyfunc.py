@@ -4,7 +4,8 @@
     rankings = model.predict(df, params={"k": 100, "exclude_seen": True})
 
 ``df`` (a pandas or Polars frame, an Arrow table or record batch, or a dict of columns; one row
-per user; an empty frame, e.g. an empty Spark partition, gives empty rankings):
+per user; an empty frame, e.g. an empty Spark partition, or one whose every history is empty
+(also once the events of unusable times are dropped) gives empty rankings):
 
 ============= ==============================================================================
 ``user_id``   raw user id (integer or string), not null, one row per user
@@ -292,7 +293,7 @@ class RankerPyfunc:
         k, exclude_seen = self._params(params or {})
         ranker = self._ranker(k, exclude_seen)
         frame = histories_frame(model_input, needs_time=ranker.time_gap_buckets > 0)
-        if frame.height == 0:
+        if frame.height == 0 or frame.get_column(schema.ITEM_ID).list.len().sum() == 0:  # or only empty histories
             return ranker.empty(frame.get_column(schema.USER_ID).dtype)
         with tempfile.TemporaryDirectory(prefix="recsys-alibi-pyfunc-") as tmp:
             source = open_input(write_prepared(frame, Path(tmp) / "input"), self.items, DataConfig(),

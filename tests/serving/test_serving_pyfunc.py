@@ -77,6 +77,20 @@ def test_pyfunc_unknown_items_and_empty_histories_follow_score(prepared, tmp_pat
     assert "u005" not in got.get_column(schema.USER_ID).to_list() and "nobody" not in got.get_column(schema.USER_ID)
 
 
+def test_pyfunc_batch_of_only_empty_histories_gives_empty_rankings():
+    """A batch (a Spark partition) whose every history is empty, or left empty once the events of
+    pre-epoch time are dropped: no rows, as for one such user beside others (was a DataError naming
+    the pyfunc's temporary directory as 'another catalog')."""
+    empty = pl.DataFrame({schema.USER_ID: ["a", "b"], schema.ITEM_ID: [[], []]},
+                         schema_overrides={schema.ITEM_ID: pl.List(pl.Int64)})  # fmt: skip
+    got = RankerPyfunc(tiny_model(), vocabulary(), score_config().score).predict_polars(empty, {"k": 10})
+    assert got.height == 0 and got.columns == [schema.USER_ID, schema.RANK, schema.ITEM_ID, schema.SCORE]
+    item = vocabulary().get_column(schema.ITEM_ID)[0]
+    dropped = pl.DataFrame({schema.USER_ID: ["a"], schema.ITEM_ID: [[item]], schema.TIMESTAMP: [[-5]]})
+    model = tiny_model(time_gap_buckets=6)
+    assert RankerPyfunc(model, vocabulary(), score_config().score).predict_polars(dropped, {"k": 10}).height == 0
+
+
 def test_pyfunc_time_gap_model_reads_timestamps_like_score(prepared, tmp_path):
     model = tiny_model(time_gap_buckets=6)
     score_with_model(score_config(), model, vocabulary(), prepared, tmp_path / "out", progress=False)
