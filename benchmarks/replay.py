@@ -144,8 +144,14 @@ def train(config, prepared: Path, output: Path, init_from: str | None = None) ->
     return trained.model.uri, trained.train_seconds
 
 
-def replay(config, events: pl.DataFrame, bounds: list[int], workdir: Path, steps: int | None = None) -> list[dict]:
-    """Every step of the replay (module doc); ``steps`` caps the number of evaluated steps."""
+def replay(config, events: pl.DataFrame, bounds: list[int], workdir: Path, steps: int | None = None) -> tuple[list[dict], dict]:
+    """Every step of the replay (module doc); ``steps`` caps the number of evaluated steps.
+
+    Returns:
+        the steps, and the pooled paired difference warm - scratch in NDCG@10 over every (step, test user)
+        pair: ``{"difference", "ci95", "pairs"}`` (a step has ~50-100 test users on ML-100K: one step's
+        interval is wide; the pooled one answers "does warm starting cost quality over the schedule").
+    """
     from recsys_alibi.evaluation.paired import paired_difference
 
     periods_dir = workdir / "periods"
@@ -162,6 +168,8 @@ def replay(config, events: pl.DataFrame, bounds: list[int], workdir: Path, steps
     warm_uri, _ = train(config, prepared, workdir / "step-000")
     last = len(bounds) - 2 if steps is None else min(len(bounds) - 2, steps)
     out = []
+    pooled_warm: list[float] = []
+    pooled_scratch: list[float] = []
     for k in range(1, last + 1):
         grow(config, files[k], prepared, first=False)
         now = counts(prepared)
@@ -171,8 +179,9 @@ def replay(config, events: pl.DataFrame, bounds: list[int], workdir: Path, steps
         scratch = score_model(config, scratch_uri, prepared, events, lo, hi)
         warm = score_model(config, warm_uri, prepared, events, lo, hi)
         users = sorted(scratch["per_user"])
-        diff = paired_difference(np.array([warm["per_user"][u] for u in users]),
-                                 np.array([scratch["per_user"][u] for u in users]))  # fmt: skip
+        pooled_warm += [warm["per_user"][u] for u in users]
+        pooled_scratch += [scratch["per_user"][u] for u in users]
+        diff = paired_difference(np.array(pooled_warm[-len(users):]), np.array(pooled_scratch[-len(users):]))
         step = {
             "step": k,
             "period_end": dt.datetime.fromtimestamp(lo, dt.timezone.utc).date().isoformat(),
@@ -190,7 +199,9 @@ def replay(config, events: pl.DataFrame, bounds: list[int], workdir: Path, steps
               f"[{diff.ci95[0]:+.4f}, {diff.ci95[1]:+.4f}]", flush=True)  # fmt: skip
         out.append(step)
         before = now
-    return out
+    pooled = paired_difference(np.array(pooled_warm), np.array(pooled_scratch)) if pooled_warm else None
+    summary = {"difference": pooled.difference, "ci95": list(pooled.ci95), "pairs": len(pooled_warm)} if pooled else None
+    return out, summary
 
 
 def plot(steps: list[dict], path: Path, title: str) -> None:
@@ -248,7 +259,7 @@ def main(argv: list[str] | None = None) -> None:
     events = read_log(config, args.input or config.data.input, args.format)
     bounds = boundaries(events["timestamp"].to_numpy(), args.start, args.period_days)
     started = time.perf_counter()
-    steps = replay(config, events, bounds, args.workdir, args.steps)
+    steps, pooled = replay(config, events, bounds, args.workdir, args.steps)
     diffs = [s["difference"] for s in steps]
     scratch_s = sum(s["scratch"]["train_seconds"] for s in steps)
     warm_s = sum(s["warm"]["train_seconds"] for s in steps)
@@ -262,6 +273,7 @@ def main(argv: list[str] | None = None) -> None:
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
         "seconds": round(time.perf_counter() - started, 1),
         "mean_difference_NDCG@10": float(np.mean(diffs)) if diffs else None,
+        "pooled_difference_NDCG@10": pooled,
         "warm_over_scratch_train_time": warm_s / scratch_s if scratch_s else None,
         "steps": steps,
     }

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import polars as pl
+import pytest
 
 from recsys_alibi.config import DataConfig
 from recsys_alibi.data.prepare import prepare
@@ -100,5 +101,9 @@ def test_tiny_replay_writes_every_field(tmp_path, monkeypatch, one_torch_thread)
         low, high = step["ci95"]
         assert low <= step["difference"] <= high
         assert abs(step["difference"] - (step["warm"]["NDCG@10"] - step["scratch"]["NDCG@10"])) < 1e-12
+    pooled = result["pooled_difference_NDCG@10"]  # one step: the pooled pairs are that step's
+    assert pooled["pairs"] == steps[0]["test_users"]
+    assert pooled["difference"] == pytest.approx(steps[0]["difference"], abs=1e-12)
+    assert pooled["ci95"][0] <= pooled["difference"] <= pooled["ci95"][1]
     assert steps[0]["new_users"] == 5 and steps[0]["new_items"] > 0  # the late users and their items
     assert steps[0]["period_end"] == dt.datetime.fromtimestamp(bounds[1], dt.timezone.utc).date().isoformat()
