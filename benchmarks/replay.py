@@ -144,8 +144,10 @@ def train(config, prepared: Path, output: Path, init_from: str | None = None) ->
     return trained.model.uri, trained.train_seconds
 
 
-def replay(config, events: pl.DataFrame, bounds: list[int], workdir: Path, steps: int | None = None) -> tuple[list[dict], dict]:
-    """Every step of the replay (module doc); ``steps`` caps the number of evaluated steps.
+def replay(config, events: pl.DataFrame, bounds: list[int], workdir: Path, steps: int | None = None,
+           report=None) -> tuple[list[dict], dict]:
+    """Every step of the replay (module doc); ``steps`` caps the number of evaluated steps; ``report(steps,
+    pooled)`` is called after each step (the JSON is written step by step: a stopped replay keeps its steps).
 
     Returns:
         the steps, and the pooled paired difference warm - scratch in NDCG@10 over every (step, test user)
@@ -199,9 +201,19 @@ def replay(config, events: pl.DataFrame, bounds: list[int], workdir: Path, steps
               f"[{diff.ci95[0]:+.4f}, {diff.ci95[1]:+.4f}]", flush=True)  # fmt: skip
         out.append(step)
         before = now
-    pooled = paired_difference(np.array(pooled_warm), np.array(pooled_scratch)) if pooled_warm else None
-    summary = {"difference": pooled.difference, "ci95": list(pooled.ci95), "pairs": len(pooled_warm)} if pooled else None
-    return out, summary
+        if report is not None:
+            report(out, _pooled(pooled_warm, pooled_scratch))
+    return out, _pooled(pooled_warm, pooled_scratch)
+
+
+def _pooled(warm: list[float], scratch: list[float]) -> dict | None:
+    """The paired difference warm - scratch over every (step, test user) pair so far."""
+    from recsys_alibi.evaluation.paired import paired_difference
+
+    if not warm:
+        return None
+    diff = paired_difference(np.array(warm), np.array(scratch))
+    return {"difference": diff.difference, "ci95": list(diff.ci95), "pairs": len(warm)}
 
 
 def plot(steps: list[dict], path: Path, title: str) -> None:
@@ -259,26 +271,31 @@ def main(argv: list[str] | None = None) -> None:
     events = read_log(config, args.input or config.data.input, args.format)
     bounds = boundaries(events["timestamp"].to_numpy(), args.start, args.period_days)
     started = time.perf_counter()
-    steps, pooled = replay(config, events, bounds, args.workdir, args.steps)
-    diffs = [s["difference"] for s in steps]
-    scratch_s = sum(s["scratch"]["train_seconds"] for s in steps)
-    warm_s = sum(s["warm"]["train_seconds"] for s in steps)
-    result = {
-        "command": shlex.join(["python", "benchmarks/replay.py", *(argv if argv is not None else sys.argv[1:])]),
-        "config": args.config,
-        "start_quantile": args.start,
-        "period_days": args.period_days,
-        "protocol": "next period: each test user's first next-period event with a catalog item not in the history, "
-                    "full catalog, seen items excluded",
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
-        "seconds": round(time.perf_counter() - started, 1),
-        "mean_difference_NDCG@10": float(np.mean(diffs)) if diffs else None,
-        "pooled_difference_NDCG@10": pooled,
-        "warm_over_scratch_train_time": warm_s / scratch_s if scratch_s else None,
-        "steps": steps,
-    }
-    write_json_atomic(args.output, result)
-    plot(steps, args.plot or args.output.with_suffix(".png"), f"{Path(args.config).stem}: next-period NDCG@10")
+
+    def write(steps: list[dict], pooled: dict | None) -> None:
+        diffs = [s["difference"] for s in steps]
+        scratch_s = sum(s["scratch"]["train_seconds"] for s in steps)
+        warm_s = sum(s["warm"]["train_seconds"] for s in steps)
+        result = {
+            "command": shlex.join(["python", "benchmarks/replay.py", *(argv if argv is not None else sys.argv[1:])]),
+            "config": args.config,
+            "start_quantile": args.start,
+            "period_days": args.period_days,
+            "protocol": "next period: each test user's first next-period event with a catalog item not in the "
+                        "history, full catalog, seen items excluded",
+            "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
+            "seconds": round(time.perf_counter() - started, 1),
+            "steps_planned": len(bounds) - 2 if args.steps is None else min(len(bounds) - 2, args.steps),
+            "mean_difference_NDCG@10": float(np.mean(diffs)) if diffs else None,
+            "pooled_difference_NDCG@10": pooled,
+            "warm_over_scratch_train_time": warm_s / scratch_s if scratch_s else None,
+            "steps": steps,
+        }
+        write_json_atomic(args.output, result)
+        plot(steps, args.plot or args.output.with_suffix(".png"), f"{Path(args.config).stem}: next-period NDCG@10")
+
+    steps, pooled = replay(config, events, bounds, args.workdir, args.steps, report=write)
+    write(steps, pooled)
     print(f"wrote {args.output}")
 
 
