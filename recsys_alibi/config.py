@@ -30,7 +30,7 @@ STRATEGIES = (
     "auto", "ddp", "ddp_spawn", "ddp_fork", "ddp_find_unused_parameters_true", "ddp_find_unused_parameters_false",
     "fsdp",
 )  # Lightning built-ins that need no extra package (deepspeed and xla do)
-PRECISIONS = ("16-mixed", "bf16-mixed", "32-true", "64-true", "16-true", "bf16-true", "16", "bf16", "32", "64")
+PRECISIONS = ("auto", "16-mixed", "bf16-mixed", "32-true", "64-true", "16-true", "bf16-true", "16", "bf16", "32", "64")
 
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # what torch, numpy and Lightning take as an integer
@@ -200,7 +200,9 @@ class TrainConfig(_Section):
     patience: int = Field(5, ge=1)  # early stopping on validation NDCG@10, epochs
     num_negatives: int = Field(256, ge=1)  # sampled softmax / gBCE
     gbce_t: float = Field(0.75, ge=0, le=1)
-    precision: Literal[PRECISIONS] | Literal[16, 32, 64] = "32-true"  # Lightning's names
+    # Lightning's names, or "auto": bf16-mixed where the hardware multiplies bfloat16 natively, else 32-true
+    # (recsys_alibi.training.launch.resolve_precision)
+    precision: Literal[PRECISIONS] | Literal[16, 32, 64] = "32-true"
     accelerator: Literal[ACCELERATORS] = "auto"  # gpu/cuda/mps also need that device (checked by train)
     devices: Annotated[int, Field(ge=1)] | Literal["auto"] = 1  # processes per node (CPU: e.g. 2 with strategy ddp; docs/scaling.md)
     num_nodes: int = Field(1, ge=1)

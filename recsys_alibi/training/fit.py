@@ -36,7 +36,7 @@ from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 from recsys_alibi.config import ConfigError, JobConfig
 from recsys_alibi.training.context_schedule import warn_unreached
 from recsys_alibi.training.datamodule import SequenceDataModule
-from recsys_alibi.training.launch import check_accelerator
+from recsys_alibi.training.launch import check_accelerator, resolve_precision
 from recsys_alibi.training.module import VAL_MONITOR, RankerModule
 from recsys_alibi.training.sharding import ROW_LOOKUP_LOSSES
 
@@ -111,7 +111,7 @@ def fit_ranker(
         devices=train.devices,
         num_nodes=train.num_nodes,
         strategy=train.strategy,
-        precision=train.precision,
+        precision=resolve_precision(train),
         gradient_clip_val=train.grad_clip,
         limit_train_batches=train.limit_train_batches,
         callbacks=[checkpoint, latest, stopping, *lines, *(callbacks or [])],
