@@ -12,7 +12,7 @@ sinks), shards of 1,000 users. Steps (each timed, one process, one torch thread)
   call of all users); the same on a synthetic catalog of ``--synthetic-items`` vectors
   (clustered Gaussians of the model's width, users as noisy cluster mixtures), if > 0;
 - ``changed``: a full ``score`` of ML-1M, then 5 % of the histories get one more event: full
-  re-score vs ``score --changed-since`` (times, carried users, rows equal);
+  re-score vs ``score --changed-since`` (times, carried users, rows with scores equal, part files byte-equal);
 - ``rules``: a per-user deny file of ``--rule-users`` x 100 rows (sorted by user, row groups of
   1M rows): the time and peak RSS of reading one shard's rule rows (``score.shard_users`` users)
   with :meth:`serving.rules.ItemRules.for_users` in a fresh process.
@@ -137,11 +137,14 @@ def bench_changed(work: Path, prepared: Path, uri: str, share: float = 0.05) -> 
     full, full_s = _timed(run_score, config, uri, changed, work / "full", progress=False)
     delta_cfg = load_config(None, [*SCORE, "score.k=100", f"score.changed_since={work / 'before'}"])
     delta, delta_s = _timed(run_score, delta_cfg, uri, changed, work / "delta", progress=False)
-    key = ["user_id", "rank", "item_id"]
-    a = pl.read_parquet(work / "full" / "part-*.parquet").sort(key[:2]).select(key)
-    b = pl.read_parquet(work / "delta" / "part-*.parquet").sort(key[:2]).select(key)
+    a = pl.read_parquet(work / "full" / "part-*.parquet").sort("user_id", "rank")
+    b = pl.read_parquet(work / "delta" / "part-*.parquet").sort("user_id", "rank")
+    parts = sorted(p.name for p in (work / "full").glob("part-*.parquet"))
+    same_files = parts == sorted(p.name for p in (work / "delta").glob("part-*.parquet")) and all(
+        (work / "full" / n).read_bytes() == (work / "delta" / n).read_bytes() for n in parts)  # fmt: skip
     return {"changed_share": share, "full_score_s": round(full_s, 2), "changed_only_s": round(delta_s, 2),
-            "carried_users": delta.carried_users, "users": full.users, "rows_equal": a.equals(b)}  # fmt: skip
+            "carried_users": delta.carried_users, "users": full.users, "rows_equal_with_scores": a.equals(b),
+            "part_files_byte_equal": same_files}  # fmt: skip
 
 
 RULES_CHILD = """

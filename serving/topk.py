@@ -21,6 +21,22 @@ if TYPE_CHECKING:
     from serving.rules import ItemMask
 
 
+ROW_BLOCK = 64
+
+
+def row_blocks(hidden: torch.Tensor) -> list[torch.Tensor]:
+    """(B, D) -> ceil(B / ROW_BLOCK) blocks of exactly (ROW_BLOCK, D), the last one zero-padded.
+
+    Every user's row is multiplied in a product of one shape, whatever the batch size, so its
+    scores are the same bits in any batch (a (7, D) and a (40, D) product differ by ~3e-8 on the
+    CPU: the kernel's blocking depends on the shape).
+    """
+    padded = -(-hidden.shape[0] // ROW_BLOCK) * ROW_BLOCK
+    if padded != hidden.shape[0]:
+        hidden = torch.cat([hidden, hidden.new_zeros((padded - hidden.shape[0], hidden.shape[1]))])
+    return list(hidden.split(ROW_BLOCK))
+
+
 def chunked_topk(
     hidden: torch.Tensor,
     table: torch.Tensor,
@@ -60,8 +76,10 @@ def chunked_topk(
         raise ValueError(f"hidden (B, D) and table (N + 1, D) expected, got {tuple(hidden.shape)}, {tuple(table.shape)}")
     seen = seen.to(hidden.device, torch.int64)
     running = ChunkedTopK(k)
+    blocks = row_blocks(hidden)  # (B', D) in blocks of ROW_BLOCK rows
     for start in range(0, table.shape[0], chunk):
-        scores = (hidden @ table[start : start + chunk].T).float()  # (B, C)
+        part = table[start : start + chunk].T  # (D, C)
+        scores = torch.cat([block @ part for block in blocks])[: hidden.shape[0]].float()  # (B, C)
         scores = mask_seen(scores, seen, exclude_seen=exclude_seen, offset=start)
         if mask is not None:
             scores = mask.apply(scores, offset=start)
