@@ -229,10 +229,14 @@ def run_gate(
     """Compare the new version with the champion on the validation examples and move or keep the alias.
 
     Tags the new version with its validation metrics (``valid.<metric>``), the champion's value,
-    ``promotion.decision``, and ``rejected`` (the reason) when it does not take the alias. A
-    champion that cannot be evaluated on this data (another item vocabulary; time gaps while
-    ``real_timestamps`` is False, i.e. the data's time came from line order) is not comparable:
-    the new version is promoted with that reason.
+    ``promotion.decision``, and ``rejected`` (the reason) when it does not take the alias. The
+    champion ranks the data by raw item id, as ``score`` serves it: items it does not know (new
+    items of an appended day) are dropped from its histories, and a validation example whose
+    target (or whole history) it does not know counts as its miss: it cannot recommend that item
+    (:func:`examples_in_vocabulary`, :func:`champion_metric`). A champion that cannot be evaluated
+    on this data (it can serve none of the validation examples; time gaps while ``real_timestamps`` is False, i.e. the data's time came from
+    line order; a training split that holds the validation targets) is not comparable: the new
+    version is promoted with that reason.
 
     Compare-and-set: the champion is evaluated first, then, under the registry's promotion lock
     (:mod:`pipelines.registry_lock`), read again; when another gate moved the alias meanwhile, the
@@ -301,12 +305,9 @@ def _against(config: JobConfig, held, new_value: float, items: pl.DataFrame, seq
             f"cannot be loaded: its artifacts are missing or unreadable at {getattr(held, 'source', '?')}; restore them, "
             f"or point the alias '{tracking.champion_alias}' at a version that loads, then run again"
         ) from None
-    champion_ids, data_ids = champion.items.get_column(schema.ITEM_ID), items.get_column(schema.ITEM_ID)
     why_not = None
     remap, unknown = vocabulary_remap(items, champion.items)  # by raw item_id, as ``score`` does
-    if unknown:
-        why_not = f"has another item vocabulary ({vocabulary_difference(champion_ids, data_ids)})"
-    elif champion.model.uses_time_gaps and not real_timestamps:
+    if champion.model.uses_time_gaps and not real_timestamps:
         why_not = "reads time gaps and this data has no timestamps (time from line order)"
     elif not _split_fits(config, sequences, trained := _training_split(held)):
         why_not = f"was trained on split {trained}, which holds this gate's {config.evaluate.protocol} validation targets"
@@ -314,13 +315,69 @@ def _against(config: JobConfig, held, new_value: float, items: pl.DataFrame, seq
         decision = Decision(True, f"champion v{held_version} {why_not}: not comparable, new version promoted")
         log.warning("promotion: %s", decision.reason)
         return decision, None
-    if remap is not None:  # the same raw ids at other indices: rank in the champion's numbering
-        from pipelines.evaluate import remap_item_idx
-
-        sequences = remap_item_idx(sequences, remap)
     examples = validation_examples(sequences_for(champion.model, sequences), config)
-    champion_value = validation_metrics(config, champion.model, examples, champion.items.height)[metric]
+    unservable = 0
+    if remap is not None:  # rank in the champion's numbering, by raw id (its unknown items: module doc of run_gate)
+        examples, unservable = examples_in_vocabulary(examples, remap)
+    if unknown:
+        difference = vocabulary_difference(champion.items.get_column(schema.ITEM_ID), items.get_column(schema.ITEM_ID))
+        if examples.height == 0:  # it can serve none of them: a champion of another catalog
+            decision = Decision(True, f"champion v{held_version} has another item vocabulary ({difference}) and can serve "
+                                      "none of the validation examples: not comparable, new version promoted")  # fmt: skip
+            log.warning("promotion: %s", decision.reason)
+            return decision, None
+        log.info("promotion: champion v%s has another item vocabulary (%s): %d of %d validation examples have a target "
+                 "or a history it does not know and count as its misses", held_version, difference, unservable,
+                 unservable + examples.height)  # fmt: skip
+    champion_value = champion_metric(config, champion.model, examples, champion.items.height, unservable)
     return decide(new_value, champion_value, tracking.promotion_margin, metric), champion_value
+
+
+def examples_in_vocabulary(examples: pl.DataFrame, remap) -> tuple[pl.DataFrame, int]:
+    """Validation examples in another model's item numbering, and how many it cannot serve.
+
+    Args:
+        examples: ``user_id``, ``history`` list<int>, ``targets`` list<int> (and
+            ``history_time_gaps``, aligned with ``history``), in the data's numbering.
+        remap: (M + 1,) int64, data ``item_idx`` -> the model's (0: the model does not know it),
+            from :func:`serving.inputs.vocabulary_remap`.
+
+    Returns:
+        The examples the model can serve, remapped: history events of unknown items dropped (with
+        their time-gap buckets, as ``score`` drops them), unknown targets dropped; an example whose
+        targets or history are all unknown is removed and counted (second value).
+    """
+    from recsys_alibi.data.splits import HISTORY, HISTORY_TIME_GAPS, TARGETS
+
+    mapping = pl.DataFrame({"_data": list(range(remap.shape[0])), "_model": remap.tolist()},
+                           schema={"_data": pl.Int64, "_model": pl.Int32})  # fmt: skip
+    rows = examples.with_row_index("_row")
+    history_columns = [c for c in (HISTORY, HISTORY_TIME_GAPS) if c in examples.columns]
+
+    def mapped(columns: list[str]) -> pl.DataFrame:
+        long = rows.select("_row", *columns).explode(columns).drop_nulls(columns[0])
+        long = long.join(mapping, left_on=pl.col(columns[0]).cast(pl.Int64), right_on="_data", how="left", maintain_order="left")
+        long = long.filter(pl.col("_model") > 0).with_columns(pl.col("_model").alias(columns[0])).drop("_model")
+        return long.group_by("_row", maintain_order=True).agg(columns)
+
+    history, targets = mapped(history_columns), mapped([TARGETS])
+    kept = (rows.drop(*history_columns, TARGETS).join(history, on="_row", how="inner")
+            .join(targets, on="_row", how="inner").sort("_row").drop("_row").select(examples.columns))  # fmt: skip
+    kept = kept.with_columns(pl.col(c).cast(examples.schema[c]) for c in (*history_columns, TARGETS))
+    return kept, examples.height - kept.height
+
+
+def champion_metric(config: JobConfig, model, examples: pl.DataFrame, n_items: int, unservable: int) -> float:
+    """The promotion metric of the champion on ``examples`` plus ``unservable`` examples it cannot serve.
+
+    A per-user metric (HR@K, NDCG@K, Recall@K, MRR) counts each unservable example as a miss (0):
+    the mean over every example. ``Coverage@K`` (a catalog share) is that of the served examples.
+    """
+    metric = config.tracking.promotion_metric
+    value = validation_metrics(config, model, examples, n_items)[metric]
+    if metric.startswith("Coverage@"):
+        return value
+    return value * examples.height / (examples.height + unservable)
 
 
 def _training_split(held) -> str | None:

@@ -193,20 +193,42 @@ def test_time_gap_champion_on_data_without_timestamps_is_not_compared(tmp_path, 
     assert not promotion.run_gate(config, newer, v3, items, sequences).decision.promote
 
 
-def test_champion_with_another_vocabulary_is_told_what_differs(tmp_path, mlflow_store, fake_metrics):
-    config, sequences = _config(), _sequences()
-    renamed = _items().with_columns(
-        pl.when(pl.col(schema.ITEM_IDX) <= 3).then(pl.format("x{}", pl.col(schema.ITEM_IDX))).otherwise(pl.col(schema.ITEM_ID))
-        .alias(schema.ITEM_ID)
-    )  # the same 12 items but 3 ids replaced
-    old, v1 = _register(config, 0.90, _items(), tmp_path)
-    promotion.run_gate(config, old, v1, _items(), sequences)
-    new, v2 = _register(config, 0.10, renamed, tmp_path)
-    reason = promotion.run_gate(config, new, v2, renamed, sequences).decision.reason
-    assert reason == (
-        f"champion v{v1} has another item vocabulary (3 of the model's 12 ids are not in the data (e.g. 'i1') and 3 "
-        "of the data's 12 are new (e.g. 'x1')): not comparable, new version promoted"
-    )
+@pytest.mark.parametrize(("new_value", "promoted"), [(0.25, True), (0.20, False)])
+def test_champion_without_the_new_items_is_compared_and_misses_their_targets(
+    tmp_path, mlflow_store, fake_metrics, new_value, promoted
+):
+    """An appended day brings items the champion does not know: it still ranks the data by raw id and
+    every validation target it cannot recommend is its miss (was: "not comparable", always promoted)."""
+    config = _config()
+    old, v1 = _register(config, 0.30, _items(), tmp_path)
+    promotion.run_gate(config, old, v1, _items(), _sequences())
+    grown = pl.concat([_items(), pl.DataFrame({schema.ITEM_IDX: pl.Series([13, 14], dtype=pl.Int32),
+                                               schema.ITEM_ID: ["n13", "n14"], "count": pl.Series([5, 5], dtype=pl.Int64)})])
+    sequences = _sequences().with_columns(  # users 0 and 1: the validation target (second to last event) is new
+        pl.when(pl.col(schema.USER_ID) < 2).then(pl.col(schema.ITEM_IDX).list.eval(
+            pl.when(pl.int_range(pl.len()) == 4).then(pl.lit(13, pl.Int32)).otherwise(pl.element())))
+        .otherwise(pl.col(schema.ITEM_IDX)).alias(schema.ITEM_IDX))  # fmt: skip
+    new, v2 = _register(config, new_value, grown, tmp_path)
+    gate = promotion.run_gate(config, new, v2, grown, sequences)
+    assert gate.champion_value == pytest.approx(0.30 * 6 / 8)  # 2 of 8 examples are the champion's misses
+    assert gate.decision.promote is promoted and "not comparable" not in gate.decision.reason
+    assert _champion_version() == (v2 if promoted else v1)
+
+
+def test_examples_in_another_vocabulary_drop_unknown_events_with_their_gaps():
+    import numpy as np
+
+    examples = pl.DataFrame({
+        "user_id": ["a", "b", "c", "d"],
+        "history": pl.Series([[1, 4, 2], [4, 4], [2, 3], []], dtype=pl.List(pl.Int32)),
+        "targets": pl.Series([[3], [2], [4], [2]], dtype=pl.List(pl.Int32)),
+        "history_time_gaps": pl.Series([[0, 5, 6], [0, 1], [0, 2], []], dtype=pl.List(pl.Int32)),
+    })  # fmt: skip
+    remap = np.array([0, 7, 8, 9, 0])  # data item 4 is unknown to the model
+    kept, unservable = promotion.examples_in_vocabulary(examples, remap)
+    assert unservable == 3  # b: no known history event; c: unknown target; d: empty history
+    assert kept.to_dicts() == [{"user_id": "a", "history": [7, 8], "targets": [9], "history_time_gaps": [0, 6]}]
+    assert kept.schema == examples.schema
 
 
 def test_champion_with_the_same_raw_ids_at_other_indices_is_compared_and_a_worse_one_rejected(
