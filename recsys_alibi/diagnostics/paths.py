@@ -146,20 +146,29 @@ def exp_path(dtype: str | torch.dtype, floor: Floor = "zero") -> SoftmaxPath:
     )  # fmt: skip
 
 
+def native_cpu_bf16() -> bool:
+    """Whether this CPU multiplies bfloat16 natively (AVX512-BF16 or AMX tiles); on others (AVX2)
+    oneDNN emulates bfloat16 products in float32."""
+    return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
+
+
 def _cpu_paths(dt: torch.dtype) -> list[SoftmaxPath]:
     f32, reduced = torch.float32, dt != torch.float32
     # Measured on CPU, torch 2.13 (benchmarks/numerics.py, section "paths"): the reduced-precision
-    # softmax computes in fp32 and keeps subnormals in its bf16/fp16 output; the bf16 GEMM of
-    # the eager P @ V flushes subnormal weights; the SDPA flash kernel and compiled flex flush
+    # softmax computes in fp32 and keeps subnormals in its bf16/fp16 output; the native bf16 GEMM
+    # of the eager P @ V (AVX512-BF16) flushes subnormal weights, the emulated one of an AVX2 CPU
+    # keeps them (measured 2026-12-03 on an AMD EPYC: head 1/2 at 320 events, zero share 0.181
+    # against 0.212 with the flush); the SDPA flash kernel and compiled flex flush
     # subnormal exp() results in fp32 for every input dtype. fp16's own floors (-17.3) lie far
     # above fp32's, so for fp16 only the rounding of the weight to fp16 matters.
-    eager_floor: Floor = "normal" if dt == torch.bfloat16 else "zero"
+    flushes = dt == torch.bfloat16 and native_cpu_bf16()
+    eager_floor: Floor = "normal" if flushes else "zero"
     fused_floor: Floor = "zero" if dt == torch.float16 else "normal"
     return [
         SoftmaxPath("eager-weights", "cpu", dt, dt, f32, dt, "zero",
                     note="softmax of the input dtype computes in fp32, rounds to the input dtype, keeps subnormals"),
         SoftmaxPath("eager", "cpu", dt, dt, f32, dt, eager_floor,
-                    note="P @ V: the bf16 GEMM flushes subnormal weights" if dt == torch.bfloat16
+                    note="P @ V: the native bf16 GEMM flushes subnormal weights" if flushes
                     else "P @ V keeps subnormal weights"),
         SoftmaxPath("sdpa", "cpu", dt, dt, f32, dt, fused_floor,
                     note="CPU flash kernel: scores + mask in fp32, exp in fp32 flushes subnormals"

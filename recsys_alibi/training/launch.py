@@ -85,7 +85,9 @@ def native_bf16(accelerator: str) -> bool:
     if accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available()):
         return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
     if accelerator in ("cpu", "auto"):
-        return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
+        from recsys_alibi.diagnostics.paths import native_cpu_bf16
+
+        return native_cpu_bf16()
     return False
 
 
