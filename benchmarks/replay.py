@@ -181,9 +181,10 @@ def replay(config, events: pl.DataFrame, bounds: list[int], workdir: Path, steps
         scratch = score_model(config, scratch_uri, prepared, events, lo, hi)
         warm = score_model(config, warm_uri, prepared, events, lo, hi)
         users = sorted(scratch["per_user"])
-        pooled_warm += [warm["per_user"][u] for u in users]
-        pooled_scratch += [scratch["per_user"][u] for u in users]
-        diff = paired_difference(np.array(pooled_warm[-len(users):]), np.array(pooled_scratch[-len(users):]))
+        warm_values, scratch_values = [warm["per_user"][u] for u in users], [scratch["per_user"][u] for u in users]
+        diff = paired_difference(np.array(warm_values), np.array(scratch_values))
+        pooled_warm += warm_values
+        pooled_scratch += scratch_values
         step = {
             "step": k,
             "period_end": dt.datetime.fromtimestamp(lo, dt.timezone.utc).date().isoformat(),

@@ -234,9 +234,10 @@ def run_gate(
     items of an appended day) are dropped from its histories, and a validation example whose
     target (or whole history) it does not know counts as its miss: it cannot recommend that item
     (:func:`examples_in_vocabulary`, :func:`champion_metric`). A champion that cannot be evaluated
-    on this data (it can serve none of the validation examples; time gaps while ``real_timestamps`` is False, i.e. the data's time came from
-    line order; a training split that holds the validation targets) is not comparable: the new
-    version is promoted with that reason.
+    on this data (it can serve none of the validation examples; time gaps while
+    ``real_timestamps`` is False, i.e. the data's time came from line order; a training split
+    that holds the validation targets) is not comparable: the new version is promoted with that
+    reason.
 
     Compare-and-set: the champion is evaluated first, then, under the registry's promotion lock
     (:mod:`pipelines.registry_lock`), read again; when another gate moved the alias meanwhile, the
