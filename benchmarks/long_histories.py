@@ -1,14 +1,15 @@
 """Long histories that pay? One recipe at several max_len or short-to-long schedules, compared user by user.
 
-Run (from the repository root, after ``make install``). The converged comparison of issue 33
-(the recipe's 30 epochs, the clock set not to cut them, two seeds, one thread per run, two runs
-at a time; not run yet: about 2.7 h expected on two quiet cores, docs/results.md "The converged
-comparison and the short-to-long schedule"):
+Run (from the repository root, after ``make install``). The converged comparison of issue 43
+(the recipe's 30 epochs, whose cosine schedule decays the learning rate to 0 at the last one, and
+its early stopping on validation NDCG@10, patience 20; no clock cut; two seeds, one thread per
+run; it takes longer than a session: start it in the background, and start it again with the same
+command after a stop: every unfinished run continues from its last epoch checkpoint):
 
     .venv/bin/python benchmarks/long_histories.py --config configs/movielens-1m.yaml \\
         --prepared runs/movielens-1m/prepared --max-lens 200 1000 whole \\
-        --schedules "[[0, 200], [25, whole]]" "[[0, 200], [25, 1000]]" --seeds 42 43 --threads 1 --jobs 2 \\
-        --set train.packing=false --set train.batch_tokens=32768 --set train.max_minutes=90 \\
+        --schedules "[[0, 200], [25, whole]]" "[[0, 200], [25, 1000]]" --seeds 42 43 --threads 1 --jobs 1 \\
+        --set train.packing=false --set train.batch_tokens=32768 --set train.max_minutes=null \\
         --set evaluate.batch_size=32 --json docs/results/long-histories-converged.json
 
 The equal-budget race measured before (35 minutes per run, three side by side) is the same
@@ -37,8 +38,11 @@ its last window). Everything else is the same (the budget ``train.max_epochs`` /
 gaps"). ``--tiny`` shrinks the runs to a dry run of a minute (1 epoch, 20 batches, 64 validation
 users; a ``--set`` after it wins, e.g. ``train.max_epochs=2`` for a schedule that switches at
 epoch 1) that checks the script end to end, not a result. Each finished run is written to the
-JSON at once; runs already there (same label, seed and entry) are skipped, so a killed
-benchmark resumes.
+JSON at once; runs already there (same label, seed and entry) are skipped, and a run killed
+mid-way resumes from the ``last.ckpt`` of its folder ``<output>/long-histories/<label-seed-entry>``
+(``train.resume``: the same MLflow run, optimizer, learning-rate schedule and data order; equal to
+an uninterrupted run on one thread; ``resumed_from`` in its record, whose ``train_seconds`` then
+counts the last session's epochs only).
 """
 
 from __future__ import annotations
@@ -123,7 +127,10 @@ def run_one(config, prepared: Path, label: str, threads: int | None) -> tuple[di
     # one output folder per run: runs side by side never share checkpoints or reports
     name = f"schedule{'_'.join(f'{e}x{w}' for e, w in schedule)}" if schedule else f"max_len{config.model.max_len}"
     run_dir = "-".join(filter(None, [label.replace(" ", "_"), f"seed{config.seed}", name]))
-    config = config.model_copy(update={"output": str(Path(config.output) / "long-histories" / run_dir)})
+    # train.resume: a run killed mid-way (a session's end) continues from its last epoch checkpoint in this
+    # folder, on the same MLflow run, when the benchmark is started again with the same command
+    config = config.model_copy(update={"output": str(Path(config.output) / "long-histories" / run_dir),
+                                       "train": config.train.model_copy(update={"resume": True})})  # fmt: skip
     trained = run_train(config, prepared, progress=False, register=False)
     job = run_evaluate(config, prepared, model_uri=trained.model.uri,
                        output_dir=Path(config.output) / "report")  # fmt: skip
@@ -134,6 +141,7 @@ def run_one(config, prepared: Path, label: str, threads: int | None) -> tuple[di
     record = {
         "max_len": config.model.max_len, **entry, "seed": config.seed, "run_id": trained.run_id,
         "epochs": trained.epochs, "train_seconds": round(trained.train_seconds, 1), "n_users": r.n_users,
+        "resumed_from": trained.resumed_from,  # set: train_seconds counts the last session's epochs only
         **{m: r.metrics[m] for m in METRICS}, "slices": slices, "val_curve": val_curve(trained.run_id),
         "torch_threads": torch.get_num_threads(),
     }  # fmt: skip

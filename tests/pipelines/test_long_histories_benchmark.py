@@ -108,3 +108,38 @@ def test_an_invalid_schedule_is_one_error_line(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ") and "must start at epoch 0" in err[0]
     assert not (tmp_path / "x.json").exists()
+
+
+def test_a_run_killed_mid_way_resumes_from_its_checkpoint_and_equals_an_uninterrupted_one(
+    tmp_path, monkeypatch, mlflow_store, one_torch_thread
+):
+    """Real tiny training (one thread): a run killed at the start of epoch 2 is continued by the same
+    command from its epoch-1 ``last.ckpt`` (not from epoch 0) and records what an uninterrupted run does."""
+    import pipelines.train
+
+    fixtures = _load("training_fixtures_for_resume", REPO / "tests" / "training" / "training_fixtures.py")
+    prepared = write_walks(tmp_path / "prepared", n_users=60)
+    monkeypatch.setitem(sys.modules, "worker_pool", types.SimpleNamespace(training_pool=_threads_pool))
+    real_callbacks = pipelines.train.training_callbacks
+    tiny = [f"--set={o}" for o in fixtures.TINY] + ["--set=train.max_epochs=4", "--set=evaluate.batch_size=32"]
+
+    def argv(name: str) -> list[str]:
+        return ["--config", str(REPO / "configs" / "default.yaml"), "--prepared", str(prepared), "--max-lens", "16",
+                "--seeds", "3", "--threads", "1", *tiny, f"--set=output={tmp_path / name}",
+                "--json", str(tmp_path / f"{name}.json")]  # fmt: skip
+
+    assert long_histories.main(argv("uninterrupted")) == 0
+    monkeypatch.setattr(pipelines.train, "training_callbacks", lambda config: [*real_callbacks(config), fixtures.KillAt(2)])
+    with pytest.raises(fixtures.Killed):
+        long_histories.main(argv("killed"))
+    assert not (tmp_path / "killed.json").exists() or json.loads((tmp_path / "killed.json").read_text())["runs"] == []
+    monkeypatch.setattr(pipelines.train, "training_callbacks", real_callbacks)
+    assert long_histories.main(argv("killed")) == 0  # the same command again
+
+    (full,) = json.loads((tmp_path / "uninterrupted.json").read_text())["runs"]
+    (resumed,) = json.loads((tmp_path / "killed.json").read_text())["runs"]
+    assert full["resumed_from"] is None
+    assert resumed["resumed_from"] is not None and resumed["resumed_from"].endswith("last.ckpt")
+    assert resumed["epochs"] == full["epochs"] == 4
+    assert resumed["val_curve"] == full["val_curve"] and len(full["val_curve"]) == 4  # the epochs before the kill kept
+    assert resumed["NDCG@10"] == full["NDCG@10"] and resumed["HR@10"] == full["HR@10"]
