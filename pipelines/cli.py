@@ -64,6 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", type=Path, help="prepared directory")
     p.add_argument("--append", action="store_true", default=None,
                    help="merge --input (new events) into the existing prepared --output (data.append)")
+    p.add_argument("--items", dest="item_table", metavar="PATH",
+                   help="item table (Parquet/CSV/NDJSON) keyed by raw item_id, columns per data.item_features (data.items)")
 
     p = sub.add_parser("train", help="train the ranker; logs to MLflow and prints mlflow_run_id")
     _common(p)
@@ -88,6 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="local: this process (or torchrun shards); ray: a Ray Data actor pool (score.ray.*)")
     p.add_argument("--changed-since", metavar="PREVIOUS_OUTPUT",
                    help="rank only users whose history changed since that output (same model); carry the rest over")
+    p.add_argument("--items", dest="item_table", metavar="PATH",
+                   help="item table or prepared dir: items the model never saw are ranked from their features (score.items)")
 
     p = sub.add_parser("export", help="item and user vectors (inner product) for a nearest-neighbour index")
     _common(p)
@@ -125,6 +129,8 @@ def _flag_values(args: argparse.Namespace) -> dict[str, tuple[str, object]]:
              for flag, key in FLAG_KEYS.items() if getattr(args, flag, None) is not None}  # fmt: skip
     if args.command == "pipeline" and args.output is not None:
         found["output"] = ("--output", str(args.output))
+    if getattr(args, "item_table", None) is not None:  # --items: a path here, a count in generate
+        found["data.items" if args.command == "prepare" else "score.items"] = ("--items", str(args.item_table))
     if getattr(args, "resume", False):
         found["train.resume"] = ("--resume", True)
     return found

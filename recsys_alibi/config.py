@@ -91,6 +91,43 @@ class ColumnMap(_Section):
     value: str | None = None
 
 
+class ItemFeaturesConfig(_Section):
+    """``data.item_features``: which columns of the item table (``data.items``) are which, declared, never
+    guessed (recsys_alibi.data.item_table, docs/data.md "Item table")."""
+
+    categorical: list[str] = []  # one value or a list of values per item (genres, tags, brand)
+    numeric: list[str] = []  # one number per item (year, price); standardised by the model
+    id_column: str = "item_id"  # the table's raw item id column (the events' item ids)
+    separator: str | None = "|"  # a text categorical value is split on it ("Action|Comedy"); None: never split
+    ranges: dict[str, list[float]] = {}  # numeric column -> [low, high]: a value outside is a reject
+
+    @model_validator(mode="after")
+    def _columns_declared_once(self) -> "ItemFeaturesConfig":
+        named = [*self.categorical, *self.numeric]
+        both = sorted(set(self.categorical) & set(self.numeric))
+        if both:
+            raise ValueError(f"column '{both[0]}' is in both data.item_features.categorical and .numeric: declare it once")
+        repeated = sorted({c for c in named if named.count(c) > 1})
+        if repeated:
+            raise ValueError(f"column '{repeated[0]}' is declared twice in data.item_features")
+        reserved = {self.id_column, "item_idx"} & set(named)
+        if reserved:
+            raise ValueError(f"'{sorted(reserved)[0]}' is the item id or index, not a feature column")
+        if any(not c.strip() for c in [*named, self.id_column]) or self.separator == "":
+            raise ValueError("column names and the separator must not be empty")
+        for column, bounds in self.ranges.items():
+            if column not in self.numeric:
+                raise ValueError(f"data.item_features.ranges.{column}: not a column of data.item_features.numeric")
+            if len(bounds) != 2 or bounds[0] > bounds[1]:
+                raise ValueError(f"data.item_features.ranges.{column} must be [low, high] with low <= high")
+        return self
+
+    @property
+    def columns(self) -> list[str]:
+        """Every declared feature column: the categorical ones, then the numeric ones."""
+        return [*self.categorical, *self.numeric]
+
+
 class DataConfig(_Section):
     """Ingest and cleaning rules for ``prepare``."""
 
@@ -107,6 +144,33 @@ class DataConfig(_Section):
     partition_rows: int = Field(4_000_000, ge=1_000)  # events per user-hash partition (bounds memory)
     id_type: Literal["auto", "int", "str"] = "auto"  # ids of text formats; auto: Int64 only when every value round-trips (docs/data.md)
     append: bool = False  # prepare merges the input into the existing prepared directory (docs/data.md, "Appending")
+    items: str | None = None  # item table (Parquet/CSV/NDJSON) keyed by raw item id (`prepare --items`, docs/data.md)
+    item_features: ItemFeaturesConfig = ItemFeaturesConfig()  # its declared columns
+
+    @model_validator(mode="after")
+    def _items_declared(self) -> "DataConfig":
+        if self.items is not None and not self.item_features.columns:
+            raise ValueError(
+                "data.items needs its columns declared: set data.item_features.categorical and/or .numeric "
+                "(columns are never guessed)"
+            )
+        return self
+
+
+class ItemFeatureModelConfig(_Section):
+    """``model.item_features``: the item feature encoder (recsys_alibi.model.item_features).
+
+    Each item's vector is its id row plus the encoding of its features from the prepared item table;
+    items with fewer than ``id_min_events`` training events get no id part (features only).
+    """
+
+    enabled: bool = False  # read the prepared directory's item table (prepare --items)
+    id_min_events: int = Field(0, ge=0)  # 0: every item keeps its id row
+
+    @model_validator(mode="after")
+    def _needs_enabled(self) -> "ItemFeatureModelConfig":
+        self._refuse_ignored("model.item_features", (("id_min_events", self.enabled, "model.item_features.enabled=true"),))
+        return self
 
 
 class ModelConfig(_Section):
@@ -144,6 +208,7 @@ class ModelConfig(_Section):
     # events (BSARec, AAAI 2024, made causal: recsys_alibi.model.frequency), weight lowpass_mix on the filter
     lowpass_window: int = Field(0, ge=0)
     lowpass_mix: float = Field(0.7, ge=0.0, le=1.0)
+    item_features: ItemFeatureModelConfig = ItemFeatureModelConfig()  # item vector = id row + feature encoder
 
     @model_validator(mode="after")
     def _heads_divide_width(self) -> "ModelConfig":
@@ -165,6 +230,11 @@ class ModelConfig(_Section):
             )
         if self.time_gap_buckets and self.shard_embeddings:
             raise ValueError("model.time_gap_buckets does not work with model.shard_embeddings yet; use one of them")
+        if self.item_features.enabled and self.shard_embeddings:
+            raise ValueError(
+                "model.item_features.enabled does not work with model.shard_embeddings yet (the feature encoder "
+                "scores the whole catalog); use one of them"
+            )
         return self
 
 
@@ -347,6 +417,9 @@ class ScoreConfig(_Section):
     allow: str | None = None  # rankings hold only these items (a user absent from a per-user file: none)
     deny: str | None = None  # rankings never hold these items
     changed_since: str | None = None  # a previous output: rank only users whose history changed (serving.changed)
+    # `score --items`: an item table (or a prepared dir) whose items the model never saw are ranked from their
+    # features alone (serving.new_items); None: the prepared input's item table, when the model reads features
+    items: str | None = None
 
     @field_validator("device")
     @classmethod
@@ -436,6 +509,18 @@ class JobConfig(_Section):
             else:
                 data[name] = {**(section if isinstance(section, dict) else {}), "exclude_seen": values[0]}
         return data
+
+    @model_validator(mode="after")
+    def _item_features_need_table(self) -> "JobConfig":
+        """``data.item_features`` describes ``data.items`` (or the table ``generate`` writes, or the table of a
+        directory ``data.append`` merges into): declared with none of them it would be ignored."""
+        declared = self.data.item_features != ItemFeaturesConfig()
+        if declared and self.data.items is None and not self.generate.enabled and not self.data.append:
+            raise ValueError(
+                "data.item_features takes effect only with data.items (prepare --items PATH): set data.items, "
+                "or drop data.item_features"
+            )
+        return self
 
     @model_validator(mode="after")
     def _schedule_fits_positions(self) -> "JobConfig":

@@ -66,6 +66,9 @@ import pyarrow.parquet as pq
 from recsys_alibi.config import DataConfig
 from recsys_alibi.data.cleaning import k_core_mask
 from recsys_alibi.data.ingest import DataError, QuotedLinesError, Source, integer_id_columns, scan_source
+from recsys_alibi.data.item_features import STATS_KEY as ITEM_TABLE_KEY
+from recsys_alibi.data.item_features import item_table_line, write_item_features
+from recsys_alibi.data.item_table import check_declaration, read_item_table
 from recsys_alibi.data.prepare_clean import ITEM_CODE, USER_CODE, ItemCoder, Part, clean_partition
 from recsys_alibi.data.prepare_ingest import (
     WORKERS,
@@ -114,6 +117,7 @@ class PrepareResult:
             f"from {c['input_rows']:,} rows ({c['rejected']:,} rejected, {c['deduplicated']:,} duplicates, "
             f"{c['filtered']:,} filtered) -> {self.output_dir}"
         )
+        whole += item_table_line(self.stats.get(ITEM_TABLE_KEY))
         if self.appended is None:
             return f"prepared {whole}"
         if not self.appended:
@@ -178,14 +182,17 @@ def _prepare(
             merged with the new input's); None for a full prepare.
         digests: sha256 of each file of ``source`` (None: computed here, beside the reading).
     """
+    if cfg.items is not None:  # a table that cannot match its declaration is refused before the events are read
+        check_declaration(read_item_table(cfg.items), cfg.item_features)
     prepare_id = uuid.uuid4().hex
     tag = {PREPARE_ID_KEY: prepare_id}
     with ThreadPoolExecutor(1) as hasher:  # hashlib releases the GIL: the input is hashed while polars reads it
         hashing = hasher.submit(lambda: digests if digests is not None else [file_sha256(p) for p in source.paths])
         ingested = _ingest(cfg, source, out, work, tag, base)
         result = _clean_and_write(cfg, source, ingested, work, tag, base)
+        item_table = write_item_features(cfg, work, pl.read_parquet(work / ITEMS_FILE), tag, base and base.directory)
         state = {**result.stats[STATE_KEY], "input_sha256": [*_before(base, STATE_KEY, {}).get("input_sha256", []), *hashing.result()]}
-    stats = {**result.stats, STATE_KEY: state}
+    stats = {**result.stats, STATE_KEY: state, **({ITEM_TABLE_KEY: item_table} if item_table else {})}
     (work / STATS_FILE).write_text(json.dumps(stats, indent=2) + "\n")
     publish(work, out, prepare_id)
     return PrepareResult(output_dir=out, counts=result.counts, stats=stats, appended=None if base is None else True)

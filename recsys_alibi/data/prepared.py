@@ -57,10 +57,13 @@ log = logging.getLogger(__name__)
 PREPARE_ID_KEY = "recsys_alibi.prepare_id"  # Parquet footer key and stats.json field
 STAGING_PREFIX = ".prepare-"
 FAILED_REJECTS_FILE = "rejects-failed.parquet"  # the rejects of a run that failed, beside older prepared data
+ITEM_TABLE_FILES = ("item_features.parquet", "item_features_vocab.parquet", "item_rejects.parquet")  # data.item_features
 OUTPUTS = (
     EVENTS_FILE, ITEMS_FILE, SEQUENCES_FILE, REJECTS_FILE, STATS_FILE, HISTOGRAM_FILE, FAILED_REJECTS_FILE, CLEANED_FILE,
+    *ITEM_TABLE_FILES,
 )  # fmt: skip
 FINGERPRINT_FILES = (SEQUENCES_FILE, ITEMS_FILE)  # the data a model is trained on
+OPTIONAL_FINGERPRINT_FILES = ITEM_TABLE_FILES[:2]  # also, when the directory has an item table
 COMPLETE, PUBLISHING = "complete", "publishing"
 T = TypeVar("T")
 
@@ -296,7 +299,8 @@ def data_sha256(directory: str | Path, prepare_id: str | None = None) -> str:
 
 def _fingerprint(directory: Path) -> str:
     digest = hashlib.sha256()
-    for name in FINGERPRINT_FILES:
+    optional = [name for name in OPTIONAL_FINGERPRINT_FILES if (directory / name).is_file()]
+    for name in (*FINGERPRINT_FILES, *optional):
         digest.update(name.encode())
         digest.update(parquet_content_sha256(directory / name).encode())
     return digest.hexdigest()
