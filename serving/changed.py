@@ -143,10 +143,10 @@ class CarryOver:
             schema, any order) and (U,) bool, True for the users to rank (new or changed).
         """
         users = fingerprints.get_column(schema.USER_ID)
-        before = (pl.scan_parquet(self.previous / FINGERPRINTS_DIR / "part-*.parquet", include_file_paths=_FILE)
-                  .filter(pl.col(schema.USER_ID).is_in(users.implode())).collect())  # fmt: skip
-        if before.schema[schema.USER_ID] != users.dtype:  # ids of another type: no user is the same
-            return pl.DataFrame(), np.ones(users.len(), dtype=bool)
+        scan = pl.scan_parquet(self.previous / FINGERPRINTS_DIR / "part-*.parquet", include_file_paths=_FILE)
+        if scan.collect_schema()[schema.USER_ID] != users.dtype:  # ids of another type: every user is ranked
+            return pl.DataFrame(), np.ones(users.len(), dtype=bool)  # (their rows would carry the old type)
+        before = scan.filter(pl.col(schema.USER_ID).is_in(users.implode())).collect()
         same = fingerprints.join(before, on=[schema.USER_ID, HISTORY], how="inner")
         keep = same.get_column(schema.USER_ID)
         parts = sorted({Path(f).name for f in same.get_column(_FILE).to_list()})

@@ -7,8 +7,9 @@ Each rule file is Parquet (a file, a directory or a glob) of one of two schemas:
 ``user_id``, ``item_id``    a per-user rule: each row applies to that user only
 =========================== =================================================================
 
-Ids are raw, as in the events (integers or strings; an integer id given as text, or the
-reverse, still matches). The rules hold for ``score`` (both engines) and the pyfunc alike:
+Ids are raw, as in the events (integers or strings), compared by the typing rule of
+:mod:`recsys_alibi.data.ids`: an integer id given as text in its one spelling, or the reverse,
+still matches (``7`` and ``"7"``), other spellings never do (``7`` is not ``"007"`` or ``"+7"``). The rules hold for ``score`` (both engines) and the pyfunc alike:
 
 - a ranking never holds a denied item;
 - with an allow file, a ranking holds only allowed items, and fewer than K rows when fewer are
@@ -36,6 +37,7 @@ import polars as pl
 import torch
 
 from recsys_alibi.data import schema
+from recsys_alibi.data.ids import same_id_in
 from recsys_alibi.data.ingest import DataError
 from recsys_alibi.data.loader import FlatSequences, pad_right
 
@@ -51,10 +53,6 @@ def _scan(path: str) -> pl.LazyFrame:
         return pl.scan_parquet(path)
     except (pl.exceptions.PolarsError, OSError) as err:
         raise DataError(f"cannot read rule file {path}: {str(err).splitlines()[0]}") from None
-
-
-def _id_types_agree(a: pl.DataType, b: pl.DataType) -> bool:
-    return a == b or (a.is_integer() and b.is_integer())
 
 
 @dataclass(frozen=True)
@@ -116,14 +114,9 @@ class ItemRules:
     def _mapped(self, rules: pl.LazyFrame, item_type: pl.DataType, how: str = "inner") -> pl.LazyFrame:
         """``rules`` with ``item_idx``, the model index of each ``item_id``: unknown ids dropped (``how="inner"``)
         or with a null index (``"left"``)."""
-        vocab = self.vocab.lazy()
-        if not _id_types_agree(item_type, self.vocab.schema[schema.ITEM_ID]):  # ids as text on one side
-            rules = rules.with_columns(pl.col(schema.ITEM_ID).cast(pl.String))
-            vocab = vocab.with_columns(pl.col(schema.ITEM_ID).cast(pl.String))
-        elif item_type.is_integer():
-            rules = rules.with_columns(pl.col(schema.ITEM_ID).cast(pl.Int64))
-            vocab = vocab.with_columns(pl.col(schema.ITEM_ID).cast(pl.Int64))
-        return rules.join(vocab, on=schema.ITEM_ID, how=how)
+        vocab = self.vocab.lazy().with_columns(  # the model's ids in the file's type: one id by one spelling
+            same_id_in(pl.col(schema.ITEM_ID), self.vocab.schema[schema.ITEM_ID], item_type))
+        return rules.join(vocab.drop_nulls(schema.ITEM_ID), on=schema.ITEM_ID, how=how)
 
     def _global_columns(self, rule: RuleFile) -> torch.Tensor:
         """(N + 1,) bool: the items a global file names (index 0, padding, False)."""
@@ -173,10 +166,11 @@ class ItemRules:
     def _user_rows(self, rule: RuleFile, user_ids: pl.Series) -> FlatSequences:
         """U sequences of model item indices: the rows of ``rule`` of each user of ``user_ids``."""
         users = pl.DataFrame({schema.USER_ID: user_ids, _ROW: np.arange(user_ids.len(), dtype=np.int64)})
-        # the shard's ids take the file's type (an id with no such form matches nothing), never the reverse:
-        # a filter on the file's own column is pushed into the Parquet reader, which then skips the row
-        # groups of other users and never holds the whole file (a cast of the file's column would read it all)
-        users = users.with_columns(pl.col(schema.USER_ID).cast(rule.user_type, strict=False)).drop_nulls(schema.USER_ID)
+        # the shard's ids take the file's type (an id with no such spelling, e.g. "007" for an integer file,
+        # matches nothing: data.ids.same_id_in), never the reverse: a filter on the file's own column is pushed
+        # into the Parquet reader, which then skips the row groups of other users and never holds the whole
+        # file (a cast of the file's column would read it all)
+        users = users.with_columns(same_id_in(pl.col(schema.USER_ID), user_ids.dtype, rule.user_type)).drop_nulls(schema.USER_ID)
         wanted = users.get_column(schema.USER_ID)
         rows = rule.scan().filter(pl.col(schema.USER_ID).is_in(wanted.implode()))
         found = (self._mapped(rows, rule.item_type).join(users.lazy(), on=schema.USER_ID, how="inner")

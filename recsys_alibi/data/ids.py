@@ -6,7 +6,8 @@ round-trips exactly, ``str(int(x)) == x`` (:func:`round_trips`), decided over al
 are read (:func:`integer_id_columns`); one ``007``, ``+7``, ``-0``, ``7.0`` or ``abc`` anywhere
 keeps the whole column String. Either way distinct raw spellings stay distinct ids.
 ``data.id_type: int`` forces integers (``007`` and ``7`` are then one id: a choice the user
-makes); ``str`` forces strings.
+makes); ``str`` forces strings. Ids of two types are compared by the same rule
+(:func:`same_id_in`): ``7`` and ``"7"`` are one id, ``7`` and ``"007"`` two.
 """
 
 from __future__ import annotations
@@ -74,3 +75,32 @@ def integer_id_columns(events: pl.LazyFrame, candidates: tuple[str, ...]) -> lis
 def cast_integer_ids(events: pl.LazyFrame | pl.DataFrame, columns: list[str]):
     """``events`` with the id ``columns`` (from :func:`integer_id_columns`) cast to Int64."""
     return events.with_columns(pl.col(c).cast(pl.Int64) for c in columns) if columns else events
+
+
+def same_id_in(ids: pl.Expr, source: pl.DataType, target: pl.DataType) -> pl.Expr:
+    """Raw ids of type ``source`` as the same ids in type ``target``, never merging two spellings.
+
+    An integer id is the text of its canonical spelling (``7`` -> ``"7"``); a text id is an
+    integer only when it round-trips (:func:`round_trips`: ``"7"`` -> 7; ``"007"``, ``"+7"``,
+    ``"7.0"``, ``" 7"`` -> null: no integer id is spelled that way); an integer that the
+    ``target`` width cannot hold is null. A null matches nothing in a join or ``is_in``, so
+    comparing ``same_id_in(a, ...)`` with ``b`` finds exactly the ids that are one id by the
+    typing rule of this module.
+
+    Args:
+        ids: the id column (expression) of type ``source``.
+        source, target: integer types or String.
+
+    Raises:
+        TypeError: ``source`` or ``target`` is neither an integer type nor String.
+    """
+    for dtype in (source, target):
+        if not (dtype.is_integer() or dtype == pl.String):
+            raise TypeError(f"raw ids are integers or strings, not {dtype}")
+    if source == target:
+        return ids
+    if target == pl.String:
+        return ids.cast(pl.String)
+    if source == pl.String:
+        ids = pl.when(round_trips(ids)).then(ids.cast(pl.Int64, strict=False))
+    return ids.cast(target, strict=False)

@@ -8,6 +8,7 @@ import numpy as np
 import polars as pl
 
 from recsys_alibi.data import schema
+from serving_fixtures import N_ITEMS, write_prepared
 
 
 def raw_histories(prepared: Path, *, with_time: bool = False) -> pl.DataFrame:
@@ -47,3 +48,37 @@ def ml1m_prepared(shared_data: Path, out: Path) -> Path:
 
 ML1M_SCORE = {"k": 10, "shard_users": 1_000, "max_context": 200, "batch_size": 256, "catalog_chunk": 1_024}
 """``score`` settings of the ML-1M comparisons (histories beyond 200 events: the window with sinks)."""
+
+
+SPELLED = ["007", "+7", "7", "u1"]  # three spellings, three users (docs/data.md): only "7" is the integer id 7
+
+
+def spelled_prepared(path: Path) -> Path:
+    """A prepared dir of the four text user ids of ``SPELLED``."""
+    write_prepared(path, n_users=len(SPELLED))
+    seq = pl.read_parquet(path / schema.SEQUENCES_FILE).with_columns(pl.Series(schema.USER_ID, SPELLED))
+    seq.write_parquet(path / schema.SEQUENCES_FILE)
+    return path
+
+
+def user_7_rules(tmp_path: Path) -> tuple[str, str]:
+    """A per-user deny file denying user 7 (an integer id) every item, and a per-user allow file
+    (text ids) allowing user "7" items 1001..1005 and user "u1" every item."""
+    every = list(range(1001, 1001 + N_ITEMS))
+    pl.DataFrame({schema.USER_ID: [7] * N_ITEMS, schema.ITEM_ID: every}).write_parquet(tmp_path / "deny7.parquet")
+    pl.DataFrame({schema.USER_ID: ["7"] * 5 + ["u1"] * N_ITEMS, schema.ITEM_ID: every[:5] + every}).write_parquet(
+        tmp_path / "allow7.parquet")
+    return str(tmp_path / "deny7.parquet"), str(tmp_path / "allow7.parquet")
+
+
+def check_spelled_rules(deny_only: pl.DataFrame, allow_only: pl.DataFrame, plain: pl.DataFrame) -> None:
+    """Rankings under the rules of :func:`user_7_rules`: user 7's rules apply to "7" only."""
+    users = lambda frame: sorted(set(frame.get_column(schema.USER_ID).to_list()))  # noqa: E731
+    of = lambda frame, user: frame.filter(pl.col(schema.USER_ID) == user)  # noqa: E731
+    assert users(plain) == ["+7", "007", "7", "u1"]
+    assert users(deny_only) == ["+7", "007", "u1"]  # "7" is denied every item; "007" and "+7" are not 7
+    for user in ("007", "+7", "u1"):
+        assert of(deny_only, user).equals(of(plain, user))
+    assert users(allow_only) == ["7", "u1"]  # "007" and "+7" have no allow row: allowed nothing
+    assert of(allow_only, "u1").equals(of(plain, "u1"))
+    assert 0 < of(allow_only, "7").height <= 5 and set(of(allow_only, "7")[schema.ITEM_ID]) <= set(range(1001, 1006))

@@ -122,3 +122,16 @@ def test_history_fingerprint_changes_with_any_item_order_or_gap_and_only_then():
     assert again == [h[6], h[0]]  # independent of the user, its position and the shard
     timed = history_fingerprints(_shard([[1, 2], [1, 2]], gaps=[[0, 3], [0, 4]]))["history"].to_list()
     assert timed[0] != timed[1] and h[4] not in timed
+
+
+def test_previous_output_of_another_user_id_type_ranks_everybody(previous, tmp_path):
+    """Integer user ids before, text ids now (same model and settings): no user is carried, no Polars error."""
+    prepared, _ = previous
+    seq = pl.read_parquet(prepared / schema.SEQUENCES_FILE)
+    (tmp_path / "ints").mkdir()
+    seq.with_columns(pl.int_range(pl.len()).alias(schema.USER_ID)).write_parquet(tmp_path / "ints" / schema.SEQUENCES_FILE)
+    vocabulary().write_parquet(tmp_path / "ints" / schema.ITEMS_FILE)
+    _score(tmp_path / "ints", tmp_path / "before-ints")
+    delta = _score(prepared, tmp_path / "delta", changed_since=str(tmp_path / "before-ints"))
+    assert (delta.carried_users, delta.users_scored) == (0, N_USERS)
+    assert read_rankings(tmp_path / "delta").equals(read_rankings(tmp_path / "previous"))

@@ -9,7 +9,7 @@ import logging
 
 import mlflow
 import pytest
-from engine_fixtures import ML1M_SCORE, assert_same_rankings, ml1m_prepared
+from engine_fixtures import ML1M_SCORE, assert_same_rankings, check_spelled_rules, ml1m_prepared, spelled_prepared, user_7_rules
 from serving_fixtures import Killed, kill_at, read_rankings, score_config, snapshot, tiny_model, vocabulary
 
 from pipelines.cli import main
@@ -130,6 +130,17 @@ def test_ray_job_applies_allow_and_deny_rules_like_score(prepared, tmp_path):
     assert remote.rules == local.rules and remote.rules["deny_unknown_items"] == 1
     assert set(got["item_id"]) <= {1000 + i for i in range(9, 30, 3)}
     assert set(got["user_id"]) <= {f"u{u:03d}" for u in range(0, 23, 2)}
+
+
+def test_ray_job_applies_integer_user_7_rules_to_text_user_7_only(tmp_path):
+    """Issue 41, defect 3 on Ray: the actors' shards of text ids "007", "+7", "7" meet an integer rule for 7."""
+    prepared = spelled_prepared(tmp_path / "prep")
+    deny, allow = user_7_rules(tmp_path)
+    got = {}
+    for name, rules in (("plain", {}), ("deny", {"deny": deny}), ("allow", {"allow": allow})):
+        score_with_ray(score_config(**rules), tiny_model(), vocabulary(), prepared, tmp_path / name, progress=False)
+        got[name] = read_rankings(tmp_path / name)
+    check_spelled_rules(got["deny"], got["allow"], got["plain"])
 
 
 def test_run_score_with_score_engine_ray_scores_on_the_actor_pool(prepared, tmp_path, mlflow_store, monkeypatch):

@@ -12,7 +12,7 @@ import numpy as np
 import polars as pl
 import pytest
 import torch
-from engine_fixtures import assert_same_rankings, raw_histories
+from engine_fixtures import SPELLED, assert_same_rankings, check_spelled_rules, raw_histories, spelled_prepared, user_7_rules
 from serving_fixtures import N_ITEMS, read_rankings, score_config, tiny_model, vocabulary
 
 from recsys_alibi.config import ScoreConfig
@@ -162,3 +162,29 @@ def test_per_user_rows_match_user_ids_of_another_integer_or_text_type(tmp_path, 
     path = _write(tmp_path / "deny.parquet", rows.with_columns(pl.col(schema.USER_ID).cast(file_type)))
     got = ItemRules(None, path, vocabulary()).for_users(pl.Series(schema.USER_ID, [9, 7, 8], dtype=pl.Int64)).per_user["deny"]
     assert [sorted(got.get(u).tolist()) for u in range(3)] == [[2], [1, 30], []]  # item indices, users in the shard's order
+
+
+def test_integer_rule_user_7_never_applies_to_text_users_007_or_plus_7(tmp_path):
+    """Issue 41, defect 3: the shard's text ids were cast to the file's integers non-strictly ("007" -> 7)."""
+    from serving.rules import ItemRules
+
+    deny, allow = user_7_rules(tmp_path)
+    got = ItemRules(None, deny, vocabulary()).for_users(pl.Series(schema.USER_ID, SPELLED)).per_user["deny"]
+    assert [got.get(u).shape[0] for u in range(4)] == [0, 0, N_ITEMS, 0]
+    got = ItemRules(allow, None, vocabulary()).for_users(pl.Series(schema.USER_ID, [7, 8, 70])).per_user["allow"]
+    assert [len(got.get(u)) for u in range(3)] == [5, 0, 0]  # text "7" is the integer 7, "u1" no integer
+
+    prepared = spelled_prepared(tmp_path / "prep")
+    _score(prepared, tmp_path / "plain")
+    _score(prepared, tmp_path / "deny", deny=deny)
+    _score(prepared, tmp_path / "allow", allow=allow)
+    plain, deny_only, allow_only = (read_rankings(tmp_path / name) for name in ("plain", "deny", "allow"))
+    check_spelled_rules(deny_only, allow_only, plain)
+    skipped = pl.read_parquet(tmp_path / "allow" / "_skipped" / "*.parquet").sort(schema.USER_ID)
+    assert skipped.select(schema.USER_ID, "reason").rows() == [("+7", "every_item_excluded"), ("007", "every_item_excluded")]
+
+    frame = raw_histories(prepared)
+    pyfunc = {name: RankerPyfunc(tiny_model(), vocabulary(), score_config(**rules).score).predict_polars(frame, {"k": K})
+              for name, rules in (("plain", {}), ("deny", {"deny": deny}), ("allow", {"allow": allow}))}  # fmt: skip
+    check_spelled_rules(pyfunc["deny"], pyfunc["allow"], pyfunc["plain"])
+    assert_same_rankings(pyfunc["deny"], deny_only)
