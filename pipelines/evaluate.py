@@ -207,7 +207,7 @@ def log_evaluation_run(
     """
     import mlflow
 
-    from pipelines.train import DATA_TAG
+    from pipelines.resume import DATA_TAG
     from recsys_alibi.data.prepared import data_sha256
     from recsys_alibi.tracking import param_values
 
@@ -267,7 +267,7 @@ def run_evaluate(
     if loaded.run_id:
         import mlflow
 
-        from pipelines.train import SPLIT_TAG
+        from pipelines.resume import SPLIT_TAG
 
         trained = mlflow.get_run(loaded.run_id).data.tags.get(SPLIT_TAG)
         check_training_split(trained, config.evaluate.protocol, cutoff, model_uri)

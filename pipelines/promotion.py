@@ -385,7 +385,7 @@ def _training_split(held) -> str | None:
     """The champion run's ``recsys_alibi.train_split`` tag (None: no run, or a run from before the tag)."""
     import mlflow
 
-    from pipelines.train import SPLIT_TAG
+    from pipelines.resume import SPLIT_TAG
 
     run_id = getattr(held, "run_id", None)
     return mlflow.MlflowClient().get_run(run_id).data.tags.get(SPLIT_TAG) if run_id else None
