@@ -8,8 +8,9 @@ buckets for a time-gap model; the count of input events). 16 bytes a user, read 
 
 A job with ``score.changed_since`` (``--changed-since``) reads the previous output's manifest. When
 the previous model is the same (:func:`model_digest` of the weights, whatever the URI or alias
-that named it) and so are the settings that change rows (K, seen-item rule, context, sinks,
-catalog size, rule files), each shard is split (:meth:`CarryOver.split`): users whose fingerprint
+that named it) and so is every setting that can change a row's bits (:data:`REUSE_KEYS`: K,
+seen-item rule, context, sinks, catalog size, rule files, attention backend, device and torch
+version, catalog chunk, the model's config), each shard is split (:meth:`CarryOver.split`): users whose fingerprint
 equals their previous one keep their previous rows, read from the previous part files (only
 those that hold them, filtered on the shard's user ids); new users and users whose history
 changed are ranked. When the model or a setting differs, every user is ranked and the job is an
@@ -17,10 +18,9 @@ ordinary full score. Either way the output is a complete output of its own (part
 manifest, ``_skipped/``, fingerprints), written with the rules of :mod:`serving.manifest`, so a
 killed changed-only job run again ends with exactly the output of an uninterrupted one.
 
-Carried rows are the previous job's rows byte for byte. A full score of the same input gives the
-same (user, rank, item) rows, with scores equal up to float rounding (~1e-7): the hidden state
-of a user depends in its last bits on the batch the user was ranked in, and batches are made
-from the users being ranked.
+Carried rows are the previous job's rows byte for byte, and a full score of the same input gives
+the same bytes: a user's bits do not depend on its batch (:mod:`serving.rank`), and everything
+else they depend on is in :data:`REUSE_KEYS`.
 """
 
 from __future__ import annotations
@@ -41,8 +41,11 @@ from serving.manifest import FINGERPRINTS_DIR, read_manifest
 log = logging.getLogger(__name__)
 
 HISTORY = "history"
-REUSE_KEYS = ("model_digest", "k", "exclude_seen", "max_context", "sinks", "n_items", "rules")
-"""Identity keys of a scoring job that must be equal for its rows to be carried over."""
+REUSE_KEYS = ("model_digest", "k", "exclude_seen", "max_context", "sinks", "n_items", "rules", "attention_backend",
+              "device", "catalog_chunk", "model_config")
+"""Identity keys of a scoring job that must be equal for its rows to be carried over: the weights and
+every setting that can change a row's bits (:meth:`serving.rank.ShardRanker.settings`, held equal to
+them by a test); a key the previous output does not record counts as changed."""
 _FILE = "_file"
 _C = (np.uint64(0x9E3779B97F4A7C15), np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB))
 

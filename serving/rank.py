@@ -66,6 +66,22 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
+def device_identity(device: torch.device) -> str:
+    """The device a row's bits come from: its type, the CPU's instruction set that torch's kernels
+    use (``AVX2``, ``AVX512``, ...) or the GPU's name, and torch's version (kernels change with it).
+
+    >>> device_identity(torch.device("cpu"))  # doctest: +SKIP
+    'cpu (AVX2), torch 2.13.0+cpu'
+    """
+    if device.type == "cuda":
+        kind = torch.cuda.get_device_name(device)
+    elif device.type == "cpu":
+        kind = torch.backends.cpu.get_cpu_capability()
+    else:
+        kind = device.type
+    return f"{device.type} ({kind}), torch {torch.__version__}"
+
+
 def resolve_backend(name: str) -> str | None:
     """Attention backend for scoring; None means the model's own ``model.attention_backend``.
 
@@ -159,9 +175,21 @@ class ShardRanker:
             )
 
     def settings(self) -> dict:
-        """What changes the rows (part of the job identity)."""
+        """Every setting that can change a row's bits: part of the job identity (a resumed job must
+        match it) and all of it compared before ``score --changed-since`` reuses a row
+        (:mod:`serving.changed`).
+
+        K, seen items, context and sinks, catalog size, rule files; the attention backend (the
+        model's own for ``model``), the device with its kernels (:func:`device_identity`), the
+        catalog chunk (the width of each product); the model's config (window, sinks, bias clamp
+        ... are not in its weights). ``batch_size`` and ``batch_tokens`` are not: a user's bits do
+        not depend on its batch (module docstring).
+        """
         settings = {"k": self.k, "exclude_seen": self.cfg.exclude_seen, "max_context": self.context,
-                    "sinks": self.sinks, "n_items": self.n_items}  # fmt: skip
+                    "sinks": self.sinks, "n_items": self.n_items,
+                    "attention_backend": self.backend or self.model.cfg.attention_backend,
+                    "device": device_identity(self.device), "catalog_chunk": self.cfg.catalog_chunk,
+                    "model_config": self.model.cfg.model_dump(mode="json")}  # fmt: skip
         if self.rules is not None:
             settings["rules"] = self.rules.fingerprint()
         return settings

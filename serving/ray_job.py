@@ -50,7 +50,7 @@ from recsys_alibi.data.ingest import DataError
 from serving.distributed import World
 from serving.inputs import ScoreInput
 from serving.manifest import OutputDirError, part_name
-from serving.rank import ShardRanker
+from serving.rank import ShardRanker, device_identity
 from serving.ray_instance import check_ray, import_ray, loopback_env, ray_instance  # noqa: F401 (loopback_env: tests)
 from serving.score import ScoreJobResult, _ScoreJob, run_score, score_with_model, write_shard
 
@@ -107,8 +107,11 @@ class _RayScoreJob(_ScoreJob):
     """``score``'s job with :meth:`_score_todo` run by an actor pool (the driver records the shards)."""
 
     def __init__(self, *args, model, ray_cfg: RayConfig, **kwargs) -> None:
+        self.model, self.ray_cfg = model, ray_cfg  # first: the identity reads ray_cfg (engine_settings)
         super().__init__(*args, **kwargs)
-        self.model, self.ray_cfg = model, ray_cfg
+
+    def engine_settings(self) -> dict:
+        return {"device": actor_device(self.config.score, self.ray_cfg)}
 
     def _score_todo(self, source: ScoreInput, todo: list[int], advance: Callable[[int], None]) -> int:
         if not todo:
@@ -136,6 +139,21 @@ class _RayScoreJob(_ScoreJob):
                 users_scored += stats["users"]
                 advance(stats["users"])
         return users_scored
+
+
+def actor_device(score: ScoreConfig, ray_cfg: RayConfig) -> str:
+    """The ``device`` entry of the job identity when actors score (:func:`serving.rank.device_identity`).
+
+    The actors resolve ``score.device`` themselves: ``auto`` is CUDA only with
+    ``score.ray.gpus_per_actor`` (an actor without a GPU sees none). On a local instance they run on
+    this machine, which is described; on a cluster only the type is known here.
+    """
+    import torch
+
+    kind = torch.device(score.device).type if score.device != "auto" else "cuda" if ray_cfg.gpus_per_actor else "cpu"
+    if ray_cfg.address is None and (kind != "cuda" or torch.cuda.is_available()):
+        return device_identity(torch.device(kind))
+    return f"{kind} (the Ray cluster's nodes), torch {torch.__version__}"
 
 
 @contextmanager

@@ -261,6 +261,7 @@ class _ScoreJob:
             "input_fingerprint": fingerprint(input_path),
             "shard_users": config.score.shard_users,
             **ranker.settings(),
+            **self.engine_settings(),
         }
         if kind == "events":  # how raw events are read and cleaned changes the histories
             self.identity["data"] = config.data.model_dump(mode="json")
@@ -269,6 +270,11 @@ class _ScoreJob:
             self.carry = CarryOver.open(config.score.changed_since, output_dir, self.identity)
             self.identity["changed_since"] = {"output": str(Path(config.score.changed_since).resolve()),
                                               "carried": self.carry is not None}  # fmt: skip
+
+    def engine_settings(self) -> dict:
+        """Identity entries the engine decides instead of this process's ranker (the Ray job: the
+        device its actors score on); none here."""
+        return {}
 
     # ------------------------------------------------------------------ rank 0 steps
 

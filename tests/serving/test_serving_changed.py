@@ -135,3 +135,37 @@ def test_previous_output_of_another_user_id_type_ranks_everybody(previous, tmp_p
     delta = _score(prepared, tmp_path / "delta", changed_since=str(tmp_path / "before-ints"))
     assert (delta.carried_users, delta.users_scored) == (0, N_USERS)
     assert read_rankings(tmp_path / "delta").equals(read_rankings(tmp_path / "previous"))
+
+
+@pytest.mark.parametrize(("key", "value"), [("attention_backend", "eager"),
+                                            ("catalog_chunk", 11), ("device", "cpu")])  # fmt: skip
+def test_rows_of_another_bit_changing_setting_are_never_reused(previous, tmp_path, key, value):
+    """Issue 41, defect 4: rows scored with sdpa were carried into an eager (or flex) run, which then
+    differed from a full re-score in 146 of 250 rows (flex too). Now a changed setting ranks everybody, and the
+    output equals a full re-score byte for byte (device=cpu vs the fixture's cpu: the same, so carried)."""
+    from serving.changed import REUSE_KEYS
+    from serving.rank import ShardRanker
+
+    prepared, before = previous
+    new_input, picked = _changed_input(prepared, tmp_path / "new", 0.05)
+    full = _score(new_input, tmp_path / "full", **{key: value})
+    delta = _score(new_input, tmp_path / "delta", changed_since=str(before), **{key: value})
+    carried = N_USERS - len(picked) if key == "device" else 0
+    assert (delta.carried_users, full.carried_users) == (carried, 0)
+    for name in sorted(p.name for p in (tmp_path / "full").glob("part-*.parquet")):
+        assert (tmp_path / "delta" / name).read_bytes() == (tmp_path / "full" / name).read_bytes(), name
+    settings = ShardRanker(tiny_model(), vocabulary(), score_config(allow=str(before / "part-00000.parquet")).score, 10).settings()
+    assert set(REUSE_KEYS) == {"model_digest", *settings}  # every setting that changes rows is compared
+
+
+def test_same_weights_with_another_model_config_ranks_everybody(previous, tmp_path):
+    """The model's config is not in its weights (a sliding window changes every row, same digest)."""
+    prepared, before = previous
+    new_input, _ = _changed_input(prepared, tmp_path / "new", 0.05)
+    config = score_config(shard_users=30, changed_since=str(before))
+    windowed = tiny_model(window=3)
+    delta = score_with_model(config, windowed, vocabulary(), new_input, tmp_path / "delta", progress=False)
+    full = score_with_model(score_config(shard_users=30), tiny_model(window=3), vocabulary(), new_input,
+                            tmp_path / "full", progress=False)  # fmt: skip
+    assert delta.carried_users == 0 and read_rankings(tmp_path / "delta").equals(read_rankings(tmp_path / "full"))
+    assert not read_rankings(tmp_path / "full").equals(read_rankings(before))

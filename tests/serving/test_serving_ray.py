@@ -178,3 +178,18 @@ def test_ray_job_changed_since_carries_over_like_score(prepared, tmp_path):
     remote = score_with_ray(delta, tiny_model(), vocabulary(), tmp_path / "new", tmp_path / "ray", progress=False)
     assert remote.carried_users == local.carried_users == 21
     assert read_rankings(tmp_path / "ray").equals(read_rankings(tmp_path / "local"))
+
+
+def test_ray_job_identity_names_the_device_its_actors_score_on():
+    """Issue 41, defect 4 on Ray: the device in the reuse identity is the actors', not the driver's."""
+    from recsys_alibi.config import RayConfig, ScoreConfig
+    from serving.ray_job import actor_device
+    import torch
+
+    from serving.rank import device_identity
+
+    here = device_identity(torch.device("cpu"))
+    assert actor_device(ScoreConfig(), RayConfig()) == here  # local instance, CPU actors: this machine's CPU
+    assert actor_device(ScoreConfig(device="cpu"), RayConfig(address="auto", gpus_per_actor=1)).startswith(
+        "cpu (the Ray cluster's nodes), torch ")
+    assert actor_device(ScoreConfig(), RayConfig(address="auto", gpus_per_actor=1)).startswith("cuda (the Ray cluster")
