@@ -232,6 +232,10 @@ class ItemEmbeddings(nn.Module):
         """
         return self.collection.embeddings[ITEM_TABLE].weight
 
+    def gap_rows(self, gaps: torch.Tensor) -> torch.Tensor:
+        """(B, L) int64 time-gap buckets -> (B, L, D) float32 rows of the time-gap table (unmasked)."""
+        return F.embedding(gaps, self.collection.embeddings[TIME_GAP_TABLE].weight).float()
+
     def lookup(self, ids: torch.Tensor) -> torch.Tensor:
         """Rows of the given items: (M,) int64 in 0..N -> (M, D) float32.
 

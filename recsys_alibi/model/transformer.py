@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from recsys_alibi.config import ModelConfig
@@ -19,6 +20,7 @@ from recsys_alibi.model.alibi import AlibiSlopes, free_head_query_scale
 from recsys_alibi.model.attention import BatchMask, alibi_attention, batch_mask, eager_attention, needs_grad
 from recsys_alibi.model.embeddings import ItemEmbeddings
 from recsys_alibi.model.frequency import LowPassRescale
+from recsys_alibi.model.item_features import ItemFeatures
 from recsys_alibi.model.masks import MaskSpec
 
 
@@ -147,7 +149,7 @@ class AlibiRanker(nn.Module):
         torch.Size([1, 51])
     """
 
-    def __init__(self, cfg: ModelConfig, n_items: int) -> None:
+    def __init__(self, cfg: ModelConfig, n_items: int, item_features: ItemFeatures | None = None) -> None:
         super().__init__()
         if cfg.max_len == "auto":
             raise ValueError("model.max_len=auto is set from the training data by `train`; give a number to build a model")
@@ -162,6 +164,37 @@ class AlibiRanker(nn.Module):
         self.input_dropout = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(TransformerBlock(cfg) for _ in range(cfg.n_layers))
         self.final_norm = nn.LayerNorm(cfg.d_model)
+        if item_features is not None:  # built last: a model without features draws exactly as before
+            self.item_features = item_features
+
+    @property
+    def features(self) -> ItemFeatures | None:
+        """The item feature encoder and catalog (``model.item_features``), None for an id-only model."""
+        return self._modules.get("item_features")
+
+    def item_vectors(self) -> torch.Tensor:
+        """(N + 1, D) float32 item vectors: the tied table of inputs and output scores.
+
+        Id-only model: the item table itself. With item features: ``id_keep * id_row + f(features)``
+        (:mod:`recsys_alibi.model.item_features`); row 0 (padding) is zeros either way.
+        """
+        features = self.features
+        if features is None:
+            return self.items.weight
+        return self.items.weight * features.id_keep[:, None] + features.vectors()
+
+    def feature_inputs(
+        self, item_idx: torch.Tensor, lengths: torch.Tensor, gaps: torch.Tensor | None = None,
+        vectors: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """(B, L, D) input rows of a feature model: each position's item vector (+ its time-gap row), zeros
+        at padding; ``vectors`` (N + 1, D): :meth:`item_vectors`, computed here when not given."""
+        vectors = self.item_vectors() if vectors is None else vectors
+        valid = torch.arange(item_idx.shape[1], device=item_idx.device)[None, :] < lengths[:, None]  # (B, L)
+        rows = F.embedding(item_idx, vectors).float()  # (B, L, D)
+        if gaps is not None:
+            rows = rows + self.items.gap_rows(gaps)
+        return rows.masked_fill(~valid[..., None], 0.0)
 
     @property
     def max_context(self) -> int | None:
@@ -184,6 +217,8 @@ class AlibiRanker(nn.Module):
         embedded: torch.Tensor | None = None,
         gaps: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        if embedded is None and self.features is not None:
+            embedded = self.feature_inputs(item_idx, lengths, gaps)
         rows = self.items(item_idx, lengths, gaps) if embedded is None else embedded  # (B, L, D)
         x = rows * math.sqrt(self.cfg.d_model)
         if self.positions is not None:
@@ -266,7 +301,7 @@ class AlibiRanker(nn.Module):
         many items and change the ranks.
         """
         with torch.autocast(hidden.device.type, enabled=False):
-            return hidden.float() @ self.items.weight.float().T
+            return hidden.float() @ self.item_vectors().float().T
 
     def last_hidden(
         self, item_idx: torch.Tensor, lengths: torch.Tensor, backend: str | None = None, gaps: torch.Tensor | None = None

@@ -96,7 +96,8 @@ def fit_ranker(
     L.seed_everything(config.seed, workers=True, verbose=False)
     torch.set_float32_matmul_precision("high")
     module = RankerModule(
-        config.model, config.train, datamodule.n_items, None, config.evaluate.exclude_seen, seed=config.seed
+        config.model, config.train, datamodule.n_items, None, config.evaluate.exclude_seen, seed=config.seed,
+        catalog=catalog_of(config, datamodule),
     )
     bar, lines = show_progress(progress)
     checkpoint = ModelCheckpoint(dirpath=checkpoint_dir, filename="best", monitor=VAL_MONITOR, mode="max", save_top_k=1)
@@ -152,6 +153,20 @@ def fit_ranker(
         world_size=trainer.world_size,
         is_global_zero=trainer.is_global_zero,
     )
+
+
+def catalog_of(config: JobConfig, datamodule: SequenceDataModule):
+    """The catalog's item features when ``model.item_features.enabled`` (read from the prepared directory
+    of the data module, same prepare), else None.
+
+    Raises:
+        DataError: the prepared directory has no item table (prepare it with ``--items``).
+    """
+    if not config.model.item_features.enabled:
+        return None
+    from recsys_alibi.data.feature_rows import catalog_features
+
+    return catalog_features(datamodule.prepared_dir, datamodule.n_items, datamodule.prepare_id)
 
 
 class EpochLines(L.Callback):

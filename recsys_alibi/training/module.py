@@ -32,6 +32,7 @@ import torch.distributed as dist
 from recsys_alibi.config import ModelConfig, TrainConfig
 from recsys_alibi.evaluation.metrics import per_user_metrics
 from recsys_alibi.evaluation.ranking import mask_seen, target_ranks
+from recsys_alibi.model.item_features import CatalogFeatures, ItemFeatures
 from recsys_alibi.model.transformer import AlibiRanker
 from recsys_alibi.training.context_schedule import scheduled_steps
 from recsys_alibi.training.losses import build_loss
@@ -72,6 +73,8 @@ class RankerModule(L.LightningModule):
         exclude_seen: validation masks every item of the whole history (a seen target is a miss),
             as ``evaluate.exclude_seen`` (``ranking``'s seen-item rule).
         seed: base of the per-epoch random state (see the module doc).
+        catalog: the catalog's item features (``model.item_features.enabled``,
+            :func:`recsys_alibi.data.feature_rows.catalog_features`); None: an id-only model.
     """
 
     def __init__(
@@ -82,6 +85,7 @@ class RankerModule(L.LightningModule):
         item_counts: torch.Tensor | None = None,
         exclude_seen: bool = True,
         seed: int = 0,
+        catalog: CatalogFeatures | None = None,
     ) -> None:
         super().__init__()
         self.model_cfg = model_cfg
@@ -89,6 +93,8 @@ class RankerModule(L.LightningModule):
         self.exclude_seen = exclude_seen
         self.seed = seed
         self.model = AlibiRanker(model_cfg, n_items)
+        if catalog is not None:  # built after the ranker: its weights are drawn as without features
+            self.model.item_features = ItemFeatures(catalog, model_cfg.d_model, model_cfg.embedding_backend)
         self._counts_from_data = item_counts is None
         counts = item_counts if item_counts is not None else torch.zeros(n_items + 1, dtype=torch.int64)
         self.loss = build_loss(train_cfg, counts)
@@ -99,12 +105,19 @@ class RankerModule(L.LightningModule):
 
     def setup(self, stage: str) -> None:
         datamodule = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
-        if stage == "fit" and self._counts_from_data and hasattr(datamodule, "item_counts"):
+        features = self.model.features
+        if stage == "fit" and (self._counts_from_data or features is not None) and hasattr(datamodule, "item_counts"):
             counts = datamodule.item_counts().to(torch.float64)  # this rank's users
             if self.trainer.world_size > 1:
                 strategy = self.trainer.strategy
                 counts = strategy.reduce(counts.to(strategy.root_device), reduce_op="sum")
-            self.loss = build_loss(self.train_cfg, counts.round().to(torch.int64).cpu())
+            counts = counts.round().to(torch.int64).cpu()
+            if self._counts_from_data:
+                self.loss = build_loss(self.train_cfg, counts)
+            if features is not None:  # model.item_features.id_min_events: rare items are their features alone
+                dropped = features.set_id_counts(counts, self.model_cfg.item_features.id_min_events)
+                log.info("item features: %d of %d items have no id part (fewer than %d training events)",
+                         dropped, self.model.n_items, self.model_cfg.item_features.id_min_events)  # fmt: skip
 
     def configure_model(self) -> None:
         """Shard the item table row-wise when ``model.shard_embeddings`` and W > 1 (once)."""
@@ -134,8 +147,11 @@ class RankerModule(L.LightningModule):
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         if self.table is not None:
             return self._sharded_training_step(batch)
+        vectors = self.model.item_vectors()  # (N + 1, D): the item table, or id rows + feature encodings
+        embedded = None if self.model.features is None else self.model.feature_inputs(
+            batch["inputs"], batch["lengths"], batch.get("gaps"), vectors)  # fmt: skip
         hidden = self.model.encode(
-            batch["inputs"], batch["lengths"], batch.get("seq_ids"), gaps=batch.get("gaps")
+            batch["inputs"], batch["lengths"], batch.get("seq_ids"), embedded=embedded, gaps=batch.get("gaps")
         )  # (B, L, D)
         rows = batch["targets"].shape[0]
         hidden, targets = hidden.flatten(0, 1), batch["targets"].flatten()  # (B * L, D), (B * L,); 0 = no target
@@ -143,7 +159,7 @@ class RankerModule(L.LightningModule):
         if where is not None:  # a gather of known size; a boolean selection would wait for the GPU
             hidden, targets = hidden.index_select(0, where), targets.index_select(0, where)
         # without the index every position goes to the loss, which ignores target 0
-        loss = self.loss(hidden, targets, self.model.items.weight)
+        loss = self.loss(hidden, targets, vectors)
         # a per-step value (on_step only): batch_size, which weights epoch means, is not needed
         self.log("train/loss", loss, prog_bar=True, batch_size=rows)
         return loss
