@@ -36,7 +36,7 @@ import polars as pl
 from recsys_alibi.data import schema
 from recsys_alibi.data.ingest import DataError
 from serving.inputs import Shard
-from serving.manifest import FINGERPRINTS_DIR, read_manifest
+from serving.manifest import FINGERPRINTS_DIR, MANIFEST, Manifest, OutputDirError, read_manifest
 
 log = logging.getLogger(__name__)
 
@@ -113,16 +113,23 @@ class CarryOver:
     @classmethod
     def open(cls, previous: str | Path, output_dir: Path, identity: dict) -> "CarryOver | None":
         """The carry-over from ``previous`` for a job of ``identity``, or None when its model or a
-        row-changing setting differs (then every user is ranked; logged).
+        row-changing setting differs, or when a file it would be read from is damaged (a part or
+        fingerprint file of a recorded shard missing, unreadable, or not of the rows its manifest
+        records: :func:`_damage`); then every user is ranked, and the reason logged.
 
         Raises:
-            DataError: ``previous`` is no complete scoring output, has no fingerprints (written
-                before they existed), or is ``output_dir`` itself.
+            DataError: ``previous`` is no complete scoring output (its manifest missing, not
+                complete or not JSON), has no fingerprints (written before they existed), or is
+                ``output_dir`` itself.
         """
         previous = Path(previous)
         if previous.resolve() == output_dir.resolve():
             raise DataError(f"--changed-since {previous} is the output itself; write the new rankings to another --output")
-        manifest = read_manifest(previous) if previous.is_dir() else None
+        try:
+            manifest = read_manifest(previous) if previous.is_dir() else None
+        except OutputDirError:  # hand-edited: its writes are atomic
+            raise DataError(f"--changed-since {previous}: its {MANIFEST} is not valid JSON; give the output "
+                            "directory of a finished `score`") from None  # fmt: skip
         if manifest is None or not manifest.complete:
             raise DataError(f"--changed-since {previous}: not a complete scoring output (no complete _manifest.json); "
                             "give the output directory of a finished `score`")  # fmt: skip
@@ -132,6 +139,10 @@ class CarryOver:
         differs = [key for key in REUSE_KEYS if manifest.identity.get(key) != identity.get(key)]
         if differs:
             log.info("--changed-since %s: %s changed, so every user is ranked", previous, ", ".join(differs))
+            return None
+        damage = _damage(previous, manifest)
+        if damage is not None:
+            log.warning("--changed-since %s: %s; every user is ranked (nothing is carried over from it)", previous, damage)
             return None
         return cls(previous=previous)
 
@@ -146,15 +157,41 @@ class CarryOver:
             schema, any order) and (U,) bool, True for the users to rank (new or changed).
         """
         users = fingerprints.get_column(schema.USER_ID)
-        scan = pl.scan_parquet(self.previous / FINGERPRINTS_DIR / "part-*.parquet", include_file_paths=_FILE)
-        if scan.collect_schema()[schema.USER_ID] != users.dtype:  # ids of another type: every user is ranked
-            return pl.DataFrame(), np.ones(users.len(), dtype=bool)  # (their rows would carry the old type)
-        before = scan.filter(pl.col(schema.USER_ID).is_in(users.implode())).collect()
-        same = fingerprints.join(before, on=[schema.USER_ID, HISTORY], how="inner")
-        keep = same.get_column(schema.USER_ID)
-        parts = sorted({Path(f).name for f in same.get_column(_FILE).to_list()})
-        carried = pl.DataFrame()
-        if parts:
-            carried = (pl.scan_parquet([self.previous / name for name in parts])
-                       .filter(pl.col(schema.USER_ID).is_in(keep.implode())).collect())  # fmt: skip
+        try:
+            scan = pl.scan_parquet(self.previous / FINGERPRINTS_DIR / "part-*.parquet", include_file_paths=_FILE)
+            if scan.collect_schema()[schema.USER_ID] != users.dtype:  # ids of another type: every user is ranked
+                return pl.DataFrame(), np.ones(users.len(), dtype=bool)  # (their rows would carry the old type)
+            before = scan.filter(pl.col(schema.USER_ID).is_in(users.implode())).collect()
+            same = fingerprints.join(before, on=[schema.USER_ID, HISTORY], how="inner")
+            keep = same.get_column(schema.USER_ID)
+            parts = sorted({Path(f).name for f in same.get_column(_FILE).to_list()})
+            carried = pl.DataFrame()
+            if parts:
+                carried = (pl.scan_parquet([self.previous / name for name in parts])
+                           .filter(pl.col(schema.USER_ID).is_in(keep.implode())).collect())  # fmt: skip
+        except (pl.exceptions.PolarsError, OSError) as err:  # damaged since the job started (checked then)
+            raise DataError(f"--changed-since {self.previous}: cannot read it ({str(err).strip().splitlines()[0]}); "
+                            "score without --changed-since (ranks every user)") from None  # fmt: skip
         return carried, ~users.is_in(keep.implode()).to_numpy()
+
+
+def _damage(previous: Path, manifest: Manifest) -> str | None:
+    """What is wrong with the files a carry-over reads from the complete output ``previous``, or None.
+
+    Each recorded shard's part file must hold the rows and its ``_fingerprints/`` file the users
+    that ``manifest`` records for it (Parquet footers only: a truncated, missing or replaced file
+    is found without reading the rows).
+    """
+    import pyarrow.parquet as pq
+
+    for name, stats in sorted(manifest.shards.items()):
+        for path, key in ((previous / name, "rows"), (previous / FINGERPRINTS_DIR / name, "users")):
+            try:
+                rows = pq.read_metadata(path).num_rows
+            except FileNotFoundError:
+                return f"{path} is missing"
+            except (OSError, ValueError) as err:  # pyarrow's ArrowInvalid is a ValueError
+                return f"{path} is not a readable Parquet file ({str(err).strip().splitlines()[0]})"
+            if key in stats and rows != int(stats[key]):
+                return f"{path} holds {rows} rows where the manifest records {stats[key]}"
+    return None

@@ -169,3 +169,51 @@ def test_same_weights_with_another_model_config_ranks_everybody(previous, tmp_pa
                             tmp_path / "full", progress=False)  # fmt: skip
     assert delta.carried_users == 0 and read_rankings(tmp_path / "delta").equals(read_rankings(tmp_path / "full"))
     assert not read_rankings(tmp_path / "full").equals(read_rankings(before))
+
+
+def _truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+DAMAGES = {
+    "empty _fingerprints/": lambda before: [p.unlink() for p in (before / "_fingerprints").iterdir()],
+    "truncated part file": lambda before: _truncate(before / "part-00001.parquet"),
+    "deleted part file": lambda before: (before / "part-00002.parquet").unlink(),
+    "truncated fingerprints": lambda before: _truncate(before / "_fingerprints" / "part-00000.parquet"),
+    "part file of another shard": lambda before: (before / "part-00000.parquet").write_bytes(
+        (before / "part-00003.parquet").read_bytes()),
+}
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGES))
+def test_damaged_previous_output_ranks_everybody_saying_why(previous, tmp_path, damage, caplog):
+    """Issue 41, defect 6: a damaged previous output was a Polars traceback or a raw OS message, and left a
+    stray _manifest.json. Now the damage is found before any work and every user is ranked (logged)."""
+    prepared, before = previous
+    new_input, _ = _changed_input(prepared, tmp_path / "new", 0.05)
+    DAMAGES[damage](before)
+    full = _score(new_input, tmp_path / "full")
+    with caplog.at_level("WARNING", logger="serving.changed"):
+        delta = _score(new_input, tmp_path / "delta", changed_since=str(before))
+    assert (delta.carried_users, delta.users_scored, delta.rows) == (0, N_USERS, full.rows)
+    assert read_rankings(tmp_path / "delta").equals(read_rankings(tmp_path / "full"))
+    assert [r.getMessage() for r in caplog.records if "every user is ranked" in r.getMessage()]
+    assert {p.name for p in (tmp_path / "delta").iterdir()} == {p.name for p in (tmp_path / "full").iterdir()}
+
+
+def test_previous_output_damaged_while_the_job_runs_is_one_line(previous, tmp_path):
+    """A file that breaks after the check (between the carry-over's check and its read): one line, exit 2."""
+    prepared, before = previous
+    new_input, _ = _changed_input(prepared, tmp_path / "new", 0.05)
+
+    def damage(point: str, shard: int) -> None:
+        if point == "staged":
+            _truncate(before / "_fingerprints" / "part-00003.parquet")
+
+    config = score_config(shard_users=30, changed_since=str(before))
+    with pytest.raises(DataError, match=r"^--changed-since .*previous: cannot read it \(.*\); score without --changed-since"):
+        score_with_model(config, tiny_model(), vocabulary(), new_input, tmp_path / "delta", progress=False, hook=damage)
+    (before / "_manifest.json").write_text("{")
+    with pytest.raises(DataError, match="_manifest.json is not valid JSON; give the output directory of a finished"):
+        _score(new_input, tmp_path / "other", changed_since=str(before))
+    assert not (tmp_path / "other").exists()
