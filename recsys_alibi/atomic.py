@@ -17,6 +17,7 @@ target.
 from __future__ import annotations
 
 import json
+import math
 import os
 import stat
 import tempfile
@@ -121,9 +122,41 @@ def write_text_atomic(path: str | Path, text: str) -> None:
         tmp.write_text(text, encoding="utf-8")
 
 
+def json_text(payload: dict, *, sort_keys: bool = True) -> str:
+    """``payload`` as indented JSON text (with a final newline), strictly JSON: every JSON file the
+    project writes goes through here, so none holds ``NaN`` or ``Infinity`` (Python's ``json``
+    writes them bare by default; JSON has no such numbers and strict parsers refuse the file).
+    A value that is not measured is ``None`` (``null``) at its source.
+
+    Raises:
+        ValueError: a float in ``payload`` is NaN or infinite; the message names its key path.
+    """
+    try:
+        return json.dumps(payload, indent=2, sort_keys=sort_keys, allow_nan=False) + "\n"
+    except ValueError:
+        where, value = _non_finite(payload)
+        raise ValueError(f"{where} is {value}, which JSON cannot hold; it was not written") from None
+
+
+def _non_finite(value, where: str = "$") -> tuple[str, float] | None:
+    """The key path (``$.a.b[2]``) and value of the first NaN or infinite float in ``value``, or None."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return where, value
+    children = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, (list, tuple)) else ()
+    for key, child in children:
+        found = _non_finite(child, f"{where}[{key}]" if isinstance(key, int) else f"{where}.{key}")
+        if found is not None:
+            return found
+    return None
+
+
 def write_json_atomic(path: str | Path, payload: dict) -> None:
-    """Write ``payload`` as indented JSON to ``path`` atomically."""
-    write_text_atomic(path, json.dumps(payload, indent=2, sort_keys=True) + "\n")
+    """Write ``payload`` as indented JSON to ``path`` atomically (:func:`json_text`: no NaN, no Infinity).
+
+    Raises:
+        ValueError: a NaN or infinite float in ``payload`` (nothing is written).
+    """
+    write_text_atomic(path, json_text(payload))
 
 
 def publish_files(staging: Path, directory: Path, owned: tuple[str, ...], last: str | None = None) -> list[str]:

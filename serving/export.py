@@ -34,7 +34,6 @@ leaves the previous export (or nothing) and is simply run again (its staging fol
 
 from __future__ import annotations
 
-import json
 import logging
 import shutil
 import tempfile
@@ -45,7 +44,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from recsys_alibi.atomic import publish_files
+from recsys_alibi.atomic import json_text, publish_files
 from recsys_alibi.config import ConfigError, ExportConfig, JobConfig
 from recsys_alibi.data import schema
 from recsys_alibi.data.ingest import DataError
@@ -82,8 +81,9 @@ class ExportResult:
         line = (f"exported {self.items} item and {self.users} user vectors (D={self.width}, inner product) -> "
                 f"{self.output_dir} in {self.seconds:.1f} s; users without a known item: {self.users_without_vector}")  # fmt: skip
         if self.index:
-            line += f"\nindex: {self.index['type']} over {self.items} items, recall@{self.index['recall_k']} " \
-                    f"{self.index['recall']:.4f} vs exact on {self.index['recall_queries']} users"  # fmt: skip
+            recall = ("not measured (export.recall_queries=0)" if self.index["recall"] is None else
+                      f"{self.index['recall']:.4f} vs exact on {self.index['recall_queries']} users")  # fmt: skip
+            line += f"\nindex: {self.index['type']} over {self.items} items, recall@{self.index['recall_k']} {recall}"
         return line
 
 
@@ -131,7 +131,7 @@ def export_model(config: JobConfig, model, items: pl.DataFrame, input_path: str 
                                             config.export.recall_queries)  # fmt: skip
         index = _write_index(item_vectors, user_sample, config.export, staging / INDEX) if config.export.index == "faiss" else None
         manifest = _manifest(ranker, model, model_ref or {"model": "in-memory"}, input_path, n_users, source.n_users, index)
-        (staging / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+        (staging / MANIFEST).write_text(json_text(manifest))
         output_dir.mkdir(exist_ok=True)
         (output_dir / MANIFEST).unlink(missing_ok=True)  # no manifest while the set is being replaced
         publish_files(staging, output_dir, (ITEMS, USERS, INDEX, MANIFEST), last=MANIFEST)
@@ -204,7 +204,7 @@ def _write_index(items: np.ndarray, queries: np.ndarray, cfg: ExportConfig, path
         entry = {"type": "IndexHNSWFlat", "exact": False, "M": cfg.hnsw_m, "efConstruction": cfg.ef_construction,
                  "efSearch": cfg.ef_search}  # fmt: skip
     k = min(cfg.recall_k, n)
-    recall, qps = float("nan"), float("nan")
+    recall = qps = None  # not measured without queries (export.recall_queries=0): null in export.json
     if len(queries):
         truth = exact.search(queries, k)[1]
         started = time.perf_counter()

@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
+from recsys_alibi.atomic import json_text
 from recsys_alibi.config import DataConfig
 from recsys_alibi.data import schema
 from recsys_alibi.data.ingest import DataError, resolve_paths
@@ -347,7 +348,7 @@ def stage_events(data: DataConfig, input_path: str | Path, staged_dir: Path) -> 
     c = result.counts
     stats = {"input_rows": c["input_rows"], "rejected_rows": c["rejected"],
              "duplicate_rows": c["deduplicated"], "filtered_rows": c["filtered"]}  # fmt: skip
-    marker.write_text(json.dumps({"key": key, "stats": stats}, indent=2) + "\n")
+    marker.write_text(json_text({"key": key, "stats": stats}, sort_keys=False))
     return stats
 
 

@@ -167,3 +167,16 @@ def test_pipeline_refuses_a_fifo_in_a_steps_folder_before_its_first_step(tmp_pat
     assert main(["pipeline", "--output", str(tmp_path), "--quiet"]) == 2
     assert "output (rankings) " in _error_line(capsys)
     assert sorted(os.listdir(tmp_path)) == ["rankings"]  # nothing generated
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_json_writer_refuses_nan_and_infinity_naming_the_key_and_writes_nothing(tmp_path, bad):
+    """No JSON file of the project holds a bare NaN or Infinity (issue 41, defect 5): the one writer refuses them."""
+    from recsys_alibi.atomic import json_text, write_json_atomic
+
+    target = tmp_path / "out.json"
+    target.write_text('{"old": 1}\n')
+    with pytest.raises(ValueError, match=rf"^\$\.index\.runs\[1\] is {bad}, which JSON cannot hold; it was not written$"):
+        write_json_atomic(target, {"index": {"runs": [1.0, bad]}, "ok": None})
+    assert target.read_text() == '{"old": 1}\n' and [p.name for p in tmp_path.iterdir()] == ["out.json"]
+    assert json_text({"b": None, "a": 1.5}) == '{\n  "a": 1.5,\n  "b": null\n}\n'

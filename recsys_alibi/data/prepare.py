@@ -48,7 +48,6 @@ Accounting (asserted): ``input_rows = kept + rejected + deduplicated + filtered`
 from __future__ import annotations
 
 import importlib
-import json
 import logging
 import shutil
 import tempfile
@@ -63,6 +62,7 @@ import numpy as np
 import polars as pl
 import pyarrow.parquet as pq
 
+from recsys_alibi.atomic import json_text
 from recsys_alibi.config import DataConfig
 from recsys_alibi.data.cleaning import k_core_mask
 from recsys_alibi.data.ingest import DataError, QuotedLinesError, Source, integer_id_columns, scan_source
@@ -193,7 +193,7 @@ def _prepare(
         item_table = write_item_features(cfg, work, pl.read_parquet(work / ITEMS_FILE), tag, base and base.directory)
         state = {**result.stats[STATE_KEY], "input_sha256": [*_before(base, STATE_KEY, {}).get("input_sha256", []), *hashing.result()]}
     stats = {**result.stats, STATE_KEY: state, **({ITEM_TABLE_KEY: item_table} if item_table else {})}
-    (work / STATS_FILE).write_text(json.dumps(stats, indent=2) + "\n")
+    (work / STATS_FILE).write_text(json_text(stats, sort_keys=False))
     publish(work, out, prepare_id)
     return PrepareResult(output_dir=out, counts=result.counts, stats=stats, appended=None if base is None else True)
 

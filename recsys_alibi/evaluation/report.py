@@ -9,7 +9,6 @@ A failed write leaves the previous report as it was. Other files in the director
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import tempfile
@@ -22,7 +21,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (backend chosen first)
 from matplotlib.figure import Figure  # noqa: E402
 
-from recsys_alibi.atomic import atomic_path, publish_files
+from recsys_alibi.atomic import atomic_path, json_text, publish_files
 from recsys_alibi.evaluation.evaluator import FULL, EvaluationResult  # noqa: E402
 
 __all__ = ["format_metrics_table", "headline_k", "write_report"]
@@ -221,7 +220,7 @@ def write_report(
     staging = Path(tempfile.mkdtemp(prefix=".report-", suffix=".tmp", dir=out_dir))
     try:
         staged = {
-            "json": _write_text(staging / REPORT_JSON, json.dumps(result.to_json(), indent=2) + "\n"),
+            "json": _write_text(staging / REPORT_JSON, json_text(result.to_json(), sort_keys=False)),
             "markdown": _write_text(staging / REPORT_MD, _markdown(results, title)),
         }
         fig = _context_figure(results, metric)

@@ -110,6 +110,25 @@ def test_faiss_index_exact_for_small_catalogs_hnsw_above_with_recall_measured(pr
     assert faiss.read_index(str(tmp_path / "hnsw" / "items.faiss")).ntotal == n_items
 
 
+def strict_json(path: Path) -> dict:
+    """``path`` parsed as JSON proper: a bare NaN, Infinity or -Infinity fails, as in strict parsers."""
+
+    def refuse(constant: str):
+        raise ValueError(f"{path} holds {constant}, which is not JSON")
+
+    return json.loads(path.read_text(), parse_constant=refuse)
+
+
+def test_faiss_index_without_recall_queries_writes_null_not_nan(prepared, tmp_path):
+    """Issue 41, defect 5: export.recall_queries=0 (an accepted value) wrote a bare NaN into export.json."""
+    pytest.importorskip("faiss", reason="faiss-cpu is not installed (optional extra: requirements/faiss.lock.txt)")
+    config = with_overrides(score_config(), export={"index": "faiss", "recall_queries": 0})
+    result = export_model(config, tiny_model(), vocabulary(), prepared, tmp_path / "export")
+    saved = strict_json(tmp_path / "export" / "export.json")["index"]
+    assert (saved["recall"], saved["queries_per_second"], saved["recall_queries"]) == (None, None, 0)
+    assert "recall@30 not measured (export.recall_queries=0)" in result.summary()
+
+
 def test_failed_export_leaves_the_previous_export_whole(prepared, tmp_path, monkeypatch):
     config = score_config()
     export_model(config, tiny_model(), vocabulary(), prepared, tmp_path / "export")
