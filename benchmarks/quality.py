@@ -5,7 +5,8 @@ Run (from the repository root, after ``make install``):
     .venv/bin/python benchmarks/quality.py --config configs/movielens-1m.yaml --seeds 1 2 3
 
 For each seed it trains the config's ALiBi model and the SASRec baseline (the same config with
-``model.position=learned``: SASRec's learned position table, same code, data, loss, schedule and
+``model.position=learned`` and ALiBi's own keys at their defaults, ``recsys_alibi.config.sasrec_overrides``:
+SASRec's learned position table, same code, data, loss, schedule and
 time budget ``train.max_minutes``), evaluates each on the test protocol (leave-one-out,
 full-catalog ranking, seen items excluded) and fits popularity once. ``--jobs`` runs train at
 once (default 2: the ALiBi model and SASRec side by side, each with cores / jobs torch threads,
@@ -151,7 +152,7 @@ def main(argv: list[str] | None = None) -> None:
     from pipelines.data_steps import run_generate, run_prepare
     from pipelines.evaluate import run_evaluate
     from recsys_alibi.atomic import write_json_atomic
-    from recsys_alibi.config import load_config
+    from recsys_alibi.config import load_config, sasrec_overrides
     from recsys_alibi.tracking import setup_tracking
     from worker_pool import training_pool  # benchmarks/worker_pool.py (this script's folder is on sys.path)
 
@@ -174,7 +175,7 @@ def main(argv: list[str] | None = None) -> None:
     tasks = [
         (label, seed, [*args.overrides, f"seed={seed}", f"output={workdir / f'{label.lower()}-seed{seed}'}", *extra])
         for seed in args.seeds
-        for label, extra in (("ALiBi", []), ("SASRec", ["model.position=learned"]))
+        for label, extra in (("ALiBi", []), ("SASRec", sasrec_overrides()))
     ]
     configs = [load_config(args.config, overrides) for _, _, overrides in tasks]  # the YAML is read here, once
     finished_path = workdir / "finished.json"

@@ -34,6 +34,7 @@ from pipelines.promotion import (
     run_gate,
     tag_lineage,
 )
+from pipelines.preflight import check_before_data
 from pipelines.train import TrainJobResult, run_train
 from recsys_alibi.config import ConfigError, JobConfig, with_overrides
 from recsys_alibi.data.sequences import read_items, read_sequences
@@ -108,12 +109,15 @@ def run_pipeline(config: JobConfig, *, progress: bool = True) -> PipelineResult:
     Raises:
         ValueError: ``tracking.registered_model`` is empty (the gate needs a registry entry), or
             ``tracking.promotion_metric`` is not among the evaluated metrics (checked before training).
+        ConfigError, ModelUriError: a training setting refused before any data is generated or
+            prepared (:func:`pipelines.preflight.check_before_data`).
     """
     if not config.tracking.registered_model:
         raise ValueError("the pipeline registers and promotes models: set tracking.registered_model to a name")
     check_promotion_metric(config)
     check_pipeline_launch(config)
     engine_scorer(config)  # score.engine=ray (used by the scoring step): Ray and its cluster checked before training
+    check_before_data(config)  # every training check that needs no data: before a day is appended
     started = time.perf_counter()
     out = Path(config.output)
     input_path = config.data.input

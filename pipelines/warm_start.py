@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from recsys_alibi.atomic import write_json_atomic
-from recsys_alibi.config import JobConfig, with_overrides
+from recsys_alibi.config import WARM_EPOCHS_DIVISOR, JobConfig, check_warm_schedule, with_overrides
 from recsys_alibi.data.partition import read_lengths
 from recsys_alibi.data.prepare import read_items
 from recsys_alibi.tracking import tracking_uri
@@ -31,7 +31,6 @@ from recsys_alibi.tracking import tracking_uri
 log = logging.getLogger(__name__)
 
 # the warm schedule's rule for unset train.warm keys (measured on the default data: docs/scheduling.md)
-WARM_EPOCHS_DIVISOR = 4  # a quarter of the cold run's epochs
 WARM_LR_FACTOR = 0.2  # a fifth of the cold peak learning rate
 WARM_WARMUP_STEPS = 5  # a short warm-up: the weights are trained already, only Adam's moments start from zero
 MARKER = "warm_start.json"  # checkpoints/<run_id>.warm_start.json of a warm-started run
@@ -187,7 +186,12 @@ def warm_schedule(config: JobConfig) -> JobConfig:
     A key of ``train.warm`` left unset takes the measured rule: ``max_epochs`` a quarter of
     ``train.max_epochs`` (rounded up), ``lr`` a fifth of ``train.lr``, ``warmup_steps`` at most
     ``WARM_WARMUP_STEPS``; ``patience`` stays ``train.patience``.
+
+    Raises:
+        ConfigError: ``train.context_schedule`` switches after the warm run's last epoch
+            (:func:`recsys_alibi.config.check_warm_schedule`, also checked when the config is loaded).
     """
+    check_warm_schedule(config)
     train, warm = config.train, config.train.warm
     rule = {
         "max_epochs": -(-train.max_epochs // WARM_EPOCHS_DIVISOR),

@@ -34,6 +34,13 @@ PRECISIONS = ("auto", "16-mixed", "bf16-mixed", "32-true", "64-true", "16-true",
 
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # what torch, numpy and Lightning take as an integer
+YAML_WORDS = ((True, "true"), (False, "false"), (None, "null"))
+
+
+def yaml_word(value: Any) -> Any:
+    """``value`` as YAML writes it: True / False / None as true / false / null (by identity: ``1 == True``,
+    so a dict lookup would show the integer 1 as true); anything else as it is."""
+    return next((word for known, word in YAML_WORDS if value is known), value)
 
 
 class _Section(BaseModel):
@@ -56,7 +63,7 @@ class _Section(BaseModel):
             value = getattr(self, key)
             if in_effect or value == type(self).model_fields[key].default:
                 continue
-            shown = value if isinstance(value, _Section) else {True: "true", False: "false", None: "null"}.get(value, value)
+            shown = yaml_word(value)
             given = f"{prefix}.{key}" if isinstance(value, _Section) else f"{prefix}.{key}={shown}"
             raise ValueError(f"{given} takes effect only with {needs}: set {needs}, or drop {prefix}.{key}")
 
@@ -216,7 +223,13 @@ class ModelConfig(_Section):
             raise ValueError(f"model.d_model={self.d_model} must be divisible by model.n_heads={self.n_heads}")
         if self.free_heads > self.n_heads:
             raise ValueError(f"model.free_heads={self.free_heads} is more than model.n_heads={self.n_heads}")
+        alibi = self.position == "alibi"  # the slope keys shape ALiBi's bias; learned / none positions have none
         self._refuse_ignored("model", (
+            ("slopes", alibi, "model.position=alibi"),
+            ("max_bias", alibi and self.slopes == "geometric", "model.position=alibi and model.slopes=geometric"),
+            ("learnable_slopes", alibi, "model.position=alibi"),
+            ("free_heads", alibi, "model.position=alibi"),
+            ("bias_clamp", alibi, "model.position=alibi"),
             ("free_head_scale", self.free_heads > 0, "model.free_heads >= 1"),
             ("slope_floor", self.learnable_slopes, "model.learnable_slopes=true"),
             ("long_context", self.slopes == "wide", "model.slopes=wide"),
@@ -340,6 +353,7 @@ class TrainConfig(_Section):
             raise ValueError("train.packing and train.batch_tokens are two ways to batch: set one of them")
         self._refuse_ignored("train", (
             ("gbce_t", self.loss == "gbce", "train.loss=gbce"),
+            ("num_negatives", self.loss in ("sampled_softmax", "gbce"), "train.loss=sampled_softmax or gbce"),
             ("zero_share_threshold", self.attention_health, "train.attention_health=true"),
             ("warm", self.init_from is not None, "train.init_from"),
         ))  # fmt: skip
@@ -537,6 +551,58 @@ class JobConfig(_Section):
             )
         return self
 
+    @model_validator(mode="after")
+    def _health_needs_alibi(self) -> "JobConfig":
+        """Attention health is measured on ALiBi models only (``pipelines.train.training_callbacks``)."""
+        alibi = self.model.position == "alibi"
+        self.train._refuse_ignored("train", (("zero_share_threshold", alibi, "model.position=alibi"),))
+        return self
+
+
+# model keys that shape ALiBi's bias only: refused with model.position=learned or none (ModelConfig)
+ALIBI_KEYS = ("slopes", "max_bias", "learnable_slopes", "free_heads", "bias_clamp", "long_context", "slope_floor",
+              "free_head_scale")  # fmt: skip
+
+
+def sasrec_overrides() -> list[str]:
+    """``--set`` texts that make any config its SASRec baseline: ``model.position=learned`` and every
+    ALiBi-only key (:data:`ALIBI_KEYS`) at its default, so a config that tunes ALiBi loads as SASRec."""
+    defaults = ModelConfig()
+    return ["model.position=learned", *(f"model.{key}={yaml_word(getattr(defaults, key))}" for key in ALIBI_KEYS)]
+
+
+WARM_EPOCHS_DIVISOR = 4  # train.warm.max_epochs unset: a quarter of train.max_epochs, rounded up (docs/scheduling.md)
+
+
+def warm_max_epochs(train: TrainConfig) -> tuple[int, str]:
+    """The epochs of a warm-started run (``train.init_from``) and where that number comes from, in words."""
+    if train.warm.max_epochs is not None:
+        return train.warm.max_epochs, f"train.warm.max_epochs={train.warm.max_epochs}"
+    epochs = -(-train.max_epochs // WARM_EPOCHS_DIVISOR)
+    return epochs, f"train.warm.max_epochs is unset: a quarter of train.max_epochs={train.max_epochs}, rounded up"
+
+
+def check_warm_schedule(config: JobConfig) -> None:
+    """Refuse a warm start whose ``train.context_schedule`` switches after the warm run's last epoch.
+
+    Checked when the config is loaded (a ``champion`` that does not exist yet included: the daily job
+    that starts cold today starts warm tomorrow), so a pipeline refuses it before touching any data.
+
+    Raises:
+        ConfigError: one line naming ``train.warm.max_epochs``, its value and where the value comes from.
+    """
+    train = config.train
+    if train.init_from is None or not train.context_schedule:
+        return
+    switch = train.context_schedule[-1][0]
+    epochs, origin = warm_max_epochs(train)
+    if switch >= epochs:
+        raise ConfigError(
+            f"invalid config at 'train.warm.max_epochs': a warm start (train.init_from={train.init_from}) trains "
+            f"{epochs} epochs ({origin}), but train.context_schedule switches at epoch {switch}: the switch would "
+            f"never happen; set train.warm.max_epochs to at least {switch + 1}, or switch earlier"
+        )
+
 
 def _set_dotted(tree: dict[str, Any], dotted: str, value: Any, origin: str) -> None:
     keys = dotted.split(".")
@@ -657,7 +723,8 @@ def load_config(
 
     Raises:
         ConfigError: missing/unreadable file, invalid YAML, YAML that is not a mapping, unknown
-            keys or invalid values; one line naming the key (or file, line, column) and the fix.
+            keys or invalid values (also a warm schedule that never reaches ``train.context_schedule``'s
+            last switch: :func:`check_warm_schedule`); one line naming the key (or file, line, column) and the fix.
     """
     tree = _read_file(Path(path)) if path is not None else {}
     for text in overrides:
@@ -665,7 +732,9 @@ def load_config(
     for key, (flag, value) in (flags or {}).items():
         _set_dotted(tree, key, value, origin=f"{flag} (sets {key})")
     try:
-        return _validate(tree)
+        config = _validate(tree)
+        check_warm_schedule(config)
+        return config
     except ConfigError as err:
         named = [flag for key, (flag, _) in (flags or {}).items() if str(err).startswith(f"invalid config at '{key}'")]
         if named:

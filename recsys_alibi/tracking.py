@@ -197,7 +197,8 @@ def log_ranker(
     items.write_parquet(items_path)
     extra = {} if pyfunc is None else {"pyfunc_loader": pyfunc.loader_module, "signature": pyfunc.signature,
                                        "input_example": pyfunc.input_example, "pyfunc_config": pyfunc.model_config}  # fmt: skip
-    with _mlflow_prints_muted():  # the registry's "Registered model ... / Created version ..." lines
+    # the registry's "Registered model ... / Created version ..." lines; the input example's download bars
+    with _mlflow_prints_muted(), quiet_artifacts():
         info = Model.log(
             artifact_path=None,
             name="model",
@@ -256,14 +257,19 @@ class LoadedRanker:
 def load_ranker(model_uri: str) -> LoadedRanker:
     """Load a logged ranker and its item vocabulary from any MLflow model URI.
 
+    MLflow's download progress bars are off while it loads (:func:`quiet_artifacts`).
+
     Raises:
-        ModelUriError: the URI does not resolve to a model logged by recsys-alibi.
+        ModelUriError: the URI does not resolve to a model logged by recsys-alibi, or names a deleted
+            run (:func:`check_live_run`).
     """
     import mlflow
     from mlflow.exceptions import MlflowException
 
     try:
-        local = Path(mlflow.artifacts.download_artifacts(artifact_uri=model_uri))
+        check_live_run(model_uri)
+        with quiet_artifacts():
+            local = Path(mlflow.artifacts.download_artifacts(artifact_uri=model_uri))
         loaded = load_ranker_dir(local)
     except (MlflowException, OSError) as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
@@ -291,6 +297,44 @@ def load_ranker_dir(local: Path) -> LoadedRanker:
         raise ModelUriError(f"no item vocabulary ({ITEMS_ARTIFACT}) beside the model: not a recsys-alibi model")
     model.eval()
     return LoadedRanker(model=model, items=pl.read_parquet(found[0]), run_id=None)
+
+
+def check_live_run(model_uri: str) -> None:
+    """Refuse ``runs:/ID/...`` when run ID is deleted in the tracking store.
+
+    MLflow deletes runs softly: the model still loads until ``mlflow gc`` removes it, but the run is
+    gone from the UI and from searches, so a job (a warm start, a scoring) that used it would build
+    on a model nobody can inspect any more. Registry URIs (``models:/``) are not checked: a
+    registered version stays until it is deleted from the registry.
+
+    Raises:
+        ModelUriError: the run is deleted (one line naming it and how to restore it).
+        MlflowException: the run is not in the store.
+    """
+    import mlflow
+
+    if not model_uri.startswith("runs:/"):
+        return
+    run_id = model_uri[len("runs:/") :].split("/")[0]
+    if mlflow.MlflowClient().get_run(run_id).info.lifecycle_stage == "deleted":
+        raise ModelUriError(
+            f"MLflow run {run_id} is deleted; restore it (`mlflow runs restore --run-id {run_id}`) or use another model"
+        )
+
+
+@contextlib.contextmanager
+def quiet_artifacts() -> Iterator[None]:
+    """MLflow's "Downloading artifacts" progress bars off for the block (they would land in a job's log)."""
+    name = "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"
+    before = os.environ.get(name)
+    os.environ[name] = "false"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = before
 
 
 def model_run_id(model_uri: str) -> str | None:

@@ -248,3 +248,66 @@ def test_a_dumped_config_with_every_key_at_its_default_loads_again():
     from recsys_alibi.config import JobConfig
 
     assert JobConfig.model_validate(JobConfig().model_dump()) == JobConfig()
+
+
+# issue 41, defect 14: keys of ALiBi and of the sampled losses, given while that is off
+DEPENDENT = [  # (the key given, the setting that switches it off, the setting it needs, that setting on)
+    ("model.max_bias=4.0", "model.position=learned", "model.position=alibi and model.slopes=geometric",
+     "model.position=alibi"),
+    ("model.max_bias=4.0", "model.slopes=wide", "model.position=alibi and model.slopes=geometric", "model.slopes=geometric"),
+    ("model.slopes=wide", "model.position=learned", "model.position=alibi", "model.position=alibi"),
+    ("model.learnable_slopes=true", "model.position=learned", "model.position=alibi", "model.position=alibi"),
+    ("model.free_heads=1", "model.position=none", "model.position=alibi", "model.position=alibi"),
+    ("model.bias_clamp=4.0", "model.position=learned", "model.position=alibi", "model.position=alibi"),
+    ("train.num_negatives=64", "train.loss=softmax", "train.loss=sampled_softmax or gbce", "train.loss=gbce"),
+    ("train.num_negatives=64", "train.loss=bce", "train.loss=sampled_softmax or gbce", "train.loss=sampled_softmax"),
+    ("train.zero_share_threshold=0.1", "model.position=learned", "model.position=alibi", "model.position=alibi"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("given", "off", "needs", "on"), DEPENDENT, ids=[f"{c[0]}-{c[1]}" for c in DEPENDENT])
+def test_a_dependent_key_is_refused_while_its_setting_is_off(tmp_path, given, off, needs, on):
+    message = _error(tmp_path, None, (off, given))
+    key = given.split("=")[0]
+    assert message.endswith(f"{given} takes effect only with {needs}: set {needs}, or drop {key}")
+    assert load_config(None, [on, given]) is not None
+    default = load_config(None, []).model_dump()  # its default value with the setting off: accepted
+    section, name = key.split(".")
+    assert load_config(None, [off, f"{key}={default[section][name]}".replace("None", "null")]) is not None
+
+
+def test_the_shipped_configs_still_load_and_their_sasrec_baselines_say_what_to_drop(tmp_path):
+    from pathlib import Path
+
+    configs = sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.yaml"))
+    assert configs and all(load_config(path) is not None for path in configs)
+    default = configs[[p.name for p in configs].index("default.yaml")]
+    with pytest.raises(ConfigError, match=r"model.free_heads=1 takes effect only with model.position=alibi"):
+        load_config(default, ["model.position=learned"])
+    assert load_config(default, ["model.position=learned", "model.free_heads=0"]).model.position == "learned"
+
+
+# issue 41, defect 9: a warm start's epochs against train.context_schedule, named by the key that sets them
+WARM = ["train.init_from=champion", "train.max_epochs=8", "train.context_schedule=[[0, 4], [5, 8]]"]
+
+
+def test_a_warm_schedule_that_never_reaches_the_last_window_names_train_warm_max_epochs(tmp_path):
+    message = _error(tmp_path, None, tuple(WARM))
+    assert message == (
+        "invalid config at 'train.warm.max_epochs': a warm start (train.init_from=champion) trains 2 epochs "
+        "(train.warm.max_epochs is unset: a quarter of train.max_epochs=8, rounded up), but train.context_schedule "
+        "switches at epoch 5: the switch would never happen; set train.warm.max_epochs to at least 6, or switch earlier"
+    )
+    given = _error(tmp_path, None, (*WARM, "train.warm.max_epochs=5"))
+    assert "trains 5 epochs (train.warm.max_epochs=5), but train.context_schedule switches at epoch 5" in given
+    assert load_config(None, [*WARM, "train.warm.max_epochs=6"]).train.warm.max_epochs == 6
+    assert load_config(None, WARM[1:]).train.max_epochs == 8  # cold: 8 epochs reach the switch at 5
+
+
+def test_the_warm_schedule_applied_by_the_job_keeps_to_the_same_rule():
+    from pipelines.warm_start import warm_schedule
+
+    warm = warm_schedule(load_config(None, [*WARM, "train.warm.max_epochs=6"])).train
+    assert (warm.max_epochs, warm.context_schedule) == (6, [[0, 4], [5, 8]])
+    quarter = warm_schedule(load_config(None, [*WARM[:2], "train.context_schedule=[[0, 4], [1, 8]]"])).train
+    assert quarter.max_epochs == 2

@@ -72,5 +72,7 @@ def test_run_key_follows_the_resolved_config():
     one, same = load_config(config, ["seed=1"]), load_config(config, ["seed=1"])
     assert quality.run_key(one) == quality.run_key(same)
     assert quality.run_key(one) != quality.run_key(load_config(config, ["seed=2"]))
-    assert quality.run_key(one) != quality.run_key(load_config(config, ["seed=1", "model.position=learned"]))
+    from recsys_alibi.config import sasrec_overrides
+
+    assert quality.run_key(one) != quality.run_key(load_config(config, ["seed=1", *sasrec_overrides()]))
     assert quality.read_finished(REPO / "no-such-file.json") == {}

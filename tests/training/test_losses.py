@@ -36,7 +36,8 @@ def test_bce_and_gbce_reduce_to_log_sigmoid_terms():
     torch.manual_seed(0)
     hidden = torch.tensor([[3.0, 0.0]])
     for name in ("bce", "gbce"):
-        loss = build_loss(TrainConfig(loss=name, num_negatives=2), torch.ones(4, dtype=torch.int64))
+        negatives = {"num_negatives": 2} if name == "gbce" else {}  # bce draws one (num_negatives is refused)
+        loss = build_loss(TrainConfig(loss=name, **negatives), torch.ones(4, dtype=torch.int64))
         value = float(loss(hidden, torch.tensor([1]), _table()))
         assert value > -F.logsigmoid(torch.tensor(3.0)).item() - 1e-6  # positive term plus negatives
     assert set(LOSSES) == {"softmax", "sampled_softmax", "bce", "gbce"}
@@ -127,7 +128,8 @@ def test_every_loss_ignores_positions_without_a_target():
     counts = torch.arange(n_rows, dtype=torch.int64)
     for name in LOSSES:
         chunked = {"chunk": 7} if name == "softmax" else {}  # a ragged last chunk
-        loss = LOSSES[name](TrainConfig(loss=name, num_negatives=5), counts, **chunked)
+        negatives = {"num_negatives": 5} if name in ("sampled_softmax", "gbce") else {}  # the losses that take it
+        loss = LOSSES[name](TrainConfig(loss=name, **negatives), counts, **chunked)
         both = ({}, {})
         if name != "softmax":  # the same negatives for both calls (per position for bce / gbce)
             drawn = loss.negative_ids(targets, n_rows - 1)

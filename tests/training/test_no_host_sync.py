@@ -74,7 +74,8 @@ def test_training_step_outside_attention_reads_nothing_on_the_host(monkeypatch, 
     monkeypatch.setattr(transformer, "alibi_attention", _causal_sdpa)
     cfg = ModelConfig(d_model=16, n_heads=2, n_layers=1, max_len=16, embedding_backend="torch",
                       time_gap_buckets=6 if time_gaps else 0)  # fmt: skip
-    module = RankerModule(cfg, TrainConfig(loss=loss, num_negatives=7), 30, torch.ones(31, dtype=torch.int64))
+    negatives = {"num_negatives": 7} if loss in ("sampled_softmax", "gbce") else {}  # the losses that take it
+    module = RankerModule(cfg, TrainConfig(loss=loss, **negatives), 30, torch.ones(31, dtype=torch.int64))
     module.log = lambda *args, **kwargs: None  # no trainer attached
     batches = _batches(time_gaps)
     assert all("target_positions" in b for b in batches)

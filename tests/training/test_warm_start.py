@@ -101,7 +101,8 @@ def test_same_vocabulary_is_an_exact_copy():
 
 @pytest.mark.parametrize(
     "change",
-    [{"d_model": 16}, {"n_layers": 2}, {"n_heads": 4}, {"position": "learned"}, {"time_gap_buckets": 0},
+    [{"d_model": 16}, {"n_layers": 2}, {"n_heads": 4}, {"position": "learned", "learnable_slopes": False},
+     {"time_gap_buckets": 0},
      {"slopes": "wide"}, {"ffn_mult": 2}, {"learnable_slopes": False}, {"free_heads": 1}, {"lowpass_window": 3}],
 )  # fmt: skip
 def test_another_architecture_is_refused_naming_the_key(change):

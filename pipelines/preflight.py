@@ -1,0 +1,57 @@
+"""What the daily ``pipeline`` checks before it touches any data.
+
+The pipeline generates or prepares (with ``data.append``: merges the day into the prepared
+directory) before it trains. A setting that would refuse training but needs none of the new data
+is checked here first, so a refused run leaves the data as it was: the warm schedule against
+``train.context_schedule``, a sharded table with the full softmax, an accelerator this machine
+lacks, and ``train.init_from`` (the model must exist and its run must not be deleted; ``champion``
+with no champion yet is a cold start, as in ``train``). What needs the data (``model.max_len:
+auto``, the architecture of a warm start against the data's vocabulary, the time protocol) is
+checked by ``train`` after the prepare.
+"""
+
+from __future__ import annotations
+
+from recsys_alibi.config import JobConfig, check_warm_schedule
+
+
+def check_before_data(config: JobConfig) -> None:
+    """Every pipeline check that needs no data, run before generate/prepare write anything.
+
+    Raises:
+        ConfigError: the warm schedule never reaches the context schedule's last switch, a sharded
+            table with the full softmax, an accelerator this machine lacks.
+        ModelUriError: ``train.init_from`` names no model in the tracking store, or a deleted run.
+    """
+    from recsys_alibi.training.fit import check_sharding
+    from recsys_alibi.training.launch import check_accelerator
+
+    check_warm_schedule(config)
+    check_sharding(config)
+    check_accelerator(config.train)
+    if config.train.init_from not in (None, "champion"):
+        check_model_uri(config, config.train.init_from)
+
+
+def check_model_uri(config: JobConfig, uri: str) -> None:
+    """Refuse a ``train.init_from`` URI that names no model in the tracking store, or a deleted run
+    (:func:`recsys_alibi.tracking.check_live_run`); reads metadata only, downloads nothing.
+
+    Raises:
+        ModelUriError: one line naming the URI and the fix.
+    """
+    from mlflow.exceptions import MlflowException
+
+    from recsys_alibi.tracking import ModelUriError, check_live_run, model_run_id, setup_tracking
+
+    setup_tracking(config.tracking)
+    try:
+        model_run_id(uri)  # a registry name, version or alias that does not exist raises
+        check_live_run(uri)
+    except ModelUriError as err:
+        raise ModelUriError(f"train.init_from={uri}: {err}") from None
+    except MlflowException as err:
+        raise ModelUriError(
+            f"train.init_from={uri}: no such model in the tracking store ({str(err).strip().splitlines()[0]}); "
+            "use runs:/RUN_ID/model, models:/NAME/VERSION or models:/NAME@ALIAS of a logged model"
+        ) from None

@@ -1,0 +1,115 @@
+"""Issue 41, defects 9 and 16: the daily pipeline refuses what needs no data before it appends a day,
+a deleted MLflow run is never loaded, and loading a model prints no download bars."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import mlflow
+import pytest
+
+from pipelines.cli import main
+from recsys_alibi.config import ConfigError, DataConfig, JobConfig, TrackingConfig, with_overrides
+from recsys_alibi.data.prepare import prepare
+from recsys_alibi.tracking import ModelUriError, load_ranker, log_ranker, setup_tracking
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "serving"))
+from serving_fixtures import tiny_model, vocabulary  # noqa: E402
+
+SCHEDULE = ["train.init_from=champion", "train.max_epochs=8", "train.context_schedule=[[0, 4], [5, 8]]"]
+
+
+def _day(path: Path, users: range) -> Path:
+    path.write_text("user_id,item_id,timestamp\n" + "".join(f"u{u},i{(u + t) % 9},{t}\n" for u in users for t in range(6)))
+    return path
+
+
+def _appended_setup(tmp_path: Path) -> tuple[Path, Path, dict[str, bytes]]:
+    """Day 1 prepared into ``out/prepared``; day 2 waiting; the prepared files' bytes."""
+    out = tmp_path / "daily"
+    day1, day2 = _day(tmp_path / "day1.csv", range(0, 12)), _day(tmp_path / "day2.csv", range(12, 20))
+    prepare(DataConfig(min_events_per_user=1, min_events_per_item=1), day1, out / "prepared")
+    return out, day2, _files(out / "prepared")
+
+
+def _files(directory: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+def _pipeline_args(out: Path, day: Path, *extra: str) -> list[str]:
+    args = ["pipeline", "--output", str(out), "--quiet"]
+    for item in ["generate.enabled=false", f"data.input={day}", "data.append=true", "data.min_events_per_user=1",
+                 "data.min_events_per_item=1", *extra]:  # fmt: skip
+        args += ["--set", item]
+    return args
+
+
+def test_a_warm_schedule_refused_in_the_daily_pipeline_leaves_the_day_unappended(tmp_path, mlflow_store, capsys):
+    out, day2, before = _appended_setup(tmp_path)
+    assert main(_pipeline_args(out, day2, *SCHEDULE)) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: invalid config at 'train.warm.max_epochs': a warm start (train.init_from=champion) "
+                          "trains 2 epochs (train.warm.max_epochs is unset: a quarter of train.max_epochs=8")  # fmt: skip
+    assert "\n" not in err and _files(out / "prepared") == before  # the day was not appended
+
+
+def test_run_pipeline_checks_what_needs_no_data_before_preparing(tmp_path, mlflow_store):
+    from pipelines.pipeline import run_pipeline
+
+    out, day2, before = _appended_setup(tmp_path)
+    settings = {"init_from": "champion", "max_epochs": 8, "context_schedule": [[0, 4], [5, 8]]}
+    config = with_overrides(JobConfig(), train=settings, output=str(out),  # not through load_config
+                            data={"input": str(day2), "append": True, "min_events_per_user": 1, "min_events_per_item": 1})  # fmt: skip
+    with pytest.raises(ConfigError, match=r"'train.warm.max_epochs': .* switches at epoch 5"):
+        run_pipeline(config, progress=False)
+    assert _files(out / "prepared") == before
+
+
+def _logged_run(tmp_path: Path) -> str:
+    """A tiny ranker logged (not registered) in a run of the test store; returns the run id."""
+    setup_tracking(TrackingConfig())
+    with mlflow.start_run() as run:
+        log_ranker(tiny_model(), vocabulary(), None, tmp_path / "w")
+    return run.info.run_id
+
+
+def test_a_deleted_run_is_refused_by_every_loader_and_by_the_pipeline_before_appending(
+    tmp_path, mlflow_store, capsys, one_torch_thread
+):
+    run_id = _logged_run(tmp_path)
+    uri = f"runs:/{run_id}/model"
+    assert load_ranker(uri).items.height == 30  # live: loads
+    mlflow.MlflowClient().delete_run(run_id)
+    with pytest.raises(ModelUriError) as err:
+        load_ranker(uri)
+    deleted = f"MLflow run {run_id} is deleted; restore it (`mlflow runs restore --run-id {run_id}`) or use another model"
+    assert str(err.value) == f"model '{uri}': {deleted}"
+    out, day2, before = _appended_setup(tmp_path)
+    capsys.readouterr()
+    assert main(_pipeline_args(out, day2, f"train.init_from={uri}")) == 2
+    assert capsys.readouterr().err.strip() == f"error: train.init_from={uri}: {deleted}"
+    assert _files(out / "prepared") == before
+    prepared = tmp_path / "daily" / "prepared"
+    assert main(["score", "--model-uri", uri, "--input", str(prepared), "--output", str(tmp_path / "r")]) == 2
+    assert capsys.readouterr().err.strip() == f"error: {err.value}" and not (tmp_path / "r").exists()
+
+
+def test_an_init_from_that_names_no_model_is_refused_before_appending(tmp_path, mlflow_store, capsys):
+    out, day2, before = _appended_setup(tmp_path)
+    setup_tracking(TrackingConfig())
+    assert main(_pipeline_args(out, day2, "train.init_from=models:/no-such-model/3")) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: train.init_from=models:/no-such-model/3: no such model in the tracking store (")
+    assert _files(out / "prepared") == before
+
+
+def test_loading_and_logging_a_model_print_no_download_bars(tmp_path, mlflow_store, capfd, monkeypatch,
+                                                             one_torch_thread):  # fmt: skip
+    monkeypatch.delenv("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", raising=False)  # as in a job that is not the CLI
+    run_id = _logged_run(tmp_path)
+    load_ranker(f"runs:/{run_id}/model")
+    assert "Downloading artifacts" not in capfd.readouterr().err
+    import os
+
+    assert "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR" not in os.environ  # the caller's environment is left as it was
