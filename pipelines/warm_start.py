@@ -149,6 +149,7 @@ def load_warm_start(config: JobConfig, prepared_dir: Path, uri: str) -> WarmStar
         ModelUriError, WarmStartError: as :func:`resolve_warm_start`.
     """
     from recsys_alibi.tracking import load_ranker
+    from recsys_alibi.training.warm_features import warm_features
     from recsys_alibi.training.warm_start import warm_state_dict
     from serving.inputs import vocabulary_remap
 
@@ -156,7 +157,9 @@ def load_warm_start(config: JobConfig, prepared_dir: Path, uri: str) -> WarmStar
     items = read_items(prepared_dir)
     remap, unknown = vocabulary_remap(items, loaded.items)  # new item_idx -> old item_idx by raw item_id, 0: new
     rows = np.arange(items.height + 1, dtype=np.int64) if remap is None else remap
-    state = warm_state_dict(loaded.model.state_dict(), rows, loaded.model.cfg, config.model, config.seed, source=uri)
+    features = warm_features(loaded.model, config, prepared_dir, items.height, source=uri)  # None: no item features
+    state = warm_state_dict(loaded.model.state_dict(), rows, loaded.model.cfg, config.model, config.seed, source=uri,
+                            features=features)  # fmt: skip
     kept = items.height - unknown
     new_users = new_events = None
     if loaded.run_id is not None:

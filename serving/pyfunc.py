@@ -66,7 +66,7 @@ log = logging.getLogger(__name__)
 
 LOADER_MODULE = "serving.pyfunc"
 PARAMS = ("k", "exclude_seen")
-MODEL_CONFIG = ("allow", "deny", "device")  # score settings given when the model is loaded (rules_config)
+MODEL_CONFIG = ("allow", "deny", "device", "items")  # score settings given when the model is loaded (rules_config)
 
 
 def _input_error(column: str, problem: str) -> DataError:
@@ -378,11 +378,13 @@ def rules_config(model_config: dict[str, Any]) -> ScoreConfig:
     both; Parquet of ``item_id`` or ``user_id, item_id``, :mod:`serving.rules`) makes every
     ``predict`` of that model apply the rules, as ``score.allow`` / ``score.deny`` do in ``score``.
     ``device`` (MLflow's own key for PyTorch models) is ``score.device``; None keeps the default.
+    ``items`` (an item table or a prepared directory, ``score.items``): a model with item features
+    also ranks the table's items it never saw, from their features alone (:mod:`serving.new_items`).
     The rules are files the serving side owns, read once per model load (per-user rows per call,
     for the users of the call), not data sent with each request.
 
     Raises:
-        DataError: a key other than ``allow`` / ``deny`` / ``device``, or a value that is not a string.
+        DataError: a key other than ``allow`` / ``deny`` / ``device`` / ``items``, or a value that is not a string.
     """
     unknown = sorted(set(model_config) - set(MODEL_CONFIG))
     if unknown:

@@ -42,6 +42,7 @@ from recsys_alibi.data import schema
 from recsys_alibi.data.buckets import plan_batches
 from recsys_alibi.data.ingest import DataError
 from recsys_alibi.data.loader import FlatSequences, pad_right
+from serving.new_items import extended_vocabulary, new_items
 from serving.rules import load_rules
 from serving.topk import chunked_topk
 
@@ -147,7 +148,9 @@ class ShardRanker:
         model: an ``AlibiRanker`` (``last_hidden``, ``items.weight`` (N + 1, D), ``max_context``,
             ``cfg.sinks``); put in eval mode and moved to ``cfg.device``.
         items: the model's vocabulary: ``item_idx`` 1..N, ``item_id`` raw.
-        cfg: the ``score`` config section (``allow`` / ``deny``: business rules, :mod:`serving.rules`).
+        cfg: the ``score`` config section (``allow`` / ``deny``: business rules, :mod:`serving.rules`;
+            ``items``: an item table whose items the model never saw are ranked from their features
+            alone, at indices N + 1 .. N + M, :mod:`serving.new_items`).
         k: items per user.
 
     Raises:
@@ -161,7 +164,13 @@ class ShardRanker:
         self.device = resolve_device(cfg.device)
         self.backend = resolve_backend(cfg.attention_backend)
         self.model = model.eval().to(self.device)
-        self.table = model.items.weight.detach()  # (N + 1, D)
+        with torch.no_grad():
+            self.table = model.item_vectors().detach()  # (N + 1, D): the item table, or id rows + features
+        # score.items: items the model never saw, ranked from their features alone (serving.new_items)
+        self.new_items = new_items(self.model, items, cfg.items) if cfg.items is not None else None
+        if self.new_items is not None and self.new_items.count:
+            self.table = torch.cat([self.table, self.new_items.vectors.to(self.table)])  # (N + M + 1, D)
+            items = extended_vocabulary(items, self.new_items)
         self.n_items = int(self.table.shape[0]) - 1
         self.item_ids = item_id_lookup(items, self.n_items)
         self.rules = load_rules(cfg.allow, cfg.deny, items)
@@ -192,6 +201,8 @@ class ShardRanker:
                     "model_config": self.model.cfg.model_dump(mode="json")}  # fmt: skip
         if self.rules is not None:
             settings["rules"] = self.rules.fingerprint()
+        if self.new_items is not None and self.new_items.count:
+            settings["new_items"] = {"count": self.new_items.count, "sha256": self.new_items.digest()}
         return settings
 
     def empty(self, user_dtype: pl.DataType) -> pl.DataFrame:

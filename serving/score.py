@@ -53,6 +53,7 @@ from serving.manifest import (
     withdraw_manifest,
     write_json_atomic,
 )
+from serving.new_items import with_default_items
 from serving.rank import ShardRanker
 from serving.rules import KINDS as RULE_KINDS
 from serving.rules import rules_summary
@@ -101,6 +102,8 @@ class ScoreJobResult:
     world_size: int = 1
     rules: dict[str, int] = field(default_factory=dict)
     carried_users: int = 0
+    new_items: int = 0  # items the model never saw, ranked from their features alone (score.items)
+    new_items_source: str = ""
 
     @property
     def users_per_second(self) -> float:
@@ -125,6 +128,8 @@ class ScoreJobResult:
             f"rejected rows: {self.rejected_rows}",
         ]
         lines += [rules_summary(self.rules)] if self.rules else []
+        lines += [f"new items ranked from their features alone (not in the model's vocabulary): {self.new_items} "
+                  f"from {self.new_items_source}"] if self.new_items_source else []  # fmt: skip
         lines += [f"carried over (history unchanged since the previous output): {self.carried_users} users; "
                   f"ranked again: {self.users - self.carried_users}"] if self.carried_users else []  # fmt: skip
         return "\n".join(lines)
@@ -213,6 +218,7 @@ def score_with_model(
         Others as :func:`run_score`.
     """
     k = k or config.score.k
+    config = with_default_items(config, model, input_path)  # score --items: default, the prepared input's table
     ranker = ShardRanker(model, items, config.score, k)
     model_ref = {**(model_ref or {"model": "in-memory"}), "model_digest": model_digest(model)}  # changed_since compares it
     with scoring_world() as world:
@@ -373,6 +379,8 @@ class _ScoreJob:
             skipped_users=totals["skipped_users"], unknown_items=int(m.input_stats.get("unknown_items", 0)),
             unknown_events=totals["unknown_events"], rejected_rows=int(m.input_stats.get("rejected_rows", 0)),
             world_size=self.world.size, carried_users=totals["carried_users"], rules={key: int(v) for key, v in m.input_stats.items() if key.startswith(RULE_KINDS)},
+            new_items=self.ranker.new_items.count if self.ranker.new_items else 0,
+            new_items_source=self.ranker.new_items.source if self.ranker.new_items else "",
         )  # fmt: skip
 
 

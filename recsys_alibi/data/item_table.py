@@ -138,7 +138,7 @@ def check_declaration(table: ItemTable, feats: ItemFeaturesConfig) -> None:
             )
 
 
-def _id_as(column: str, dtype: pl.DataType, id_dtype: pl.DataType) -> pl.Expr:
+def id_as(column: str, dtype: pl.DataType, id_dtype: pl.DataType) -> pl.Expr:
     """The id cells in the events' id type; null where they are not an id of that type."""
     col = pl.col(column)
     if id_dtype == pl.String:
@@ -203,7 +203,7 @@ def clean_item_table(table: ItemTable, feats: ItemFeaturesConfig, id_dtype: pl.D
     """
     check_declaration(table, feats)
     frame, schema = table.frame, table.frame.schema
-    ids = _id_as(feats.id_column, schema[feats.id_column], id_dtype).alias(ITEM_ID)
+    ids = id_as(feats.id_column, schema[feats.id_column], id_dtype).alias(ITEM_ID)
     reasons = [
         pl.when(pl.col(feats.id_column).is_null()).then(pl.lit("null_item_id")),
         pl.when(ids.is_null()).then(pl.lit("bad_item_id")),

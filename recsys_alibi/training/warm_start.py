@@ -114,6 +114,7 @@ def warm_state_dict(
     new_cfg: ModelConfig,
     seed: int,
     source: str = "the model",
+    features=None,
 ) -> dict[str, torch.Tensor]:
     """The state dict of a new ``AlibiRanker(new_cfg, N_new)`` initialised from a trained one.
 
@@ -124,6 +125,9 @@ def warm_state_dict(
         old_cfg, new_cfg: the two models' configs (checked by :func:`check_same_shape`).
         seed: seed of the new rows' noise (:func:`new_item_rows`).
         source: how errors name the old model (e.g. its URI).
+        features: a :class:`recsys_alibi.training.warm_features.WarmFeatures` when the models read item
+            features: a new item with features starts from them (its feature-based row), the feature
+            tables grow by value; None: the rule above.
 
     Returns:
         A new dict (tensors copied, never shared with ``old_state``): the item table
@@ -146,8 +150,10 @@ def warm_state_dict(
     state = {key: value.detach().clone() for key, value in old_state.items() if key != ITEM_TABLE_KEY}
     grown = table.detach()[rows].clone()  # (N_new + 1, D); new items hold row 0 until filled below
     grown[new] = new_item_rows(table.detach()[1:], int(new.sum()), seed)
+    if features is not None:  # item features: a new item's row from its features (warm_features)
+        grown[new] = features.new_item_rows(grown[new], new)
     state[ITEM_TABLE_KEY] = grown
-    return state
+    return state if features is None else features.grow_tables(state)
 
 
 class InitialWeights(L.Callback):

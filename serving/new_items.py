@@ -1,0 +1,140 @@
+"""Items the model never saw, ranked from their features alone (``score --items``, the pyfunc's ``items``).
+
+A model trained with item features (``model.item_features.enabled``) scores an item as the user's
+state times the item's vector, and an item's vector is its id row plus the encoding of its features
+(:mod:`recsys_alibi.model.item_features`). An item added to the catalog after training has no id row,
+but it has features: :func:`new_items` reads an item table, keeps the items that are not in the
+model's vocabulary (matched by raw id) and encodes them with the trained feature encoder, so
+``score`` ranks them beside the known items the same day they appear.
+
+The table (``score.items``, ``score --items PATH``) is a prepared directory (its
+``item_features.parquet``: the default, when ``--input`` is a prepared directory with an item table)
+or an item table file read with the model's own declaration (``data.item_features`` at training:
+the same columns, separator and ranges) and the same reject rules as ``prepare`` (rejected rows
+are counted and logged, never ranked). Feature values the model's vocabularies do not hold (new
+genres, tags) are left out of an item's encoding and counted; an item with no known value and no
+number gets the zero vector (score 0 for every user).
+
+New items are appended after the model's items (indices N + 1 .. N + M, by raw id), so every rule
+of ``score`` applies to them: allow / deny files, top-K ties. Histories are read with the model's
+vocabulary only: an event on a new item in a history is an unknown event, dropped as today.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import polars as pl
+import torch
+
+from recsys_alibi.config import ItemFeaturesConfig, JobConfig
+from recsys_alibi.data import schema
+from recsys_alibi.data.errors import DataError
+from recsys_alibi.data.feature_rows import feature_rows
+from recsys_alibi.data.item_features import has_item_features, read_item_features
+from recsys_alibi.data.item_table import clean_item_table, id_as, read_item_table
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class NewItems:
+    """The items of a table that the model never saw, with their feature vectors.
+
+    Attributes:
+        ids: (M,) raw item ids (the model vocabulary's type), ascending.
+        vectors: (M, D) float32 encodings of their features (no id part).
+        source: the table read (a prepared directory or a file).
+        rejected: table rows rejected (bad id, bad number, duplicate id...).
+        unknown_values: feature values of the new items that the model's vocabularies lack (left out).
+    """
+
+    ids: pl.Series
+    vectors: torch.Tensor
+    source: str
+    rejected: int = 0
+    unknown_values: int = 0
+
+    @property
+    def count(self) -> int:
+        return self.ids.len()
+
+    def digest(self) -> str:
+        """sha256 of the ids and vectors: what a resumed scoring job must find again."""
+        sha = hashlib.sha256(self.ids.cast(pl.String).str.join("\0").item().encode())
+        sha.update(self.vectors.detach().cpu().contiguous().numpy().tobytes())
+        return sha.hexdigest()
+
+
+def _table_rows(path: Path, decl: ItemFeaturesConfig, id_dtype: pl.DataType) -> tuple[pl.DataFrame, int]:
+    """The accepted rows of a prepared directory's or a file's item table, ids in ``id_dtype``."""
+    if path.is_dir():
+        if not has_item_features(path):
+            raise DataError(f"score.items: {path} is a directory without an item table (prepare it with --items)")
+        rows, _, prepared = read_item_features(path)
+        missing = [c for c in decl.columns if c not in prepared.columns]
+        if missing:
+            raise DataError(f"score.items: {path}'s item table has no column {missing[0]!r} the model reads "
+                            f"(the model was trained on {decl.columns})")  # fmt: skip
+        rows = rows.with_columns(id_as(schema.ITEM_ID, rows.schema[schema.ITEM_ID], id_dtype).alias(schema.ITEM_ID))
+        return rows.drop_nulls(schema.ITEM_ID), 0
+    accepted, rejects = clean_item_table(read_item_table(path), decl, id_dtype)
+    if rejects.height:
+        reasons = rejects.group_by(schema.REJECT_REASON).len().sort(schema.REJECT_REASON).rows()
+        log.warning("score.items: %d rows of %s rejected (%s), not ranked", rejects.height, path,
+                    ", ".join(f"{r}: {n}" for r, n in reasons))  # fmt: skip
+    return accepted, rejects.height
+
+
+def new_items(model, items: pl.DataFrame, path: str | Path) -> NewItems:
+    """Encode the items of the table at ``path`` that are not in ``items`` (module doc).
+
+    Args:
+        model: an ``AlibiRanker`` with item features, in eval mode on its device.
+        items: its vocabulary (``item_idx`` 1..N, ``item_id``).
+        path: a prepared directory or an item table file.
+
+    Returns:
+        The new items, ids ascending, vectors (M, D) on the model's device.
+
+    Raises:
+        DataError: the model reads no item features; the table cannot be read or lacks a column the
+            model reads (a declared column, the id column).
+    """
+    features = model.features
+    if features is None:
+        raise DataError(
+            f"score.items={path}: this model reads no item features, so it cannot rank items it never saw; "
+            "train it with model.item_features.enabled=true, or drop score.items / --items"
+        )
+    decl = ItemFeaturesConfig.model_validate(features.declaration)
+    rows, rejected = _table_rows(Path(path), decl, items.schema[schema.ITEM_ID])
+    fresh = rows.join(items.select(schema.ITEM_ID), on=schema.ITEM_ID, how="anti").sort(schema.ITEM_ID)
+    encoded, unknown = feature_rows(fresh, features.vocabularies, decl.numeric)
+    device = features.encoder.numeric_mean.device
+    with torch.no_grad():
+        vectors = features.encoder(encoded.to(device)).float()  # (M, D)
+    found = NewItems(fresh.get_column(schema.ITEM_ID), vectors, str(path), rejected, sum(unknown.values()))
+    log.info("score.items: %d items of %s are not in the model's vocabulary: ranked from their features alone "
+             "(%d feature values unknown to the model left out)", found.count, path, found.unknown_values)  # fmt: skip
+    return found
+
+
+def extended_vocabulary(items: pl.DataFrame, extra: NewItems) -> pl.DataFrame:
+    """``items`` (``item_idx`` 1..N, ``item_id``) followed by the new items at N + 1 .. N + M."""
+    base = items.select(schema.ITEM_IDX, schema.ITEM_ID).sort(schema.ITEM_IDX)
+    start = base.height + 1
+    added = pl.DataFrame({schema.ITEM_IDX: pl.int_range(start, start + extra.count, dtype=pl.Int64, eager=True),
+                          schema.ITEM_ID: extra.ids})  # fmt: skip
+    return pl.concat([base, added.cast(base.schema)])
+
+
+def with_default_items(config: JobConfig, model, input_path: str | Path) -> JobConfig:
+    """``config`` with ``score.items`` set to the prepared ``input_path`` when it is unset, the model reads
+    item features and the input directory holds an item table (the contract's ``score --items`` default)."""
+    if config.score.items is not None or getattr(model, "features", None) is None or not has_item_features(input_path):
+        return config
+    return config.model_copy(update={"score": config.score.model_copy(update={"items": str(input_path)})})

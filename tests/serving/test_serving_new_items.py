@@ -1,0 +1,86 @@
+"""Same-day scoring of items the model never saw (``score --items``, the pyfunc's ``items``): an item in
+the item table but not in the model's vocabulary is ranked from its features alone and reaches the users
+whose histories are in its category; an id-only model refuses ``--items`` with one line."""
+
+from __future__ import annotations
+
+import mlflow
+import numpy as np
+import polars as pl
+import pytest
+from serving_fixtures import score_config, tiny_model, vocabulary, write_prepared
+
+from pipelines.cli import main
+from serving.score import score_with_model
+
+GENRES = ["drama", "comedy", "action"]
+FEATURES = ["--set", "data.item_features.categorical=[genre]"]
+TRAIN = [
+    "model.d_model=16", "model.n_heads=2", "model.n_layers=1", "model.max_len=8", "model.attention_backend=sdpa",
+    "train.max_epochs=6", "train.batch_size=16", "train.warmup_steps=1", "train.lr=0.01",
+    "train.attention_health=false", "model.item_features.enabled=true",
+]  # fmt: skip
+
+
+def _sets(items: list[str]) -> list[str]:
+    return [a for item in items for a in ("--set", item)]
+
+
+def _genre_of(user: pl.Expr) -> pl.Expr:
+    return user.str.slice(1).cast(pl.Int64) % 3
+
+
+def _write_data(folder) -> None:
+    """90 users, each watching 8 of the 10 items of one genre (user u: genre u % 3); items 0..29 have events,
+    the item table also lists 30 (drama), 31 (comedy) and 32 (action), which have none."""
+    rng = np.random.default_rng(0)
+    rows = [f"u{u},{int(i)},{t}" for u in range(90)
+            for t, i in enumerate(rng.choice([i for i in range(30) if i % 3 == u % 3], size=8, replace=False))]  # fmt: skip
+    (folder / "events.csv").write_text("user_id,item_id,timestamp\n" + "\n".join(rows) + "\n")
+    (folder / "items.csv").write_text("item_id,genre\n" + "\n".join(f"{i},{GENRES[i % 3]}" for i in range(33)) + "\n")
+    (folder / "today.csv").write_text("item_id,genre\n40,comedy\n41,comedy|western\n42,western\n40,comedy\n7,drama\n")
+
+
+def test_unseen_items_are_ranked_for_users_of_their_category(tmp_path, mlflow_store, one_torch_thread, capsys):
+    _write_data(tmp_path)
+    prepared = tmp_path / "prep"
+    assert main(["prepare", "--quiet", "--input", str(tmp_path / "events.csv"), "--output", str(prepared),
+                 "--items", str(tmp_path / "items.csv"), *_sets(["data.min_events_per_user=1",
+                 "data.min_events_per_item=1"]), *FEATURES]) == 0  # fmt: skip
+    assert main(["train", "--quiet", "--prepared", str(prepared), "--set", f"output={tmp_path / 'job'}", *_sets(TRAIN)]) == 0
+    run_id = capsys.readouterr().out.strip().splitlines()[-1].split()[-1]
+    uri = f"runs:/{run_id}/model"
+
+    # default: the prepared input's item table; 30, 31, 32 are in it without events (not in the vocabulary)
+    assert main(["score", "--quiet", "--model-uri", uri, "--input", str(prepared), "--output", str(tmp_path / "r1"),
+                 "--k", "3"]) == 0  # fmt: skip
+    assert f"new items ranked from their features alone (not in the model's vocabulary): 3 from {prepared}" in capsys.readouterr().out
+    rankings = pl.read_parquet(tmp_path / "r1" / "part-*.parquet")
+    reached = rankings.filter(pl.col("item_id") >= 30).group_by("item_id").agg(_genre_of(pl.col("user_id")).unique().sort())
+    assert sorted(reached.rows()) == [(30, [0]), (31, [1]), (32, [2])]  # each only to users of its genre
+    assert rankings.filter(pl.col("item_id") >= 30).height == 90  # ... and to every one of them (top 3)
+
+    # a table of the day: 40 is a duplicate (rejected), 41 is a comedy with a genre the model never saw,
+    # 42 has only that genre (zero vector), 7 is known (ranked by its trained vector, not as new)
+    assert main(["score", "--quiet", "--model-uri", uri, "--input", str(prepared), "--output", str(tmp_path / "r2"),
+                 "--k", "3", "--items", str(tmp_path / "today.csv")]) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    assert "new items ranked from their features alone (not in the model's vocabulary): 2 from" in out
+    today = pl.read_parquet(tmp_path / "r2" / "part-*.parquet").filter(pl.col("item_id") == 41)
+    assert today.height == 30 and today.select(_genre_of(pl.col("user_id")).unique()).item() == 1
+
+    # the pyfunc, given the table when loaded, ranks it the same way
+    pyfunc = mlflow.pyfunc.load_model(uri, model_config={"items": str(tmp_path / "today.csv")})
+    histories = pl.read_parquet(prepared / "events.parquet").group_by("user_id").agg("item_id")
+    served = pyfunc.predict(histories.to_pandas(), params={"k": 3})
+    comedy = served[served["item_id"] == 41]["user_id"].str.slice(1).astype(int) % 3
+    assert len(comedy) == 30 and set(comedy) == {1}
+
+
+def test_items_with_an_id_only_model_are_refused(tmp_path, capsys):
+    prepared = write_prepared(tmp_path / "prepared")
+    (tmp_path / "items.csv").write_text("item_id,genre\n1,drama\n")
+    with pytest.raises(Exception, match="this model reads no item features"):
+        score_with_model(score_config(items=str(tmp_path / "items.csv")), tiny_model(), vocabulary(), prepared,
+                         tmp_path / "out", progress=False)  # fmt: skip
+    assert not list((tmp_path / "out").glob("part-*.parquet"))
