@@ -1,38 +1,58 @@
-"""Replay a retraining schedule on a timestamped log: retrain from scratch vs warm start, each step.
+"""Replay a retraining schedule on a timestamped log: warm start vs retraining from scratch vs not retraining.
 
-Run (from the repository root; a heavy job: one at a time, one torch thread):
+Run (from the repository root; a heavy job: one at a time, one torch thread; it can take longer than
+a session: start it in the background and start it again with the same command after a stop):
 
     .venv/bin/python benchmarks/replay.py --config configs/movielens-100k.yaml \\
-        --input ../shared/data/ml-100k/u.data --format movielens --start 0.5 --period-days 28 \\
-        --output docs/results/replay-ml100k.json
+        --input ../shared/data/ml-100k/u.data --format movielens --start 0.5 --period-days 14 \\
+        --seeds 1 2 3 --workdir runs/replay-ml100k --output docs/results/replay-ml100k.json
 
 The log is read with the project's readers (``data.*`` of the config) and cut at boundaries
 ``b_0 < b_1 < ...``: ``b_0`` is the ``--start`` quantile of the timestamps, then one boundary every
-``--period-days``. Step 0 prepares the events before ``b_0`` and trains a model from scratch.
-Step ``k >= 1`` appends the period ``[b_(k-1), b_k)`` to the prepared directory (``prepare
---append``: the directory of a full prepare of every event before ``b_k``), then trains
+``--period-days``. For each seed, step 0 prepares the events before ``b_0`` and trains a model from
+scratch. Step ``k >= 1`` appends the period ``[b_(k-1), b_k)`` to the prepared directory (``prepare
+--append``: the directory of a full prepare of every event before ``b_k``), then, by ``--arms``:
 
-* **scratch**: the config's recipe from random weights, and
-* **warm**: ``train.init_from`` the previous step's warm model (step 1: the step-0 model), with
-  the config's ``train.warm`` schedule,
+* ``scratch``: the config's recipe from random weights;
+* ``warm``: ``train.init_from`` the previous step's warm model (step 1: the step-0 model; a chain of
+  warm starts, as the daily job runs), with the config's ``train.warm`` schedule;
+* ``stale``: no training: the previous step's warm model, scored as it is (targets it does not
+  know are its misses);
+* ``warm_full`` (diagnosis): the warm initialisation with the scratch schedule;
+* ``scratch_budget`` (diagnosis): from scratch with ``train.max_minutes`` = the warm run's time;
 
-and evaluates both on the NEXT period ``[b_k, b_(k+1))``: every user with history before ``b_k``
-(in the prepared directory) and an event in the next period is a test user; the target is that
-user's first next-period event whose item is in the catalog of step ``k`` and not already in the
-user's history; it is ranked on the full catalog with the history's items excluded. Per step it
-records ``period_end`` (``b_k``, ISO date), ``new_events``, ``new_items``, ``new_users`` (vs step
-``k - 1``), ``test_users``, ``scratch`` and ``warm`` (``NDCG@10``, ``HR@10``, ``train_seconds``)
-and ``ci95``: the percentile-bootstrap 95 % interval of the per-user paired difference warm -
-scratch in NDCG@10 (:func:`recsys_alibi.evaluation.paired.paired_difference`). The JSON also holds
-the command, the machine and the mean difference over steps; ``--plot`` draws both curves.
+and evaluates each on the NEXT period ``[b_k, b_(k+1))``: every user with history before ``b_k``
+and an event in the next period is a test user; the target is that user's first next-period event
+whose item is in step ``k``'s catalog and not already in the user's history; it is ranked on the
+full catalog with the history's items excluded (``replay_scoring``).
 
-Models are not registered; MLflow runs go to ``MLFLOW_TRACKING_URI`` or ``<workdir>/mlflow.db``.
+The JSON (written after every trained arm and step) holds, per seed (``runs``), ``step0`` and the
+steps: ``new_events``, ``new_items``, ``new_users``, ``test_users``, per arm ``NDCG@10``, ``HR@10``,
+``train_seconds``, ``epochs``, ``val_NDCG@10`` (the step's own leave-one-out validation, what a
+recipe is chosen on), ``by_target_kind`` (targets whose item entered the catalog at this step, at
+an earlier step, or at step 0), ``top10_share_new`` (share of the top-10 slots held by items that
+entered at this step), ``unservable`` and, for warm arms, ``moved`` (mean L2 distance the old and
+the new item rows moved from their initial values); and the differences ``warm_minus_<arm>`` with
+percentile-bootstrap 95 % intervals of the per-user paired difference
+(:func:`recsys_alibi.evaluation.paired.paired_difference`). Top level: ``seeds``,
+``pooled_warm_minus_scratch`` and ``pooled_warm_minus_stale`` (``{"NDCG@10": {"difference", "ci95",
+"pairs"}, "HR@10": ...}`` over every (seed, step, user)), ``by_step`` (the same per step over the
+seeds: the trend), ``train_seconds`` per arm, ``warm_over_scratch_train_time`` and
+``by_target_kind`` pooled. The per-user values are in ``<output>.per_user.json``; ``--plot`` (default
+the JSON path with ``.png``) draws each arm per step.
+
+Resuming: finished steps are read back from the JSON (and its per-user file), the prepared
+directory is rebuilt up to them, finished arms of the step in progress are kept, and an arm killed
+mid-way continues from its last epoch checkpoint (``train.resume`` in its folder
+``<workdir>/seed-<S>/step-<k>-<arm>``). Models are not registered; MLflow runs go to
+``MLFLOW_TRACKING_URI`` or ``<workdir>/mlflow.db``.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime as dt
+import json
 import os
 import platform
 import shlex
@@ -44,6 +64,11 @@ import numpy as np
 import polars as pl
 
 DAY = 86_400
+ARMS = ("scratch", "warm", "stale", "warm_full", "scratch_budget")
+DEFAULT_ARMS = ("scratch", "warm", "stale")  # the final comparison; the other two diagnose
+WARM_ARMS = ("warm", "warm_full")  # initialised from the previous step's warm model
+TRAINED_ARMS = ("scratch", "warm", "warm_full", "scratch_budget")  # in this order (scratch_budget needs warm's time)
+METRICS = ("NDCG@10", "HR@10")
 
 
 def read_log(config, input_path: str, fmt: str | None) -> pl.DataFrame:
@@ -100,22 +125,6 @@ def next_period_examples(prepared: Path, events: pl.DataFrame, lo: int, hi: int,
     )
 
 
-def score_model(config, uri: str, prepared: Path, events: pl.DataFrame, lo: int, hi: int) -> dict:
-    """NDCG@10, HR@10 and the per-user NDCG@10 (by ``user_id``) of a logged model on the period ``[lo, hi)``."""
-    from recsys_alibi.data.prepare import read_items
-    from recsys_alibi.evaluation.evaluator import evaluate
-    from recsys_alibi.model.scorer import RankerScorer
-    from recsys_alibi.tracking import load_ranker
-
-    model = load_ranker(uri).model
-    examples = next_period_examples(prepared, events, lo, hi, model)
-    cfg = config.evaluate.model_copy(update={"context_lengths": [], "ks": [10]})
-    result = evaluate(RankerScorer(model, name="replay"), examples, read_items(prepared).height, cfg,
-                      protocol_name="next period")  # fmt: skip
-    per_user = dict(zip(result.user_ids.tolist(), result.per_user["NDCG@10"].tolist()))
-    return {"NDCG@10": result.metrics["NDCG@10"], "HR@10": result.metrics["HR@10"], "per_user": per_user}
-
-
 def grow(config, period: Path, prepared: Path, first: bool) -> None:
     """Prepare the first period into ``prepared``, or append a later one to it (``prepare --append``)."""
     from recsys_alibi.data.append import append
@@ -133,28 +142,68 @@ def counts(prepared: Path) -> tuple[int, set, set]:
     return int(sequences["length"].sum()), set(sequences["user_id"].to_list()), set(read_items(prepared)["item_id"].to_list())
 
 
-def train(config, prepared: Path, output: Path, init_from: str | None = None) -> tuple[str, float]:
-    """Train (no registry) and return the model URI and training seconds."""
-    from pipelines.train import run_train
+
+
+def arm_config(config, arm: str, output: Path, init_from: str | None, budget_seconds: float | None = None):
+    """The config one arm trains with (module doc): ``train.resume`` in its own folder, so an arm killed
+    mid-way continues from its last epoch checkpoint when the replay is started again."""
     from recsys_alibi.config import with_overrides
 
-    warm = {"init_from": init_from} if init_from else {"init_from": None, "warm": {}}  # scratch: no warm schedule
-    config = with_overrides(config, output=str(output), train=warm)
+    train: dict = {"resume": True, "init_from": init_from if arm in WARM_ARMS else None}
+    if arm not in WARM_ARMS:
+        train["warm"] = {}  # scratch: no warm schedule
+    if arm == "warm_full":  # the warm initialisation with the scratch schedule
+        t = config.train
+        train["warm"] = {"max_epochs": t.max_epochs, "lr": t.lr, "warmup_steps": t.warmup_steps, "patience": t.patience}
+    if arm == "scratch_budget":  # from scratch within the warm run's training time
+        train["max_minutes"] = max(budget_seconds or 0.0, 1.0) / 60
+    return with_overrides(config, output=str(output), train=train)
+
+
+def train_arm(config, prepared: Path) -> dict:
+    """Train (no registry): ``uri``, ``train_seconds``, ``epochs``, ``val_NDCG@10`` (the step's own validation)."""
+    from pipelines.train import run_train
+
     trained = run_train(config, prepared, progress=False, register=False)
-    return trained.model.uri, trained.train_seconds
+    return {"uri": trained.model.uri, "train_seconds": round(trained.train_seconds, 1), "epochs": trained.epochs,
+            "val_NDCG@10": trained.best_val_ndcg_at_10, "resumed": trained.resumed_from is not None}  # fmt: skip
 
 
-def replay(config, events: pl.DataFrame, bounds: list[int], workdir: Path, steps: int | None = None,
-           report=None) -> tuple[list[dict], dict]:
-    """Every step of the replay (module doc); ``steps`` caps the number of evaluated steps; ``report(steps,
-    pooled)`` is called after each step (the JSON is written step by step: a stopped replay keeps its steps).
+def movement(config, prepared: Path, parent_uri: str, child_uri: str) -> dict:
+    """:func:`replay_scoring.row_movement` of a warm-started model (its initial rows rebuilt as the run built them)."""
+    from pipelines.warm_start import load_warm_start
+    from recsys_alibi.tracking import load_ranker
+    from replay_scoring import row_movement
+    from serving.inputs import vocabulary_remap
+    from recsys_alibi.data.sequences import read_items
 
-    Returns:
-        the steps, and the pooled paired difference warm - scratch in NDCG@10 over every (step, test user)
-        pair: ``{"difference", "ci95", "pairs"}`` (a step has ~50-100 test users on ML-100K: one step's
-        interval is wide; the pooled one answers "does warm starting cost quality over the schedule").
+    parent, child = load_ranker(parent_uri), load_ranker(child_uri)
+    init = load_warm_start(config, prepared, parent_uri).state
+    remap, _ = vocabulary_remap(read_items(prepared), parent.items)
+    new_rows = np.zeros(0, dtype=np.int64) if remap is None else np.flatnonzero(remap == 0)[1:]
+    return row_movement(parent.model.state_dict(), init, child.model.state_dict(), new_rows)
+
+
+def rebuild(config, files: list[Path], prepared: Path, upto: int) -> None:
+    """``prepared`` = period 0 prepared, then periods 1..``upto`` appended (a resumed replay starts here)."""
+    import shutil
+
+    if prepared.exists():
+        shutil.rmtree(prepared)
+    grow(config, files[0], prepared, first=True)
+    for k in range(1, upto + 1):
+        grow(config, files[k], prepared, first=False)
+
+
+def replay_seed(config, events: pl.DataFrame, bounds: list[int], workdir: Path, arms: list[str], last: int,
+                state: dict, save) -> None:  # fmt: skip
+    """Every step of one seed (module doc), continuing after the steps already in ``state``.
+
+    ``state`` (this seed's part of the JSON): ``step0`` (the first model), ``steps`` (finished steps) and
+    ``partial`` (the arms of the step in progress); ``save()`` is called after every trained arm and step.
     """
-    from recsys_alibi.evaluation.paired import paired_difference
+    from recsys_alibi.tracking import load_ranker
+    from replay_scoring import entry_steps, score_model
 
     periods_dir = workdir / "periods"
     periods_dir.mkdir(parents=True, exist_ok=True)
@@ -162,63 +211,120 @@ def replay(config, events: pl.DataFrame, bounds: list[int], workdir: Path, steps
     files = []
     for k in range(len(bounds)):
         path = periods_dir / f"period-{k:03d}.parquet"
-        events.filter((pl.col("timestamp") >= edges[k]) & (pl.col("timestamp") < edges[k + 1])).write_parquet(path)
+        if not path.exists():
+            events.filter((pl.col("timestamp") >= edges[k]) & (pl.col("timestamp") < edges[k + 1])).write_parquet(path)
         files.append(path)
+    entry = entry_steps(events, bounds)
+    steps = state.setdefault("steps", [])
     prepared = workdir / "prepared"
-    grow(config, files[0], prepared, first=True)
+    rebuild(config, files, prepared, len(steps))
+    if "step0" not in state:
+        state["step0"] = train_arm(arm_config(config, "scratch", workdir / "step-000", None), prepared)
+        save()
     before = counts(prepared)
-    warm_uri, _ = train(config, prepared, workdir / "step-000")
-    last = len(bounds) - 2 if steps is None else min(len(bounds) - 2, steps)
-    out = []
-    pooled_warm: list[float] = []
-    pooled_scratch: list[float] = []
-    for k in range(1, last + 1):
+    for k in range(len(steps) + 1, last + 1):
+        parent = steps[-1]["arms"]["warm"]["uri"] if steps else state["step0"]["uri"]  # the warm chain
         grow(config, files[k], prepared, first=False)
         now = counts(prepared)
-        scratch_uri, scratch_s = train(config, prepared, workdir / f"step-{k:03d}-scratch")
-        warm_uri, warm_s = train(config, prepared, workdir / f"step-{k:03d}-warm", init_from=warm_uri)
+        partial = state.get("partial") or {}
+        if partial.get("step") != k:
+            partial = state["partial"] = {"step": k, "arms": {}}
+        for arm in (a for a in TRAINED_ARMS if a in arms):
+            if arm not in partial["arms"]:
+                budget = partial["arms"].get("warm", {}).get("train_seconds")
+                cfg = arm_config(config, arm, workdir / f"step-{k:03d}-{arm}", parent, budget)
+                partial["arms"][arm] = train_arm(cfg, prepared)
+                save()
         lo, hi = bounds[k], bounds[k + 1]
-        scratch = score_model(config, scratch_uri, prepared, events, lo, hi)
-        warm = score_model(config, warm_uri, prepared, events, lo, hi)
-        users = sorted(scratch["per_user"])
-        warm_values, scratch_values = [warm["per_user"][u] for u in users], [scratch["per_user"][u] for u in users]
-        diff = paired_difference(np.array(warm_values), np.array(scratch_values))
-        pooled_warm += warm_values
-        pooled_scratch += scratch_values
-        step = {
-            "step": k,
-            "period_end": dt.datetime.fromtimestamp(lo, dt.timezone.utc).date().isoformat(),
-            "new_events": now[0] - before[0],
-            "new_items": len(now[2] - before[2]),
-            "new_users": len(now[1] - before[1]),
-            "test_users": len(users),
-            "scratch": {"NDCG@10": scratch["NDCG@10"], "HR@10": scratch["HR@10"], "train_seconds": round(scratch_s, 1)},
-            "warm": {"NDCG@10": warm["NDCG@10"], "HR@10": warm["HR@10"], "train_seconds": round(warm_s, 1)},
-            "difference": diff.difference,
-            "ci95": list(diff.ci95),
-        }
-        print(f"step {k} (to {step['period_end']}): {len(users)} test users; NDCG@10 scratch {scratch['NDCG@10']:.4f} "
-              f"({scratch_s:.0f} s), warm {warm['NDCG@10']:.4f} ({warm_s:.0f} s), difference {diff.difference:+.4f} "
-              f"[{diff.ci95[0]:+.4f}, {diff.ci95[1]:+.4f}]", flush=True)  # fmt: skip
-        out.append(step)
+        record = {
+            "step": k, "period_end": dt.datetime.fromtimestamp(lo, dt.timezone.utc).date().isoformat(),
+            "new_events": now[0] - before[0], "new_items": len(now[2] - before[2]), "new_users": len(now[1] - before[1]),
+            "arms": {},
+        }  # fmt: skip
+        uris = {arm: partial["arms"][arm]["uri"] for arm in partial["arms"]} | ({"stale": parent} if "stale" in arms else {})
+        per_user = {}
+        for arm, uri in uris.items():
+            loaded = load_ranker(uri)
+            examples = next_period_examples(prepared, events, lo, hi, loaded.model)
+            scored = score_model(loaded, prepared, examples, entry, k)
+            per_user[arm], kinds = scored.pop("per_user"), scored.pop("target_kinds")
+            record["arms"][arm] = {**partial["arms"].get(arm, {"train_seconds": 0.0, "uri": uri}), **scored}
+            if arm in WARM_ARMS:
+                record["arms"][arm]["moved"] = movement(arm_config(config, arm, workdir, parent), prepared, parent, uri)
+        record["test_users"] = len(per_user["warm"])
+        record["differences"] = step_differences(per_user)
+        record["per_user"] = per_user
+        record["target_kinds"] = kinds
+        steps.append(record)
+        state["partial"] = None
         before = now
-        if report is not None:
-            report(out, _pooled(pooled_warm, pooled_scratch))
-    return out, _pooled(pooled_warm, pooled_scratch)
+        save()
+        d = record["differences"]["warm_minus_scratch"]["NDCG@10"] if "scratch" in per_user else None
+        print(f"seed {config.seed} step {k} (to {record['period_end']}): {record['test_users']} test users; NDCG@10 "
+              + ", ".join(f"{a} {record['arms'][a]['NDCG@10']:.4f} ({record['arms'][a]['train_seconds']:.0f} s)" for a in uris)
+              + (f"; warm - scratch {d['difference']:+.4f} [{d['ci95'][0]:+.4f}, {d['ci95'][1]:+.4f}]" if d else ""),
+              flush=True)  # fmt: skip
 
 
-def _pooled(warm: list[float], scratch: list[float]) -> dict | None:
-    """The paired difference warm - scratch over every (step, test user) pair so far."""
+def _difference(a: list, b: list) -> dict:
+    """Paired difference a - b per metric (NDCG@10, HR@10) with its bootstrap 95 % interval."""
     from recsys_alibi.evaluation.paired import paired_difference
 
-    if not warm:
-        return None
-    diff = paired_difference(np.array(warm), np.array(scratch))
-    return {"difference": diff.difference, "ci95": list(diff.ci95), "pairs": len(warm)}
+    out = {}
+    for i, metric in enumerate(METRICS):
+        d = paired_difference(np.array([x[i] for x in a]), np.array([x[i] for x in b]))
+        out[metric] = {"difference": d.difference, "ci95": list(d.ci95), "pairs": len(a)}
+    return out
 
 
-def plot(steps: list[dict], path: Path, title: str) -> None:
-    """NDCG@10 on the next period per step, scratch and warm."""
+def comparisons(arms) -> list[tuple[str, str]]:
+    """The pairs compared: warm against every other arm present."""
+    return [("warm", other) for other in ("scratch", "stale", "warm_full", "scratch_budget") if other in arms]
+
+
+def step_differences(per_user: dict) -> dict:
+    """``{"warm_minus_<arm>": {metric: {difference, ci95, pairs}}}`` on one step's test users."""
+    users = sorted(per_user["warm"])
+    return {f"{a}_minus_{b}": _difference([per_user[a][u] for u in users], [per_user[b][u] for u in users])
+            for a, b in comparisons(per_user)}  # fmt: skip
+
+
+def pooled(runs: dict) -> dict:
+    """Every comparison pooled over (seed, step, user), per step pooled over seeds, train seconds per arm,
+    and the target-kind split pooled over seeds and steps."""
+    steps = [s for run in runs.values() for s in run.get("steps", [])]
+    if not steps:
+        return {}
+    arms = list(steps[0]["arms"])
+    out: dict = {}
+    for a, b in comparisons(arms):
+        pairs = [(s["per_user"][a][u], s["per_user"][b][u]) for s in steps for u in sorted(s["per_user"][a])]
+        out[f"pooled_{a}_minus_{b}"] = _difference([p[0] for p in pairs], [p[1] for p in pairs])
+    by_step = {}
+    for k in sorted({s["step"] for s in steps}):
+        at_k = [s for s in steps if s["step"] == k]
+        by_step[str(k)] = {f"{a}_minus_{b}": _difference(
+            [s["per_user"][a][u] for s in at_k for u in sorted(s["per_user"][a])],
+            [s["per_user"][b][u] for s in at_k for u in sorted(s["per_user"][a])]) for a, b in comparisons(arms)}  # fmt: skip
+    out["by_step"] = by_step
+    out["train_seconds"] = {a: round(sum(s["arms"][a]["train_seconds"] for s in steps), 1) for a in arms}
+    scratch = out["train_seconds"].get("scratch")
+    out["warm_over_scratch_train_time"] = out["train_seconds"]["warm"] / scratch if scratch else None
+    kinds: dict = {}
+    for a in arms:
+        kinds[a] = {}
+        for kind in ("new_this_period", "new_earlier", "older"):
+            rows = [v for s in steps for u, v in s["per_user"][a].items() if s["target_kinds"][u] == kind]
+            kinds[a][kind] = {"n": len(rows), **{m: float(np.mean([r[i] for r in rows])) if rows else None
+                                                 for i, m in enumerate(METRICS)}}  # fmt: skip
+        shares = [s["arms"][a]["top10_share_new"] for s in steps if s["arms"][a]["top10_share_new"] is not None]
+        kinds[a]["top10_share_new"] = float(np.mean(shares)) if shares else None
+    out["by_target_kind"] = kinds
+    return out
+
+
+def plot(doc: dict, path: Path, title: str) -> None:
+    """NDCG@10 on the next period per step and arm (mean over seeds)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -226,21 +332,34 @@ def plot(steps: list[dict], path: Path, title: str) -> None:
 
     from recsys_alibi.atomic import atomic_path
 
+    steps = [s for run in doc["runs"].values() for s in run.get("steps", [])]
+    if not steps:
+        return
     fig, ax = plt.subplots(figsize=(7, 4))
-    x = [s["period_end"] for s in steps]
-    for name, style in (("scratch", "o-"), ("warm", "s--")):
-        ax.plot(x, [s[name]["NDCG@10"] for s in steps], style, label=name)
-    ax.set_xlabel("model trained on events before")
+    ks = sorted({s["step"] for s in steps})
+    for arm, style in zip(steps[0]["arms"], ("o-", "s--", "^:", "d-.", "x-")):
+        ax.plot(ks, [np.mean([s["arms"][arm]["NDCG@10"] for s in steps if s["step"] == k]) for k in ks], style, label=arm)
+    ax.set_xlabel("step (model trained on events before the step's boundary)")
     ax.set_ylabel("NDCG@10 on the next period")
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend()
-    fig.autofmt_xdate()
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     with atomic_path(path) as tmp:
         fig.savefig(tmp, format="png", dpi=120)
     plt.close(fig)
+
+
+def cpu_name() -> str:
+    """The CPU model (``/proc/cpuinfo``), for the record: times differ between CPUs."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -252,14 +371,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--start", type=float, default=0.5, help="quantile of the timestamps where step 0 ends")
     parser.add_argument("--period-days", type=float, default=28.0)
     parser.add_argument("--steps", type=int, help="evaluate at most this many steps")
+    parser.add_argument("--seeds", nargs="+", type=int, help="default: the config's seed")
+    parser.add_argument("--arms", nargs="+", default=list(DEFAULT_ARMS), choices=ARMS)
     parser.add_argument("--workdir", type=Path, default=Path("runs/replay"))
     parser.add_argument("--output", type=Path, required=True, help="JSON path")
     parser.add_argument("--plot", type=Path, help="PNG path (default: the JSON path with .png)")
     args = parser.parse_args(argv)
+    if "warm" not in args.arms:
+        parser.error("--arms must include warm (the chain every other arm is compared with)")
 
     from pipelines.cli import configure_logging
     from recsys_alibi.atomic import write_json_atomic
-    from recsys_alibi.config import load_config
+    from recsys_alibi.config import load_config, with_overrides
     from recsys_alibi.tracking import setup_tracking
 
     configure_logging()
@@ -271,32 +394,38 @@ def main(argv: list[str] | None = None) -> None:
     setup_tracking(config.tracking)
     events = read_log(config, args.input or config.data.input, args.format)
     bounds = boundaries(events["timestamp"].to_numpy(), args.start, args.period_days)
-    started = time.perf_counter()
+    last = len(bounds) - 2 if args.steps is None else min(len(bounds) - 2, args.steps)
+    seeds = args.seeds or [config.seed]
+    command = shlex.join(["python", "benchmarks/replay.py", *(argv if argv is not None else sys.argv[1:])])
+    doc = json.loads(args.output.read_text()) if args.output.exists() else {}
+    if "runs" not in doc or doc.get("arms") != args.arms or doc.get("start_quantile") != args.start \
+            or doc.get("period_days") != args.period_days:  # fmt: skip
+        doc = {"runs": {}}  # another replay (or the earlier format): start over
+    doc.update({
+        "command": command, "config": args.config, "overrides": args.overrides, "start_quantile": args.start,
+        "period_days": args.period_days, "arms": args.arms, "seeds": seeds, "steps_planned": last,
+        "protocol": "next period: each test user's first next-period event with a catalog item not in the history, "
+                    "full catalog, seen items excluded; a model that does not know the target counts a miss",
+        "machine": f"{cpu_name()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
+                   f"torch threads {__import__('torch').get_num_threads()}",
+    })  # fmt: skip
 
-    def write(steps: list[dict], pooled: dict | None) -> None:
-        diffs = [s["difference"] for s in steps]
-        scratch_s = sum(s["scratch"]["train_seconds"] for s in steps)
-        warm_s = sum(s["warm"]["train_seconds"] for s in steps)
-        result = {
-            "command": shlex.join(["python", "benchmarks/replay.py", *(argv if argv is not None else sys.argv[1:])]),
-            "config": args.config,
-            "start_quantile": args.start,
-            "period_days": args.period_days,
-            "protocol": "next period: each test user's first next-period event with a catalog item not in the "
-                        "history, full catalog, seen items excluded",
-            "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
-            "seconds": round(time.perf_counter() - started, 1),
-            "steps_planned": len(bounds) - 2 if args.steps is None else min(len(bounds) - 2, args.steps),
-            "mean_difference_NDCG@10": float(np.mean(diffs)) if diffs else None,
-            "pooled_difference_NDCG@10": pooled,
-            "warm_over_scratch_train_time": warm_s / scratch_s if scratch_s else None,
-            "steps": steps,
-        }
-        write_json_atomic(args.output, result)
-        plot(steps, args.plot or args.output.with_suffix(".png"), f"{Path(args.config).stem}: next-period NDCG@10")
+    def save() -> None:
+        doc.update(pooled(doc["runs"]))
+        slim = {**doc, "runs": {s: {**r, "steps": [{k: v for k, v in st.items() if k not in ("per_user", "target_kinds")}
+                                                   for st in r.get("steps", [])]} for s, r in doc["runs"].items()}}  # fmt: skip
+        write_json_atomic(args.output.with_suffix(".per_user.json"), doc["runs"])
+        write_json_atomic(args.output, slim)
+        plot(doc, args.plot or args.output.with_suffix(".png"), f"{Path(args.config).stem}: next-period NDCG@10")
 
-    steps, pooled = replay(config, events, bounds, args.workdir, args.steps, report=write)
-    write(steps, pooled)
+    per_user_path = args.output.with_suffix(".per_user.json")
+    if doc["runs"] and per_user_path.exists():
+        doc["runs"] = json.loads(per_user_path.read_text())  # the steps with their per-user values
+    for seed in seeds:
+        state = doc["runs"].setdefault(str(seed), {})
+        replay_seed(with_overrides(config, seed=seed), events, bounds, args.workdir / f"seed-{seed}", args.arms, last,
+                    state, save)  # fmt: skip
+    save()
     print(f"wrote {args.output}")
 
 

@@ -5,19 +5,29 @@ from __future__ import annotations
 import datetime as dt
 import importlib.util
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
 import polars as pl
 import pytest
+import torch
 
 from recsys_alibi.config import DataConfig
 from recsys_alibi.data.prepare import prepare
 
 REPO = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("replay_benchmark", REPO / "benchmarks" / "replay.py")
-replay = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(replay)
+
+
+def _load(name: str, path: Path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+replay = _load("replay_benchmark", REPO / "benchmarks" / "replay.py")
+scoring = _load("replay_scoring", REPO / "benchmarks" / "replay_scoring.py")
 
 DAY = replay.DAY
 TINY = [
@@ -73,37 +83,137 @@ def test_boundaries_cover_the_log_in_whole_periods():
     assert replay.boundaries(ts, 0.5, 30) == [15 * DAY, 45 * DAY, 75 * DAY, 105 * DAY]
 
 
-def test_tiny_replay_writes_every_field(tmp_path, monkeypatch, one_torch_thread):
+def _args(steps: int, arms: list[str], output: str = "replay.json") -> list[str]:
+    args = ["--config", str(REPO / "configs" / "default.yaml"), "--input", "log.parquet", "--format", "parquet",
+            "--start", "0.5", "--period-days", "14", "--steps", str(steps), "--workdir", "work", "--output", output,
+            "--arms", *arms]  # fmt: skip
+    for item in TINY:
+        args += ["--set", item]
+    return args
+
+
+@pytest.fixture
+def replay_dir(tmp_path, monkeypatch, one_torch_thread) -> Path:
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
     _log().write_parquet(tmp_path / "log.parquet")
-    args = ["--config", str(REPO / "configs" / "default.yaml"), "--input", str(tmp_path / "log.parquet"),
-            "--format", "parquet", "--start", "0.5", "--period-days", "14", "--steps", "1", "--workdir", "work",
-            "--output", "replay.json"]  # fmt: skip
-    for item in TINY:
-        args += ["--set", item]
-    replay.main(args)
-    result = json.loads((tmp_path / "replay.json").read_text())
-    assert (tmp_path / "replay.png").stat().st_size > 0
-    steps = result["steps"]
+    return tmp_path
+
+
+def test_tiny_replay_writes_every_field(replay_dir, monkeypatch):
+    monkeypatch.setitem(sys.modules, "replay_scoring", scoring)  # the script's folder is on sys.path when run
+    replay.main(_args(1, list(replay.ARMS)))
+    result = json.loads((replay_dir / "replay.json").read_text())
+    per_user = json.loads((replay_dir / "replay.per_user.json").read_text())
+    assert (replay_dir / "replay.png").stat().st_size > 0
+    assert result["seeds"] == [42] and result["arms"] == list(replay.ARMS)
+    steps = result["runs"]["42"]["steps"]
     assert [s["step"] for s in steps] == [1]
     log = _log()
     bounds = replay.boundaries(log["timestamp"].to_numpy(), 0.5, 14)
-    for k, step in enumerate(steps, start=1):
-        before, now = log.filter(pl.col("timestamp") < bounds[k - 1]), log.filter(pl.col("timestamp") < bounds[k])
-        assert step["new_events"] == now.height - before.height
-        assert step["new_users"] == now["user_id"].n_unique() - before["user_id"].n_unique()
-        assert step["new_items"] == now["item_id"].n_unique() - before["item_id"].n_unique()
-        assert step["test_users"] == _test_users(log, bounds[k], bounds[k + 1]) >= 40
-        for name in ("scratch", "warm"):
-            assert set(step[name]) == {"NDCG@10", "HR@10", "train_seconds"}
-            assert 0 <= step[name]["NDCG@10"] <= step[name]["HR@10"] <= 1
-        low, high = step["ci95"]
-        assert low <= step["difference"] <= high
-        assert abs(step["difference"] - (step["warm"]["NDCG@10"] - step["scratch"]["NDCG@10"])) < 1e-12
-    pooled = result["pooled_difference_NDCG@10"]  # one step: the pooled pairs are that step's
-    assert pooled["pairs"] == steps[0]["test_users"]
-    assert pooled["difference"] == pytest.approx(steps[0]["difference"], abs=1e-12)
-    assert pooled["ci95"][0] <= pooled["difference"] <= pooled["ci95"][1]
-    assert steps[0]["new_users"] == 5 and steps[0]["new_items"] > 0  # the late users and their items
-    assert steps[0]["period_end"] == dt.datetime.fromtimestamp(bounds[1], dt.timezone.utc).date().isoformat()
+    step = steps[0]
+    before, now = log.filter(pl.col("timestamp") < bounds[0]), log.filter(pl.col("timestamp") < bounds[1])
+    assert step["new_events"] == now.height - before.height
+    assert step["new_users"] == now["user_id"].n_unique() - before["user_id"].n_unique() == 5  # the late users
+    assert step["new_items"] == now["item_id"].n_unique() - before["item_id"].n_unique() > 0
+    assert step["test_users"] == _test_users(log, bounds[1], bounds[2]) >= 40
+    assert step["period_end"] == dt.datetime.fromtimestamp(bounds[1], dt.timezone.utc).date().isoformat()
+    users = per_user["42"]["steps"][0]["per_user"]
+    kinds = per_user["42"]["steps"][0]["target_kinds"]
+    for name in replay.ARMS:
+        arm = step["arms"][name]
+        assert 0 <= arm["NDCG@10"] <= arm["HR@10"] <= 1
+        values = np.array(list(users[name].values()))  # the means are over every test user
+        assert arm["NDCG@10"] == pytest.approx(values[:, 0].mean()) and arm["HR@10"] == pytest.approx(values[:, 1].mean())
+        assert sum(v["n"] for v in arm["by_target_kind"].values()) == step["test_users"]
+        assert arm["by_target_kind"]["new_this_period"]["n"] == sum(k == "new_this_period" for k in kinds.values())
+        assert 0 <= arm["top10_share_new"] <= 1
+    assert step["arms"]["stale"]["train_seconds"] == 0 and "val_NDCG@10" not in step["arms"]["stale"]
+    # the stale model (step 0) does not know the items that entered at step 1: those targets are its misses
+    assert step["arms"]["stale"]["by_target_kind"]["new_this_period"]["HR@10"] == 0.0
+    assert step["arms"]["stale"]["unservable"] >= step["arms"]["stale"]["by_target_kind"]["new_this_period"]["n"] > 0
+    for name in ("warm", "warm_full"):
+        moved = step["arms"][name]["moved"]
+        assert moved["old_rows"] > 0 and moved["new_rows"] > 0 and moved["old_row_norm"] > 0
+    for other in ("scratch", "stale", "warm_full", "scratch_budget"):
+        d = step["differences"][f"warm_minus_{other}"]["NDCG@10"]
+        assert d["difference"] == pytest.approx(step["arms"]["warm"]["NDCG@10"] - step["arms"][other]["NDCG@10"])
+        assert d["ci95"][0] <= d["difference"] <= d["ci95"][1] and d["pairs"] == step["test_users"]
+        pooled = result[f"pooled_warm_minus_{other}"]["NDCG@10"]  # one step: the pooled pairs are that step's
+        assert pooled["difference"] == pytest.approx(d["difference"]) and pooled["pairs"] == d["pairs"]
+    assert result["warm_over_scratch_train_time"] == pytest.approx(
+        result["train_seconds"]["warm"] / result["train_seconds"]["scratch"])
+
+
+class Stopped(Exception):
+    """A replay stopped mid-step."""
+
+
+def test_a_stopped_replay_resumes_without_training_a_finished_arm_again(replay_dir, monkeypatch):
+    monkeypatch.setitem(sys.modules, "replay_scoring", scoring)
+    calls, stop = [], [True]
+    real = replay.train_arm
+
+    def train_arm(config, prepared):
+        calls.append(Path(config.output).name)
+        if Path(config.output).name == "step-002-warm" and stop[0]:
+            raise Stopped  # stands for the session's end
+        return real(config, prepared)
+
+    monkeypatch.setattr(replay, "train_arm", train_arm)
+    with pytest.raises(Stopped):
+        replay.main(_args(2, ["scratch", "warm", "stale"]))
+    first = json.loads((replay_dir / "replay.json").read_text())["runs"]["42"]
+    assert [s["step"] for s in first["steps"]] == [1] and set(first["partial"]["arms"]) == {"scratch"}
+    calls.clear()
+    stop[0] = False
+    replay.main(_args(2, ["scratch", "warm", "stale"]))  # the same command
+    assert calls == ["step-002-warm"]  # step 0, step 1 and step 2's scratch are not trained again
+    done = json.loads((replay_dir / "replay.json").read_text())["runs"]["42"]
+    assert [s["step"] for s in done["steps"]] == [1, 2] and done["partial"] is None
+    assert done["steps"][0] == first["steps"][0] and done["step0"] == first["step0"]
+    assert done["steps"][1]["arms"]["scratch"]["uri"] == first["partial"]["arms"]["scratch"]["uri"]
+
+
+class _ByIndex(torch.nn.Module):
+    """A stand-in ranker: item ``i`` scores ``i`` for every history (higher index = better)."""
+
+    max_context = None
+    uses_time_gaps = False
+
+    def __init__(self, n_items: int) -> None:
+        super().__init__()
+        self.n_items = n_items
+
+    def score(self, history, lengths, gaps=None):
+        return torch.arange(self.n_items + 1, dtype=torch.float32).expand(history.shape[0], -1).clone()
+
+
+def test_a_model_scores_the_next_period_in_its_own_vocabulary_and_misses_what_it_does_not_know(tmp_path):
+    import types
+
+    # the step's catalog: items 10..15 (idx 1..6); the stale model knows 10..13 only, numbered otherwise
+    items = pl.DataFrame({"item_idx": pl.Series(range(1, 7), dtype=pl.Int32), "item_id": [10, 11, 12, 13, 14, 15],
+                          "count": pl.Series([1] * 6, dtype=pl.Int64)})  # fmt: skip
+    (tmp_path / "p").mkdir()
+    items.write_parquet(tmp_path / "p" / "items.parquet")
+    model_items = pl.DataFrame({"item_idx": pl.Series(range(1, 5), dtype=pl.Int32), "item_id": [13, 12, 11, 10],
+                                "count": pl.Series([1] * 4, dtype=pl.Int64)})  # fmt: skip
+    loaded = types.SimpleNamespace(model=_ByIndex(4), items=model_items)
+    examples = pl.DataFrame({
+        "user_id": [1, 2, 3, 4],
+        "history": [[1], [4, 5], [6], [2, 3]],  # raw 10 | 13, 14 | 15 (unknown only) | 11, 12
+        "targets": [[3], [2], [1], [5]],  # raw 12 | 11 | 10 | 14 (unknown)
+    }, schema={"user_id": pl.Int64, "history": pl.List(pl.Int32), "targets": pl.List(pl.Int32)})  # fmt: skip
+    entry = {10: 0, 11: 0, 12: 0, 13: 0, 14: 1, 15: 1}
+    out = scoring.score_model(loaded, tmp_path / "p", examples, entry, step=1)
+    # model numbering: 13->1, 12->2, 11->3, 10->4; score = model index. user 1 (seen 10=4): 11 (3) first,
+    # 12 (2) second -> rank 2; user 2 (seen 13=1; 14 unknown, dropped): 10 (4), 12 (2), 11 (3): 11 is
+    # rank 2 (after 10); user 3: its whole history is unknown: a miss; user 4: target unknown: a miss
+    ndcg2 = 1 / np.log2(3)
+    assert out["per_user"] == {"1": [pytest.approx(ndcg2), 1.0], "2": [pytest.approx(ndcg2), 1.0],
+                               "3": [0.0, 0.0], "4": [0.0, 0.0]}  # fmt: skip
+    assert out["unservable"] == 2 and out["NDCG@10"] == pytest.approx(ndcg2 / 2) and out["HR@10"] == 0.5
+    assert out["target_kinds"] == {"1": "older", "2": "older", "3": "older", "4": "new_this_period"}
+    assert out["by_target_kind"]["new_this_period"] == {"n": 1, "NDCG@10": 0.0, "HR@10": 0.0}
+    assert out["top10_share_new"] == 0.0  # the model cannot rank items it does not know
