@@ -6,9 +6,10 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from recsys_alibi.atomic import atomic_path, stale_temps
+from recsys_alibi.atomic import atomic_path
 from pipelines.outputs import check_outside_input
 from recsys_alibi.config import JobConfig
+from recsys_alibi.staging import remove_stale_temps, stale_temps
 
 log = logging.getLogger(__name__)
 
@@ -34,8 +35,7 @@ def run_generate(config: JobConfig, output: str | Path) -> GenerateJobResult:
     events = generate_events(config.generate, config.seed)
     output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
-    for stale in stale_temps(output):  # what a killed generate left
-        stale.unlink()
+    remove_stale_temps(output)  # what a killed generate left (never a temporary of a generate still running)
     with atomic_path(output) as tmp:
         events.write_parquet(tmp)
     return GenerateJobResult(

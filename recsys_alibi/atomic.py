@@ -20,10 +20,11 @@ import json
 import math
 import os
 import stat
-import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+from recsys_alibi.staging import held_temp, release
 
 
 _KINDS = ((stat.S_ISDIR, "directory"), (stat.S_ISCHR, "character device"), (stat.S_ISBLK, "block device"),
@@ -76,30 +77,16 @@ def replace_file(source: Path, target: Path) -> None:
     os.replace(source, target)
 
 
-def _temp_beside(path: Path) -> Path:
-    """An empty hidden temporary file in the directory of ``path``, with the usual (umask) permissions."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)
-    return Path(tmp)
-
-
-def stale_temps(path: str | Path) -> list[Path]:
-    """The hidden ``.NAME.*.tmp`` files that killed writers of ``path`` left beside it."""
-    path = Path(path)
-    return [p for p in path.parent.glob(f".{path.name}.*.tmp") if p.is_file()]
-
-
 @contextmanager
 def atomic_path(path: str | Path) -> Iterator[Path]:
     """A temporary path beside ``path``; moved onto ``path`` only when the block succeeds.
 
-    The temporary file is removed when the block raises; only a hard kill can leave a hidden
-    ``.NAME.*.tmp`` behind (:func:`stale_temps` finds them for a writer that owns ``path``).
-    A ``path`` that is a symbolic link (also a dangling one) is written through: its target is
-    replaced and the link kept, as a plain ``open(path, "w")`` would do.
+    The temporary (``.NAME.<token>.tmp``, held by this writer until renamed:
+    :mod:`recsys_alibi.staging`) is removed when the block raises; only a hard kill can leave one
+    behind (:func:`~recsys_alibi.staging.stale_temps` finds them for a writer that owns ``path``,
+    never one of a writer still running). A ``path`` that is a symbolic link (also a dangling
+    one) is written through: its target is replaced and the link kept, as a plain
+    ``open(path, "w")`` would do.
 
     Raises:
         OutputKindError: ``path`` (or a link's target) exists and is not a regular file; raised
@@ -107,13 +94,14 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     """
     check_replaceable(path)
     path = Path(os.path.realpath(path)) if os.path.islink(path) else Path(path)
-    tmp = _temp_beside(path)
+    tmp, held = held_temp(path)
     try:
         yield tmp
         replace_file(tmp, path)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+        release(held)
 
 
 def write_text_atomic(path: str | Path, text: str) -> None:

@@ -27,16 +27,16 @@ the vectors: a consumer filters with the same files.
 
 Input and model loading are ``score``'s (:func:`serving.inputs.open_input`,
 :func:`recsys_alibi.tracking.load_ranker`). The files are written into a hidden staging folder
-beside ``--output`` and moved into place at the end, ``export.json`` last and the old one removed
-first: a reader that finds ``export.json`` finds the complete set it describes; a killed export
-leaves the previous export (or nothing) and is simply run again (its staging folder is removed then).
+beside ``--output`` (``.NAME.<token>.tmp``, :mod:`recsys_alibi.staging`) and moved into place at
+the end, ``export.json`` last and the old one removed first: a reader that finds ``export.json``
+finds the complete set it describes; a killed export leaves the previous export (or nothing) and
+is simply run again (its staging folder is removed then; the staging of an export still running,
+to this or any other folder, is never touched).
 """
 
 from __future__ import annotations
 
 import logging
-import shutil
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,6 +48,7 @@ from recsys_alibi.atomic import json_text, publish_files
 from recsys_alibi.config import ConfigError, ExportConfig, JobConfig
 from recsys_alibi.data import schema
 from recsys_alibi.data.ingest import DataError
+from recsys_alibi.staging import staging_dir
 from serving.changed import model_digest
 from serving.inputs import open_input
 from serving.rank import ShardRanker
@@ -120,11 +121,10 @@ def export_model(config: JobConfig, model, items: pl.DataFrame, input_path: str 
     output_dir = Path(output_dir)
     output_dir.parent.mkdir(parents=True, exist_ok=True)
     ranker = ShardRanker(model, items, config.score, 1)
-    for stale in output_dir.parent.glob(f".{output_dir.name}.*.tmp"):  # left by a killed export
-        shutil.rmtree(stale, ignore_errors=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{output_dir.name}.", suffix=".tmp", dir=output_dir.parent))
-    try:
-        source = open_input(input_path, items, config.data, staging / "_input", time_gap_buckets=ranker.time_gap_buckets)
+    with staging_dir(output_dir) as staging:  # a killed export's staging removed first, no other's
+        # messages name the user's input, and rejects they name are kept in <output>/_input (the staging goes)
+        source = open_input(input_path, items, config.data, staging / "_input", time_gap_buckets=ranker.time_gap_buckets,
+                            report_dir=output_dir / "_input")  # fmt: skip
         item_vectors = ranker.table[1:].float().cpu().numpy()  # (N, D)
         pl.DataFrame({schema.ITEM_ID: ranker.item_ids[1:], VECTOR: _vectors(item_vectors)}).write_parquet(staging / ITEMS)
         n_users, user_sample = _write_users(ranker, source, config.score.shard_users, staging / USERS,
@@ -135,8 +135,6 @@ def export_model(config: JobConfig, model, items: pl.DataFrame, input_path: str 
         output_dir.mkdir(exist_ok=True)
         (output_dir / MANIFEST).unlink(missing_ok=True)  # no manifest while the set is being replaced
         publish_files(staging, output_dir, (ITEMS, USERS, INDEX, MANIFEST), last=MANIFEST)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
     return ExportResult(output_dir=output_dir, items=ranker.n_items, users=n_users,
                         users_without_vector=source.n_users - n_users, width=int(item_vectors.shape[1]),
                         seconds=time.perf_counter() - started, index=index)  # fmt: skip

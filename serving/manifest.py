@@ -36,11 +36,13 @@ an uninterrupted run:
 from __future__ import annotations
 
 import json
+from fnmatch import fnmatch
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from recsys_alibi.atomic import atomic_path, write_json_atomic
+from recsys_alibi.staging import remove, stale_temps_in
 
 MANIFEST = "_manifest.json"
 RANK_MANIFEST = "_manifest.rank-{rank}.json"
@@ -68,13 +70,17 @@ def write_atomic(path: Path, write) -> None:
         write(tmp)
 
 
+def _written_here(name: str) -> bool:
+    """Whether a scoring job writes files of this name (part files, its manifests)."""
+    return fnmatch(name, "part-*.parquet") or fnmatch(name, "_manifest*.json")
+
+
 def remove_stale_temporaries(output_dir: Path) -> int:
-    """Delete hidden ``.*.tmp`` files left by a killed job (also in ``_skipped/``, ``_fingerprints/``); returns how many."""
-    found = [*output_dir.glob(".*.tmp"), *output_dir.glob(f"{SKIPPED_DIR}/.*.tmp"), *output_dir.glob(f"{FINGERPRINTS_DIR}/.*.tmp")]
-    stale = [p for p in found if p.is_file()]
-    for p in stale:
-        p.unlink(missing_ok=True)
-    return len(stale)
+    """Delete the temporaries killed writers of this job's files left (also in ``_skipped/``,
+    ``_fingerprints/``); returns how many. Only temporaries of the names a scoring job writes, and
+    only those no running writer holds (:mod:`recsys_alibi.staging`)."""
+    folders = (output_dir, output_dir / SKIPPED_DIR, output_dir / FINGERPRINTS_DIR)
+    return len(remove([p for folder in folders for p in stale_temps_in(folder, _written_here)]))
 
 
 @dataclass
@@ -135,9 +141,10 @@ def clear_output(output_dir: Path) -> None:
     """Delete what a scoring job writes in ``output_dir`` (parts, manifests, staged input, skipped users, temporaries)."""
     import shutil
 
-    for pattern in ("part-*.parquet", "_manifest*.json", ".*.tmp"):
+    for pattern in ("part-*.parquet", "_manifest*.json"):
         for path in output_dir.glob(pattern):
             path.unlink(missing_ok=True)
+    remove_stale_temporaries(output_dir)
     shutil.rmtree(output_dir / STAGED_INPUT, ignore_errors=True)
     shutil.rmtree(output_dir / SKIPPED_DIR, ignore_errors=True)
     shutil.rmtree(output_dir / FINGERPRINTS_DIR, ignore_errors=True)

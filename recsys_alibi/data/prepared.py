@@ -39,7 +39,7 @@ from typing import TypeVar
 import polars as pl
 import pyarrow.parquet as pq
 
-from recsys_alibi.atomic import check_replaceable, publish_files, replace_file, stale_temps, write_json_atomic
+from recsys_alibi.atomic import check_replaceable, publish_files, replace_file, write_json_atomic
 from recsys_alibi.data.ingest import DataError
 from recsys_alibi.data.schema import (
     CLEANED_FILE,
@@ -51,6 +51,7 @@ from recsys_alibi.data.schema import (
     STATS_FILE,
 )
 from recsys_alibi.data.stats import HISTOGRAM_FILE
+from recsys_alibi.staging import stale_temps
 
 log = logging.getLogger(__name__)
 

@@ -10,8 +10,6 @@ A failed write leaves the previous report as it was. Other files in the director
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -23,6 +21,7 @@ from matplotlib.figure import Figure  # noqa: E402
 
 from recsys_alibi.atomic import atomic_path, json_text, publish_files
 from recsys_alibi.evaluation.evaluator import FULL, EvaluationResult  # noqa: E402
+from recsys_alibi.staging import staging_dir  # noqa: E402
 
 __all__ = ["format_metrics_table", "headline_k", "write_report"]
 
@@ -215,10 +214,7 @@ def write_report(
         results[name if name not in results else f"{name} (baseline)"] = r
     metric = f"NDCG@{headline_k(_ks(result))}"
 
-    for stale in out_dir.glob(".report-*.tmp"):  # left by a killed run
-        shutil.rmtree(stale, ignore_errors=True)
-    staging = Path(tempfile.mkdtemp(prefix=".report-", suffix=".tmp", dir=out_dir))
-    try:
+    with staging_dir(out_dir / REPORT_JSON) as staging:  # a killed run's staging removed first, no other's
         staged = {
             "json": _write_text(staging / REPORT_JSON, json_text(result.to_json(), sort_keys=False)),
             "markdown": _write_text(staging / REPORT_MD, _markdown(results, title)),
@@ -232,8 +228,6 @@ def write_report(
         # report.json last; a plot of an earlier report that this one does not have is removed
         publish_files(staging, out_dir, (REPORT_JSON, REPORT_MD, CONTEXT_PLOT, HISTORY_PLOT), last=REPORT_JSON)
         paths = {key: out_dir / path.name for key, path in staged.items()}
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
     return paths
 
 

@@ -139,3 +139,26 @@ def test_a_failed_report_write_leaves_the_previous_report(tmp_path, results, mon
     with pytest.raises(OSError):
         write_report(results["sasrec"], tmp_path)
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before  # report.json too: nothing half-new
+
+
+def test_a_report_written_meanwhile_never_removes_the_staging_of_one_still_being_written(tmp_path, results, monkeypatch):
+    """The report's stale-staging sweep (issue 41, defect 7's class) took every `.report-*.tmp` in the
+    folder, also the staging of a report still being written there, which then failed; a killed
+    writer's staging is still removed."""
+    from recsys_alibi.evaluation import report
+    from recsys_alibi.staging import held_temp, release
+
+    killed, fd = held_temp(tmp_path / "report.json", directory=True)
+    release(fd)
+    original, inner = report._markdown, []
+
+    def meanwhile(*args):
+        if not inner:
+            inner.append("started")
+            write_report(results["sasrec"], tmp_path)  # another report into the same folder, start to end
+        return original(*args)
+
+    monkeypatch.setattr(report, "_markdown", meanwhile)
+    paths = write_report(results["alibi"], tmp_path)
+    assert inner and not killed.exists() and json.loads(paths["json"].read_text()) == results["alibi"].to_json()
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]

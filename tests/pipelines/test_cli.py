@@ -121,7 +121,7 @@ def test_read_only_output_folder_is_refused_before_any_work(tmp_path, monkeypatc
 
 
 def _failing_temp(err_no: int):
-    def fail(path):
+    def fail(path, **kwargs):
         raise OSError(err_no, os.strerror(err_no), str(path.parent / f".{path.name}.abc.tmp"))
 
     return fail
@@ -143,7 +143,7 @@ def test_a_failed_write_is_one_line_and_keeps_the_old_file(tmp_path, monkeypatch
     assert main([*command, "--output", str(target)]) == 0
     before = target.read_bytes()
     capsys.readouterr()
-    monkeypatch.setattr(atomic, "_temp_beside", _failing_temp(err_no))
+    monkeypatch.setattr(atomic, "held_temp", _failing_temp(err_no))
     assert main([*command, "--output", str(target)]) == code
     assert _one_error_line(capsys) == expected.format(dir=tmp_path)
     assert target.read_bytes() == before

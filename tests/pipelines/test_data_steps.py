@@ -8,13 +8,18 @@ import polars as pl
 
 from pipelines.data_steps import run_generate
 from recsys_alibi.config import load_config
+from recsys_alibi.staging import held_temp, release
 
 
 def test_generate_removes_the_temporary_file_a_killed_generate_left(tmp_path):
     output = tmp_path / "events.parquet"
-    (tmp_path / ".events.parquet.k1ll3d.tmp").write_bytes(b"PAR1 half a file")  # a killed run's leftover
+    killed, fd = held_temp(output)  # a killed run's leftover: its lock released
+    killed.write_bytes(b"PAR1 half a file")
+    release(fd)
     (tmp_path / ".other.parquet.x.tmp").write_bytes(b"not ours")
+    other, fd = held_temp(tmp_path / "events.parquet.v2")  # another output's (killed too): not this one's
+    release(fd)
     config = load_config(None, ["generate.users=5", "generate.items=10", "generate.max_events=30"])
     result = run_generate(config, output)
-    assert sorted(os.listdir(tmp_path)) == [".other.parquet.x.tmp", "events.parquet"]
+    assert sorted(os.listdir(tmp_path)) == sorted([".other.parquet.x.tmp", other.name, "events.parquet"])
     assert pl.read_parquet(output).height == result.events

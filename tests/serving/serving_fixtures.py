@@ -74,6 +74,16 @@ def kill_at(point: str, shard: int):
     return hook
 
 
+def killed_temp(target: Path, content: bytes = b"half a file") -> Path:
+    """The temporary a writer of ``target`` killed mid-write leaves (its lock released: recsys_alibi.staging)."""
+    from recsys_alibi.staging import held_temp, release
+
+    path, held = held_temp(target)
+    path.write_bytes(content)
+    release(held)
+    return path
+
+
 def snapshot(output_dir: Path) -> dict[str, bytes]:
     """Every file below ``output_dir`` by relative path (part files, manifest, staged input)."""
     return {str(p.relative_to(output_dir)): p.read_bytes() for p in sorted(output_dir.rglob("*")) if p.is_file()}

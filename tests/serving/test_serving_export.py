@@ -16,6 +16,7 @@ from recsys_alibi.config import with_overrides
 from recsys_alibi.data import schema
 from serving import export as export_module
 from serving.export import export_model
+from recsys_alibi.staging import held_temp, release
 from serving.score import score_with_model
 
 TINY = [
@@ -142,10 +143,11 @@ def test_failed_export_leaves_the_previous_export_whole(prepared, tmp_path, monk
         export_model(config, tiny_model(seed=3), vocabulary(), prepared, tmp_path / "export")
     assert {p.name: p.read_bytes() for p in (tmp_path / "export").iterdir()} == before
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no staging folder left
-    (tmp_path / ".export.abc.tmp").mkdir()  # as a hard kill leaves it
+    killed, held = held_temp(tmp_path / "export", directory=True)  # a staging folder as a hard kill leaves it
+    release(held)
     monkeypatch.undo()
     export_model(config, tiny_model(seed=3), vocabulary(), prepared, tmp_path / "export")
-    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+    assert not killed.exists() and [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
     assert (tmp_path / "export" / "users.parquet").read_bytes() != before["users.parquet"]  # the new model's vectors
 
 
@@ -158,3 +160,33 @@ def test_export_index_faiss_without_faiss_is_a_one_line_error(prepared, tmp_path
     assert done.stdout.strip() == "exit 2"
     assert done.stderr.strip() == f"error: {export_module.FAISS_MISSING}"
     assert not (tmp_path / "x").exists()
+
+
+def test_export_never_removes_the_staging_of_another_running_export(prepared, tmp_path, monkeypatch):
+    """Issue 41, defect 7: `export --output ex` swept `.ex.*.tmp`, the staging folder of a concurrent
+    `export --output ex.v2`, which then failed. Now each export sweeps only its own output's stale
+    staging folders: never another output's, never one a running export holds."""
+    config = score_config()
+    original, started = export_module._write_users, []
+
+    def meanwhile(*args, **kwargs):  # while ex.v2 is being written, two other exports start and end
+        if not started:
+            started.append(True)
+            export_model(config, tiny_model(seed=1), vocabulary(), prepared, tmp_path / "ex")
+            export_model(config, tiny_model(seed=2), vocabulary(), prepared, tmp_path / "ex.v2.next")
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(export_module, "_write_users", meanwhile)
+    result = export_model(config, tiny_model(), vocabulary(), prepared, tmp_path / "ex.v2")
+    monkeypatch.undo()
+    assert result.users == 23 and started
+    for name, seed in (("ex", 1), ("ex.v2", 0), ("ex.v2.next", 2)):
+        expected = tmp_path / f"expected-{name}"
+        export_model(config, tiny_model(seed=seed), vocabulary(), prepared, expected)
+        assert (tmp_path / name / "users.parquet").read_bytes() == (expected / "users.parquet").read_bytes(), name
+    other_killed, held = held_temp(tmp_path / "ex.v2", directory=True)  # killed, but not ex's
+    release(held)
+    running, held = held_temp(tmp_path / "ex", directory=True)  # an export of ex still running
+    export_model(config, tiny_model(), vocabulary(), prepared, tmp_path / "ex")
+    assert other_killed.is_dir() and running.is_dir()
+    release(held)

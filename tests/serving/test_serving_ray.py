@@ -10,7 +10,7 @@ import logging
 import mlflow
 import pytest
 from engine_fixtures import ML1M_SCORE, assert_same_rankings, check_spelled_rules, ml1m_prepared, spelled_prepared, user_7_rules
-from serving_fixtures import Killed, kill_at, read_rankings, score_config, snapshot, tiny_model, vocabulary
+from serving_fixtures import Killed, kill_at, killed_temp, read_rankings, score_config, snapshot, tiny_model, vocabulary
 
 from pipelines.cli import main
 from recsys_alibi.data.ingest import DataError
@@ -62,7 +62,7 @@ def test_ray_job_killed_part_way_and_rerun_equals_an_uninterrupted_one(prepared,
     with pytest.raises(Killed):
         score_with_ray(config, tiny_model(), vocabulary(), prepared, tmp_path / "killed", progress=False,
                        hook=kill_at(point, shard))  # fmt: skip
-    (tmp_path / "killed" / ".part-00004.parquet.a1b2.tmp").write_bytes(b"half a file")  # an actor killed mid-write
+    killed_temp(tmp_path / "killed" / "part-00004.parquet")  # an actor killed mid-write
     resumed = score_with_ray(config, tiny_model(), vocabulary(), prepared, tmp_path / "killed", progress=False)
     assert snapshot(tmp_path / "killed") == snapshot(tmp_path / "clean")  # parts and manifest, byte for byte
     assert resumed.shards_skipped <= 4 and resumed.users == 23

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-from serving_fixtures import Killed, kill_at, score_config, snapshot, tiny_model, vocabulary
+from serving_fixtures import Killed, kill_at, killed_temp, score_config, snapshot, tiny_model, vocabulary
 
 from recsys_alibi.data import schema
 from serving.manifest import OutputDirError
@@ -42,7 +42,7 @@ def test_kill_and_resume_equals_a_clean_run(prepared, tmp_path, point, shard):
     _run(prepared, tmp_path / "clean")
     with pytest.raises(Killed):
         _run(prepared, tmp_path / "killed", hook=kill_at(point, shard))
-    (tmp_path / "killed" / ".part-00003.parquet.x1y2.tmp").write_bytes(b"half a file")  # killed mid-write
+    killed_temp(tmp_path / "killed" / "part-00003.parquet")  # killed mid-write
     resumed = _run(prepared, tmp_path / "killed")
     assert snapshot(tmp_path / "killed") == snapshot(tmp_path / "clean")
     assert resumed.rows == sum(s["rows"] for s in json.loads((tmp_path / "clean" / "_manifest.json").read_text())["shards"].values())
@@ -117,3 +117,20 @@ def test_a_complete_job_is_not_scored_again(prepared, tmp_path):
     again = _run(prepared, tmp_path / "out")
     assert (again.shards_skipped, again.users_scored, again.rows) == (first.shards, 0, first.rows)
     assert os.path.getmtime(tmp_path / "out" / "part-00000.parquet") > 0
+
+
+def test_resume_sweeps_only_stale_temporaries_of_its_own_files(prepared, tmp_path):
+    """A score output's sweep (issue 41, defect 7's class) takes only temporaries of the files a scoring
+    job writes whose writer is gone: not another writer's file beside them, not one still held."""
+    from recsys_alibi.staging import held_temp, release
+
+    out = tmp_path / "out"
+    with pytest.raises(Killed):
+        _run(prepared, out, hook=kill_at("recorded", 1))
+    killed = [killed_temp(out / "part-00003.parquet"), killed_temp(out / "_fingerprints" / "part-00002.parquet"),
+              killed_temp(out / "_manifest.json")]  # fmt: skip
+    not_ours = killed_temp(out / "notes.json")  # another program's file in the folder
+    running, fd = held_temp(out / "part-00004.parquet")  # a writer still running
+    _run(prepared, out)
+    assert not any(p.exists() for p in killed) and not_ours.exists() and running.exists()
+    release(fd)
