@@ -11,7 +11,8 @@
 * it ends with the job: ``ray.shutdown()`` on exit, and a watchdog process (:func:`_watchdog`)
   started before Ray that, once the driver is gone (its pipe closes: normal end, exception or
   ``kill -9``), ends every process of its session still holding a file in the instance's own
-  Ray directory (``ray.init(_temp_dir=...)``, :data:`TEMP_PREFIX` + a random suffix: each Ray
+  Ray directory (``ray.init(_temp_dir=...)``, :data:`TEMP_PREFIX` + a random suffix, in the temp
+  folder or, when its path is too long for Ray's Unix sockets, in ``/tmp``: :func:`local_ray_dir`; each Ray
   process keeps its log files there open; an environment mark would not do, Ray's Python
   processes overwrite theirs with their process title). Ray's own fate sharing ends the GCS and
   raylet with a killed driver but left the dashboard and runtime-env agents running. Ray's logs
@@ -51,6 +52,10 @@ QUIET_LOGGERS = ("ray", "ray.data", "ray.util", "ray._private", "filelock")
 LOOPBACK = "127.0.0.1"
 LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}  # every Ray process takes 127.0.0.1 as its node address
 TEMP_PREFIX = "recsys-alibi-ray-"  # the local instance's Ray directory (sockets, logs) in the temp folder
+# Ray's Unix sockets lie at <dir>/session_<YYYY-MM-DD_HH-MM-SS_ffffff>_<pid>/sockets/plasma_store[.N]: this
+# many bytes after <dir> at most (a 7-digit pid, N < 100); an AF_UNIX path has at most 107 (103 on macOS)
+SOCKET_TAIL = len("/session_2000-01-01_00-00-00_000000_4194304/sockets/plasma_store.99")
+SHORT_TEMP_DIRS = ("/tmp",)  # where the local Ray directory goes when the temp folder's path is too long
 CONNECT_TIMEOUT_S = 5.0
 RAY_CLIENT_PORT = 10001  # ray://host without a port
 
@@ -196,14 +201,52 @@ def _is_loopback(address: str) -> bool:
 
 
 def check_ray(cfg: RayConfig) -> None:
-    """Before any work: Ray is installed and, unless Ray runs in this process, ``cfg.address`` answers.
+    """Before any work: Ray is installed and, unless Ray runs in this process, ``cfg.address`` answers
+    or, without one, a local instance has a folder for its sockets.
 
     Raises:
-        ConfigError: as :func:`import_ray` and :func:`checked_address`.
+        ConfigError: as :func:`import_ray`, :func:`checked_address` and :func:`local_ray_base`.
     """
     ray = import_ray()
     if cfg.address and not ray.is_initialized():
         checked_address(cfg.address)
+    elif not ray.is_initialized():
+        local_ray_base()
+
+
+def local_ray_dir() -> Path:
+    """A new directory for a local instance's files (:data:`TEMP_PREFIX` + a random suffix) in
+    :func:`local_ray_base`.
+
+    Raises:
+        ConfigError: as :func:`local_ray_base`.
+    """
+    return Path(tempfile.mkdtemp(prefix=TEMP_PREFIX, dir=local_ray_base()))
+
+
+def local_ray_base() -> str:
+    """The folder of a local instance's directory, one whose path leaves room for Ray's Unix sockets
+    (:data:`SOCKET_TAIL` bytes below the directory; ``AF_UNIX`` paths have at most 107 bytes, 103 on
+    macOS): the temp folder (``TMPDIR``), or, when that path is too long (macOS and CI runners set
+    long ones), the first of :data:`SHORT_TEMP_DIRS` that is a writable folder (logged).
+
+    Raises:
+        ConfigError: no such folder has a path short enough; names ``TMPDIR`` as the fix.
+    """
+    limit = (103 if sys.platform == "darwin" else 107) - SOCKET_TAIL
+    temp = tempfile.gettempdir()
+    for base in (temp, *SHORT_TEMP_DIRS):
+        fits = len(os.path.join(base, TEMP_PREFIX + "x" * 8).encode()) <= limit
+        if fits and os.path.isdir(base) and os.access(base, os.W_OK | os.X_OK):
+            if base != temp:
+                log.info("the temp folder %s is too long a path for Ray's sockets; the local Ray instance uses %s", temp, base)
+            return base
+    raise ConfigError(
+        f"score.engine=ray: the temp folder {temp} is too long a path for the local Ray instance's sockets "
+        f"(Unix socket paths have at most {limit + SOCKET_TAIL} bytes, Ray's lie {SOCKET_TAIL} below it) and "
+        f"{' and '.join(SHORT_TEMP_DIRS)} cannot be used; set TMPDIR to a writable folder of at most "
+        f"{limit - len(TEMP_PREFIX) - 9} characters"
+    )
 
 
 def _watchdog(ray_dir: Path) -> subprocess.Popen:
@@ -224,7 +267,8 @@ def ray_instance(cfg: RayConfig) -> Iterator[None]:
 
     Raises:
         ConfigError: Ray is not installed; ``cfg.address`` finds no cluster, does not answer, or
-            ``ray.init`` cannot join it (Ray's own retries, then its ``ConnectionError``).
+            ``ray.init`` cannot join it (Ray's own retries, then its ``ConnectionError``); no
+            folder for a local instance has a path short enough for its sockets (:func:`local_ray_dir`).
     """
     ray = import_ray()
     for name in QUIET_LOGGERS:
@@ -244,7 +288,7 @@ def ray_instance(cfg: RayConfig) -> Iterator[None]:
                 raise ConfigError(f"score.ray.address={cfg.address}: Ray could not join the cluster at {address} "
                                   f"({str(err).strip().splitlines()[0]})") from None  # fmt: skip
         else:
-            ray_dir = Path(tempfile.mkdtemp(prefix=TEMP_PREFIX))
+            ray_dir = local_ray_dir()
             watchdog = _watchdog(ray_dir)  # first: a driver killed while Ray starts leaves nothing either
             gpus = math.ceil(cfg.actors * cfg.gpus_per_actor) if cfg.gpus_per_actor else 0
             with loopback_env():

@@ -122,3 +122,52 @@ def test_ray_address_on_loopback_stays_loopback_for_auto_and_host_port(monkeypat
         monkeypatch.setenv("RAY_ADDRESS", address)
         assert checked_address("auto") == address
         assert checked_address(address) == address
+
+
+LONG_TMPDIR_DRIVER = """
+import sys
+from pathlib import Path
+sys.path[:0] = [{here!r}, {repo!r}]
+from serving_fixtures import read_rankings, score_config, tiny_model, vocabulary, write_prepared
+from serving.ray_job import score_with_ray
+from serving.score import score_with_model
+config = score_config(ray={{"actors": 1, "cpus_per_actor": 1}})
+prepared = write_prepared(Path({tmp!r}) / "prepared", n_users=6)
+result = score_with_ray(config, tiny_model(), vocabulary(), prepared, Path({tmp!r}) / "out", progress=False)
+score_with_model(config, tiny_model(), vocabulary(), prepared, Path({tmp!r}) / "local", progress=False)
+same = read_rankings(Path({tmp!r}) / "out").equals(read_rankings(Path({tmp!r}) / "local"))
+print("ranked", result.users_ranked, "same as local:", same)
+"""
+
+
+def test_local_instance_with_a_long_temp_folder_puts_its_sockets_under_a_short_one(tmp_path):
+    """Issue 41, defect 8: with TMPDIR as macOS and CI runners set it, Ray failed with `AF_UNIX path
+    length cannot exceed 107 bytes` (a traceback, exit 1)."""
+    long_tmp = tmp_path / ("a-long-temp-folder-" + "x" * 60)
+    long_tmp.mkdir()
+    script = LONG_TMPDIR_DRIVER.format(here=str(HERE), repo=str(REPO), tmp=str(tmp_path))
+    env = {**__import__("os").environ, "TMPDIR": str(long_tmp), "OMP_NUM_THREADS": "1"}
+    env.pop("RAY_ADDRESS", None)
+    driver = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=240)
+    assert driver.returncode == 0, driver.stderr[-2000:]
+    assert driver.stdout.strip().splitlines()[-1] == "ranked 6 same as local: True"
+
+
+def test_no_folder_short_enough_for_the_sockets_is_one_line_and_exit_2_before_any_work(tmp_path, monkeypatch, capsys):
+    import tempfile
+
+    from serving import ray_instance
+
+    long_tmp = tmp_path / ("a-long-temp-folder-" + "x" * 60)
+    long_tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(long_tmp))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # read TMPDIR again
+    monkeypatch.setattr(ray_instance, "SHORT_TEMP_DIRS", (str(tmp_path / "missing"),))
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    code = main(["score", "--engine", "ray", "--model-uri", "runs:/x/model", "--input", str(tmp_path / "in"),
+                 "--output", str(tmp_path / "out")])  # fmt: skip
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    assert err[0].startswith(f"error: score.engine=ray: the temp folder {long_tmp} is too long a path for the local Ray")
+    assert err[0].endswith("set TMPDIR to a writable folder of at most 14 characters")
+    assert not (tmp_path / "out").exists()
