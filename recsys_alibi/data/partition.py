@@ -25,7 +25,7 @@ import polars as pl
 import pyarrow.parquet as pq
 
 from recsys_alibi.data.ingest import DataError
-from recsys_alibi.data.prepared import PREPARE_ID_KEY, check_prepared, mixed_error, read_consistent, unreadable_error
+from recsys_alibi.data.prepared import PREPARE_AGAIN, PREPARE_ID_KEY, check_prepared, mixed_error, read_consistent, unreadable_error
 from recsys_alibi.data.schema import LENGTH, SEQUENCES_FILE, TIMESTAMP
 from recsys_alibi.data.sequences import SEQUENCES_SCHEMA, read_parquet_file
 from recsys_alibi.data.splits import Protocol, fit_length, resolve_cutoff
@@ -126,7 +126,7 @@ def _read_columns(prepared_dir: str | Path, columns: list[str], prepare_id: str 
     frame = read_consistent(prepared_dir, SEQUENCES_FILE, partial(read_parquet_file, columns=columns), prepare_id)
     wrong = [f"{c} should be {SEQUENCES_SCHEMA[c]}" for c in columns if frame.schema[c] != SEQUENCES_SCHEMA[c]]
     if wrong:
-        raise DataError(f"{path} has the wrong schema ({'; '.join(wrong)}); run `recsys-alibi prepare` again")
+        raise DataError(f"{path} has the wrong schema ({'; '.join(wrong)}); {PREPARE_AGAIN}")
     return frame
 
 
@@ -174,7 +174,7 @@ def read_sequence_rows(
     assert isinstance(frame, pl.DataFrame)
     wrong = [c for c in columns if c in SEQUENCES_SCHEMA and frame.schema[c] != SEQUENCES_SCHEMA[c]]
     if wrong:
-        raise DataError(f"{path} has the wrong schema ({', '.join(wrong)}); run `recsys-alibi prepare` again")
+        raise DataError(f"{path} has the wrong schema ({', '.join(wrong)}); {PREPARE_AGAIN}")
     meta = parquet.metadata
     sizes = np.array([meta.row_group(g).num_rows for g in range(meta.num_row_groups)], dtype=np.int64)
     starts = np.concatenate([[0], np.cumsum(sizes)])

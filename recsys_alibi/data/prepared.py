@@ -57,6 +57,15 @@ log = logging.getLogger(__name__)
 
 PREPARE_ID_KEY = "recsys_alibi.prepare_id"  # Parquet footer key and stats.json field
 STAGING_PREFIX = ".prepare-"
+PREPARE_AGAIN = (
+    "run `recsys-alibi prepare` again with every input the directory was prepared from (without --append it "
+    "replaces the whole directory, appended days included, with its --input alone)"
+)  # the fix of a damaged prepared directory: never "prepare again" with only the last day
+FINISH_PUBLISH = (
+    "run the interrupted command again, with --append if it had none (same --input, --output and --config): "
+    "it finishes the publish without losing anything and adds no file twice; without --append a prepare "
+    "replaces the whole directory, appended days included, with its --input alone"
+)  # the loss-free fix of a publish a kill interrupted (roll_forward)
 FAILED_REJECTS_FILE = "rejects-failed.parquet"  # the rejects of a run that failed, beside older prepared data
 ITEM_TABLE_FILES = ("item_features.parquet", "item_features_vocab.parquet", "item_rejects.parquet")  # data.item_features
 OUTPUTS = (
@@ -185,11 +194,10 @@ def read_manifest(directory: str | Path) -> dict | None:
         manifest = json.loads(path.read_text())
         state, prepare_id = manifest["state"], manifest["prepare_id"]
     except (OSError, ValueError, KeyError, TypeError):
-        raise DataError(f"{path} is unreadable; run `recsys-alibi prepare` again into {directory}") from None
+        raise DataError(f"{path} is unreadable; {PREPARE_AGAIN}") from None
     if state != COMPLETE or not isinstance(prepare_id, str):
         raise DataError(
-            f"{directory} is half-written (a prepare was interrupted while replacing its files); "
-            "run `recsys-alibi prepare` again"
+            f"{directory} is half-written (a `recsys-alibi prepare` was killed while replacing its files); {FINISH_PUBLISH}"
         )
     return manifest
 
@@ -250,14 +258,14 @@ def unreadable_error(path: Path, err: BaseException) -> DataError:
     if not path.exists():
         return DataError(f"{path} not found; run `recsys-alibi prepare` to create the prepared directory")
     first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-    return DataError(f"cannot read {path}: {first}; run `recsys-alibi prepare` again")
+    return DataError(f"cannot read {path}: {first}; {PREPARE_AGAIN}")
 
 
 def mixed_error(path: Path) -> DataError:
     """The one-line error of a file that is not from the prepare its directory's manifest names."""
     return DataError(
-        f"{path.parent} is mixed: {path.name} is not from the prepare its manifest names (an interrupted "
-        "or concurrent prepare); run `recsys-alibi prepare` again"
+        f"{path.parent} is mixed: {path.name} is not from the prepare its manifest names (written by "
+        f"another program or prepare); {PREPARE_AGAIN}"
     )
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import polars as pl
 
 from recsys_alibi.data.ingest import DataError
-from recsys_alibi.data.prepared import read_consistent, unreadable_error
+from recsys_alibi.data.prepared import PREPARE_AGAIN, read_consistent, unreadable_error
 from recsys_alibi.data.schema import (
     COUNT,
     ITEM_ID,
@@ -84,7 +84,7 @@ def _read(prepared_dir: str | Path, name: str, expected: dict[str, pl.DataType],
     if df.schema.get(id_col) not in ID_TYPES:
         problems.append(f"{id_col} should be Int64 or String")
     if problems:
-        raise DataError(f"{path} has the wrong schema ({'; '.join(problems)}); run `recsys-alibi prepare` again")
+        raise DataError(f"{path} has the wrong schema ({'; '.join(problems)}); {PREPARE_AGAIN}")
     return df
 
 

@@ -267,6 +267,42 @@ def test_a_killed_append_reruns_to_the_uninterrupted_result(tmp_path, target, wh
     assert_frame_equal(read_items(killed), read_items(calm))
 
 
+@pytest.mark.parametrize("killed", ["append", "prepare"])
+def test_the_half_written_message_names_the_fix_that_loses_no_appended_day(tmp_path, killed):
+    """Issue 41, defect 2: readers said "run `recsys-alibi prepare` again"; doing that with the day's file
+    replaced the whole appended history with that day. The message names re-running with --append,
+    which finishes the publish (roll forward) and adds nothing twice, for a killed append as for a
+    killed full prepare; following it gives the uninterrupted result."""
+    from pipelines.cli import main
+
+    cfg = DataConfig(min_events_per_user=2, min_events_per_item=2)
+    day1 = _events(tmp_path / "day1.csv", [(u, i, 10 * u + i) for u in range(6) for i in range(3)])
+    day2 = _events(tmp_path / "day2.csv", [(u, i, 10 * u + i + 5) for u in range(3, 9) for i in range(2, 5)])
+    day3 = _events(tmp_path / "day3.csv", [(u, i, 10 * u + i + 9) for u in range(5, 10) for i in range(4, 7)])
+    calm, out = tmp_path / "calm", tmp_path / "out"
+    for directory in (calm, out):
+        prepare(cfg, day1, directory)
+        append(cfg, day2, directory)
+    if killed == "append":  # the daily job killed while publishing day 3
+        run_killed(tmp_path, day3, out, "sequences.parquet", "after", append=True, k=2)
+        append(cfg, day3, calm)
+    else:  # a full prepare of day 3 alone, killed while publishing: its own result is what it wanted
+        run_killed(tmp_path, day3, out, "sequences.parquet", "after", k=2)
+        prepare(cfg, day3, calm)
+    with pytest.raises(DataError) as err:
+        read_sequences(out)
+    message = str(err.value)
+    assert message == (f"{out} is half-written (a `recsys-alibi prepare` was killed while replacing its files); "
+                       "run the interrupted command again, with --append if it had none (same --input, --output and "
+                       "--config): it finishes the publish without losing anything and adds no file twice; without "
+                       "--append a prepare replaces the whole directory, appended days included, with its --input "
+                       "alone")  # fmt: skip
+    sets = ["--set", "data.min_events_per_user=2", "--set", "data.min_events_per_item=2"]
+    assert main(["prepare", "--input", str(day3), "--output", str(out), "--append", *sets]) == 0  # as the message says
+    _assert_same(_by_raw_ids(out), _by_raw_ids(calm))
+    assert_frame_equal(read_items(out), read_items(calm))
+
+
 def test_append_sorts_and_deduplicates_at_full_precision_across_batches(tmp_path):
     cfg = DataConfig(min_events_per_user=1, min_events_per_item=1, timestamp_unit="ms")
     folder = tmp_path / "in"

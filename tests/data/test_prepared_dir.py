@@ -12,7 +12,7 @@ from recsys_alibi.config import DataConfig, ModelConfig, TrainConfig
 from recsys_alibi.data.ingest import DataError
 from recsys_alibi.data.partition import read_lengths, read_sequence_rows
 from recsys_alibi.data.prepare import prepare, read_items, read_sequences
-from recsys_alibi.data.prepared import data_sha256, prepare_lock
+from recsys_alibi.data.prepared import PREPARE_AGAIN, data_sha256, prepare_lock
 from recsys_alibi.data.time_gaps import check_time_protocol, has_real_timestamps
 from recsys_alibi.training.datamodule import SequenceDataModule
 from serving.inputs import open_input
@@ -142,7 +142,7 @@ def test_a_truncated_prepared_file_is_reported_unreadable_by_every_reader(tmp_pa
         with pytest.raises(DataError) as err:
             read()
         assert str(err.value).startswith(f"cannot read {path}: ") and "mixed" not in str(err.value), err.value
-        assert str(err.value).endswith("run `recsys-alibi prepare` again") and "\n" not in str(err.value)
+        assert str(err.value).endswith(PREPARE_AGAIN) and "\n" not in str(err.value)
 
 
 def test_data_fingerprint_depends_on_the_events_not_on_the_partitioning(tmp_path):
