@@ -25,6 +25,8 @@ from pipelines.outputs import (
     check_output_file,
     check_outside_input,
     describe_os_error,
+    forget_new_folders,
+    remove_new_empty_folders,
 )
 from recsys_alibi.config import ConfigError, JobConfig, load_config
 
@@ -274,17 +276,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run one subcommand; returns the process exit code (0 ok, 2 user error, 1 failure).
 
     Every command: a user error (bad config, input, model URI or output path; a permission or
-    read-only error on a path) is one ``error: ...`` line and code 2; a full disk is one line and
+    read-only error on a path) is one ``error: ...`` line and code 2, and the output folders the
+    run would have created are removed again when empty; a full disk is one line and
     code 1 (:func:`pipelines.outputs.describe_os_error`). ``pipeline`` is a scheduled job: 0 when the
     new model was promoted or the champion kept, 2 on a user error, 1 on any other failure (logged
     with its traceback) instead of raising.
     """
     args = build_parser().parse_args(argv)
     configure_logging()
+    forget_new_folders()
     try:
         config = load_config(args.config, args.overrides, _flag_values(args))
         summary = COMMANDS[args.command](config, args)
     except _user_errors() as err:
+        remove_new_empty_folders()  # a refused run leaves no empty output folder behind
         print(f"error: {_one_line(err)}", file=sys.stderr)
         return EXIT_USER_ERROR
     except Exception as err:  # noqa: BLE001 - a path problem is one line; a pipeline reports any failure by its code
@@ -293,6 +298,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if described is None:
             return _failure(args.command, err)
         code, line = described
+        if code == EXIT_USER_ERROR:
+            remove_new_empty_folders()
         if code == EXIT_FAILURE and args.command == "pipeline":
             log.error("pipeline failed: %s", line)
             line = f"pipeline failed: {line}"

@@ -35,6 +35,39 @@ class OutputPathError(ValueError):
     """An output path that cannot be written (wrong kind, parent is a file, not writable); names the fix."""
 
 
+_NEW_FOLDERS: list[Path] = []  # folders the checked outputs would create: missing when checked
+
+
+def _note_new_folders(folder: Path) -> None:
+    """Remember ``folder`` and its missing parents: a refused command removes them again (when empty)."""
+    while not os.path.lexists(folder) and folder != folder.parent:
+        _NEW_FOLDERS.append(folder)
+        folder = folder.parent
+
+
+def forget_new_folders() -> None:
+    """Start a command: no output folder noted yet."""
+    _NEW_FOLDERS.clear()
+
+
+def remove_new_empty_folders() -> list[Path]:
+    """After a refused command: remove the folders its output checks found missing, deepest first,
+    each only when empty (what the command wrote and its message names, e.g. rejects, stays).
+
+    Returns:
+        The folders removed.
+    """
+    removed = []
+    for folder in sorted(set(_NEW_FOLDERS), key=lambda p: len(p.parts), reverse=True):
+        try:
+            folder.rmdir()
+        except OSError:  # not empty, or gone: kept as it is
+            continue
+        removed.append(folder)
+    _NEW_FOLDERS.clear()
+    return removed
+
+
 def _writable_ancestor(path: Path, flag: str) -> Path:
     """The nearest existing folder at or above ``path``'s parent, checked to be a writable directory."""
     ancestor = path.parent
@@ -56,6 +89,9 @@ def _check_writable(folder: Path, path: Path, flag: str) -> None:
 
 def check_output_dir(path: str | Path, flag: str = "--output") -> Path:
     """Check that ``path`` can become (or be replaced as) an output directory; nothing is created.
+
+    The folders it would create are noted: a command refused later removes them again when empty
+    (:func:`remove_new_empty_folders`), so a refused run leaves no empty folder behind.
 
     Args:
         path: the directory a command will write (created when missing).
@@ -79,6 +115,7 @@ def check_output_dir(path: str | Path, flag: str = "--output") -> Path:
             "give a directory path (new or existing)"
         )
     _writable_ancestor(path, flag)
+    _note_new_folders(path)
     if path.is_dir():
         _check_writable(path, path, flag)
         with os.scandir(path) as entries:
@@ -109,6 +146,7 @@ def check_output_file(path: str | Path, flag: str = "--output", example: str = "
         )
     check_replaceable(path, flag)
     _writable_ancestor(path, flag)
+    _note_new_folders(path.parent)  # as check_output_dir: removed again by a refused command when empty
     return path
 
 

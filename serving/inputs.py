@@ -112,6 +112,7 @@ class ScoreInput:
             ``seconds_of_lists`` with ``auto``; seconds, as ``prepare`` writes, stay as they are).
         prepare_id: the prepare of the directory holding ``sequences`` (None: no manifest);
             every shard read checks the file still carries it (``recsys_alibi.data.prepared``).
+        name: how messages name the input (None: ``sequences``).
     """
 
     kind: str
@@ -121,6 +122,7 @@ class ScoreInput:
     stats: dict[str, int] = field(default_factory=dict)
     time_gap_buckets: int = 0
     prepare_id: str | None = None
+    name: str | None = None  # how messages name the input (the user's path, never a staged or temporary file)
 
     def read_shard(self, start: int, n: int) -> Shard:
         """Users ``start .. start + n - 1`` with their histories in model indices (bounded memory)."""
@@ -135,7 +137,7 @@ class ScoreInput:
             try:
                 timestamps = checked_timestamps(frame)
             except ValueError as err:
-                raise DataError(f"{self.sequences}, users {start}..{start + frame.height - 1}: {err}") from None
+                raise DataError(f"{self.name or self.sequences}, users {start}..{start + frame.height - 1}: {err}") from None
             gaps = select_events(gap_buckets(timestamps, self.time_gap_buckets), known_events(histories, self.remap))
         return Shard(user_ids=frame.get_column(schema.USER_ID), histories=mapped, unknown_events=unknown, gaps=gaps,
                      input_lengths=histories.lengths())  # fmt: skip
@@ -240,12 +242,14 @@ def _n_rows(path: Path) -> int:
     return int(pl.scan_parquet(path).select(pl.len()).collect().item())
 
 
-def _check_timestamps(sequences: Path) -> None:
-    """DataError unless a time-gap model can read real per-event timestamps from ``sequences``."""
+def _check_timestamps(sequences: Path, name: str | None = None) -> None:
+    """DataError unless a time-gap model can read real per-event timestamps from ``sequences``
+    (messages name ``name``, default ``sequences``; the data's folder for the line-order case)."""
+    shown = name or sequences
     found = pl.read_parquet_schema(sequences).get(schema.TIMESTAMP)
     if not isinstance(found, pl.List) or not found.inner.is_integer():
         raise DataError(
-            f"the model reads time gaps but {sequences} has no '{schema.TIMESTAMP}' list of integer seconds "
+            f"the model reads time gaps but {shown} has no '{schema.TIMESTAMP}' list of integer seconds "
             f"(found: {found or 'no such column'})"
         )
     negative = pl.scan_parquet(sequences).select(
@@ -253,38 +257,40 @@ def _check_timestamps(sequences: Path) -> None:
     if negative:
         first = _first_row(sequences, pl.col(schema.TIMESTAMP).list.eval((pl.element() < 0).any()).list.first())
         raise DataError(
-            f"{sequences}: {negative} timestamps before the epoch (first: row {first}); give seconds since 1970 "
+            f"{shown}: {negative} timestamps before the epoch (first: row {first}); give seconds since 1970 "
             "(prepare rejects earlier events as bad_timestamp)"
         )
+    shown = name or sequences.parent
     if not has_real_timestamps(sequences.parent):  # a prepared or staged dir records where time came from
         raise DataError(
-            f"the model reads time gaps but the data in {sequences.parent} has no timestamps (time came from "
+            f"the model reads time gaps but the data in {shown} has no timestamps (time came from "
             f"line order, {schema.STATS_FILE}); score it with a model trained with model.time_gap_buckets=0"
         )
 
 
-def _check_sequences(path: Path) -> None:
-    """DataError unless ``path`` holds one row per user with integer item indices >= 0.
+def _check_sequences(path: Path, name: str | None = None) -> None:
+    """DataError unless ``path`` holds one row per user with integer item indices >= 0 (messages name
+    ``name``, default ``path``).
 
     Checked (one scan of the file): ``user_id`` is an integer or string column (a float id is not
     one raw id: ``1.0`` and ``1`` would merge) with no null and no id in two rows (the rankings are
     keyed by user); ``item_idx`` is a list of integers with no null entry and none below 0 (0 is
     padding). An empty or null history is allowed: that user is skipped and listed.
     """
-    found = pl.read_parquet_schema(path)
+    found, shown = pl.read_parquet_schema(path), name or path
     if schema.USER_ID not in found or not isinstance(found.get(schema.ITEM_IDX), pl.List):
         raise DataError(
-            f"{path} lacks user_id / item_idx list columns; "
+            f"{shown} lacks user_id / item_idx list columns; "
             "give a prepared dir, a sequences Parquet or raw events as --input"
         )
     user_type, item_type = found[schema.USER_ID], found[schema.ITEM_IDX].inner
     if not (user_type.is_integer() or user_type == pl.String):
         raise DataError(
-            f"{path}: user_id is {user_type}, but user ids must be integers or strings (a float id such as 1.5 is "
+            f"{shown}: user_id is {user_type}, but user ids must be integers or strings (a float id such as 1.5 is "
             "not one raw id); cast the column"
         )
     if not item_type.is_integer():
-        raise DataError(f"{path}: item_idx holds {item_type}, but item indices are integers (1..N, 0 = padding)")
+        raise DataError(f"{shown}: item_idx holds {item_type}, but item indices are integers (1..N, 0 = padding)")
     user, item = pl.col(schema.USER_ID), pl.col(schema.ITEM_IDX)
     facts = pl.scan_parquet(path).select(
         null_users=user.null_count(), distinct=user.n_unique(), rows=pl.len(),
@@ -293,21 +299,21 @@ def _check_sequences(path: Path) -> None:
     ).collect().row(0, named=True)  # fmt: skip
     if facts["null_users"]:
         first = _first_row(path, user.is_null())
-        raise DataError(f"{path}: {facts['null_users']} rows have a null user_id (first: row {first}); give every row its user's id")
+        raise DataError(f"{shown}: {facts['null_users']} rows have a null user_id (first: row {first}); give every row its user's id")
     if facts["distinct"] != facts["rows"]:
         top = (pl.scan_parquet(path).group_by(schema.USER_ID).len().filter(pl.col("len") > 1)
                .sort("len", schema.USER_ID, descending=[True, False]).first().collect().row(0))  # fmt: skip
         raise DataError(
-            f"{path}: {facts['rows'] - facts['distinct']} rows repeat a user_id (e.g. {top[0]!r} in {top[1]} rows); "
+            f"{shown}: {facts['rows'] - facts['distinct']} rows repeat a user_id (e.g. {top[0]!r} in {top[1]} rows); "
             "give one row per user with its whole history"
         )
     if facts["null_items"]:
         first = _first_row(path, item.list.eval(pl.element().is_null().any()).list.first())
-        raise DataError(f"{path}: {facts['null_items']} null entries in item_idx (first: row {first}); indices are 1..N")
+        raise DataError(f"{shown}: {facts['null_items']} null entries in item_idx (first: row {first}); indices are 1..N")
     if facts["negative"]:
         first = _first_row(path, item.list.eval((pl.element() < 0).any()).list.first())
         raise DataError(
-            f"{path}: {facts['negative']} negative entries in item_idx (first: row {first}); indices are 1..N, 0 = padding"
+            f"{shown}: {facts['negative']} negative entries in item_idx (first: row {first}); indices are 1..N, 0 = padding"
         )
 
 
@@ -321,11 +327,13 @@ def _first_row(path: Path, condition: pl.Expr) -> int:
     return int(pl.scan_parquet(path).with_row_index("_row").filter(condition).select("_row").first().collect().item())
 
 
-def stage_events(data: DataConfig, input_path: str | Path, staged_dir: Path) -> dict[str, int]:
+def stage_events(data: DataConfig, input_path: str | Path, staged_dir: Path, report_dir: Path | None = None) -> dict[str, int]:
     """Prepare a raw event log for scoring into ``staged_dir`` once (reused when already staged).
 
     Runs ``prepare`` with the k-core off; writes ``_staged.json`` last, so a staging that was
-    killed is redone from scratch.
+    killed is redone from scratch. An input refused because every row was rejected keeps its
+    rejects where the message says: ``report_dir`` (default ``staged_dir``; the export stages in a
+    hidden folder it removes, so it names its output's ``_input/`` instead).
 
     Returns:
         ``input_rows``, ``rejected_rows``, ``duplicate_rows``, ``filtered_rows``.
@@ -344,7 +352,15 @@ def stage_events(data: DataConfig, input_path: str | Path, staged_dir: Path) -> 
             return staged["stats"]
     shutil.rmtree(staged_dir, ignore_errors=True)
     cfg = data.model_copy(update={"min_events_per_user": 1, "min_events_per_item": 1})
-    result = prepare(cfg, input_path, staged_dir)
+    try:
+        result = prepare(cfg, input_path, staged_dir)
+    except DataError as err:
+        rejects = staged_dir / schema.REJECTS_FILE
+        if report_dir is None or report_dir == staged_dir or str(rejects) not in str(err):
+            raise
+        report_dir.mkdir(parents=True, exist_ok=True)
+        shutil.move(rejects, report_dir / schema.REJECTS_FILE)
+        raise DataError(str(err).replace(str(rejects), str(report_dir / schema.REJECTS_FILE))) from None
     c = result.counts
     stats = {"input_rows": c["input_rows"], "rejected_rows": c["rejected"],
              "duplicate_rows": c["deduplicated"], "filtered_rows": c["filtered"]}  # fmt: skip
@@ -362,7 +378,8 @@ def release_staged(staged_dir: Path) -> None:
 
 
 def open_input(
-    input_path: str | Path, model_items: pl.DataFrame, data: DataConfig, staged_dir: Path, time_gap_buckets: int = 0
+    input_path: str | Path, model_items: pl.DataFrame, data: DataConfig, staged_dir: Path, time_gap_buckets: int = 0,
+    name: str | None = None, report_dir: Path | None = None,
 ) -> ScoreInput:
     """Resolve ``input_path`` into a :class:`ScoreInput` in the model's item indices.
 
@@ -372,6 +389,10 @@ def open_input(
         data: the ``data`` config section (format, column map, cleaning) for raw events.
         staged_dir: where raw events are staged (``output_dir/_input``).
         time_gap_buckets: the model's ``time_gap_buckets`` (0: it reads no time gaps).
+        name: how messages name the input (the pyfunc's is a temporary folder: "the predict input");
+            default: the file in question for a prepared dir or sequences file, ``input_path`` for raw
+            events (never the staged copy, which the user did not give).
+        report_dir: where the rejects of raw events refused for them are kept (:func:`stage_events`).
 
     Raises:
         DataError: missing/unreadable/empty input, wrong columns, or a bare sequences file with
@@ -387,24 +408,25 @@ def open_input(
         sequences = path
         items_path = path.with_name(schema.ITEMS_FILE) if path.name == schema.SEQUENCES_FILE else None
     else:
-        stats = stage_events(data, input_path, staged_dir)
+        stats = stage_events(data, input_path, staged_dir, report_dir)
         sequences, items_path = staged_dir / schema.SEQUENCES_FILE, staged_dir / schema.ITEMS_FILE
+        name = name or str(input_path)
     # a prepared (or staged) directory must be whole: its files from the prepare its manifest names
     prepare_id = check_prepared(sequences.parent) if sequences.name == schema.SEQUENCES_FILE else None
     check_file(sequences, prepare_id)
-    _check_sequences(sequences)
+    _check_sequences(sequences, name)
     if time_gap_buckets:
-        _check_timestamps(sequences)
+        _check_timestamps(sequences, name)
     n_users = _n_rows(sequences)
     if n_users == 0:
-        raise DataError(f"no users to score in {sequences}; check --input")
+        raise DataError(f"no users to score in {name or sequences}; check --input")
     remap, unknown_items = None, 0
     if items_path is not None and items_path.is_file():
         input_items = read_consistent(items_path.parent, items_path.name, read_parquet_file, prepare_id)
         remap, unknown_items = vocabulary_remap(input_items, model_items)
         if remap is not None and not (remap > 0).any():
             raise DataError(
-                f"none of the {input_items.height} items of {input_path} is in the model's vocabulary "
+                f"none of the {input_items.height} items of {name or input_path} is in the model's vocabulary "
                 f"({vocabulary_difference(_ids(model_items), _ids(input_items))}): the model was trained on another "
                 "catalog; score with a model trained on this data"
             )
@@ -421,4 +443,4 @@ def open_input(
         log.warning("%d of the input's %d items are not in the model's vocabulary of %d; their events are skipped",
                     unknown_items, input_items.height, model_items.height)  # fmt: skip
     return ScoreInput(kind=kind, sequences=sequences, n_users=n_users, remap=remap, stats=stats,
-                      time_gap_buckets=time_gap_buckets, prepare_id=prepare_id)  # fmt: skip
+                      time_gap_buckets=time_gap_buckets, prepare_id=prepare_id, name=name)  # fmt: skip

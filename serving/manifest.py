@@ -193,14 +193,25 @@ def open_manifest(output_dir: Path, identity: dict[str, Any], *, overwrite: bool
     return manifest
 
 
-def withdraw_manifest(output_dir: Path, *, remove_dir: bool = False) -> None:
-    """Undo :func:`open_manifest` of a run refused before any shard (its input was bad).
+def withdraw_manifest(output_dir: Path, *, remove_dir: bool = False, keep: tuple[str, ...] = ()) -> None:
+    """Undo :func:`open_manifest` of a run refused before any shard (its input was bad): a refused
+    run leaves nothing but what its message names.
 
-    Deletes ``_manifest.json`` (it records no shard: no rankings are lost) and, with
-    ``remove_dir`` (the run created ``output_dir``), the directory when nothing else is left
-    in it; a failed staging's input report (``_input/``: stats, rejects) is kept.
+    Deletes ``_manifest.json`` (it records no shard: no rankings are lost), the staged input
+    (``_input/``) but its files named in ``keep`` (the rejects an "every row was rejected" message
+    points at), ``_input/`` itself when nothing is kept, and, with ``remove_dir`` (the run created
+    ``output_dir``), the directory when nothing else is left in it.
     """
+    import shutil
+
     (output_dir / MANIFEST).unlink(missing_ok=True)
+    staged = output_dir / STAGED_INPUT
+    if staged.is_dir():
+        for path in staged.iterdir():
+            if path.name not in keep:
+                shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
+        if not any(staged.iterdir()):
+            staged.rmdir()
     if remove_dir and output_dir.is_dir() and not any(output_dir.iterdir()):
         output_dir.rmdir()
 

@@ -54,6 +54,8 @@ import logging
 
 import numpy as np
 import polars as pl
+from mlflow.exceptions import MlflowException
+from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
 
 from recsys_alibi.config import DataConfig, ScoreConfig
 from recsys_alibi.data import schema
@@ -66,7 +68,26 @@ log = logging.getLogger(__name__)
 
 LOADER_MODULE = "serving.pyfunc"
 PARAMS = ("k", "exclude_seen")
+PARAM_RULES = {"k": "an integer >= 1", "exclude_seen": "true or false"}  # the signature types them long / boolean
+PREDICT_INPUT = "the predict input"  # how messages name the frame (never the temporary folder it is staged in)
 MODEL_CONFIG = ("allow", "deny", "device", "items")  # score settings given when the model is loaded (rules_config)
+
+
+class PyfuncParamError(MlflowException, DataError):
+    """A ``predict`` param refused: one class and one message frame for every bad param.
+
+    MLflow checks the signature's types first (``k`` long, ``exclude_seen`` boolean: ``"10"``, 2.5
+    or True for ``k`` never reach the model) and raises ``MlflowException`` with error code
+    ``INVALID_PARAMETER_VALUE`` and the message ``Invalid parameters found: {(NAME, PROBLEM)}``; the
+    model checks the rest of :data:`PARAM_RULES` (``k`` >= 1; every param when called without MLflow)
+    and raises this subclass of it, with that code and that frame, so a caller catches one exception
+    (also a ``DataError``) whichever check refused the param.
+    """
+
+    def __init__(self, name: str, value: Any) -> None:
+        rule = PARAM_RULES.get(name)
+        problem = f"must be {rule}, got {value!r}" if rule else f"unknown param; the params are {', '.join(PARAMS)}"
+        super().__init__(f"Invalid parameters found: {({(name, problem)})!r}", error_code=INVALID_PARAMETER_VALUE)
 
 
 def _input_error(column: str, problem: str) -> DataError:
@@ -284,7 +305,10 @@ class RankerPyfunc:
             pandas frame ``user_id``, ``rank`` int32, ``item_id``, ``score`` float32 (long format).
 
         Raises:
-            DataError: malformed input or params (one line naming the column or param).
+            DataError: malformed input (one line naming the column), or no item of the input in the
+                model's vocabulary.
+            PyfuncParamError: a param outside :data:`PARAM_RULES` or unknown (an ``MlflowException``
+                with ``INVALID_PARAMETER_VALUE``, as MLflow's own type check, and a ``DataError``).
         """
         return self.predict_polars(model_input, params).to_pandas()
 
@@ -297,7 +321,7 @@ class RankerPyfunc:
             return ranker.empty(frame.get_column(schema.USER_ID).dtype)
         with tempfile.TemporaryDirectory(prefix="recsys-alibi-pyfunc-") as tmp:
             source = open_input(write_prepared(frame, Path(tmp) / "input"), self.items, DataConfig(),
-                                Path(tmp) / "_input", time_gap_buckets=ranker.time_gap_buckets)  # fmt: skip
+                                Path(tmp) / "_input", time_gap_buckets=ranker.time_gap_buckets, name=PREDICT_INPUT)  # fmt: skip
             step = self.score.shard_users
             parts = []
             for start in range(0, source.n_users, step):
@@ -306,14 +330,15 @@ class RankerPyfunc:
         return pl.concat(parts).sort(schema.USER_ID, schema.RANK)
 
     def _params(self, params: dict[str, Any]) -> tuple[int, bool]:
+        """``(k, exclude_seen)`` by :data:`PARAM_RULES`; raises :class:`PyfuncParamError`."""
         unknown = sorted(set(params) - set(PARAMS))
         if unknown:
-            raise DataError(f"pyfunc params: unknown {unknown}; known: {list(PARAMS)}")
+            raise PyfuncParamError(unknown[0], params[unknown[0]])
         k, exclude_seen = params.get("k", self.score.k), params.get("exclude_seen", self.score.exclude_seen)
-        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
-            raise DataError(f"pyfunc param 'k': must be an integer >= 1, got {k!r}")
+        if isinstance(k, (bool, np.bool_)) or not isinstance(k, (int, np.integer)) or k < 1:
+            raise PyfuncParamError("k", k)
         if not isinstance(exclude_seen, (bool, np.bool_)):
-            raise DataError(f"pyfunc param 'exclude_seen': must be true or false, got {exclude_seen!r}")
+            raise PyfuncParamError("exclude_seen", exclude_seen)
         return int(k), bool(exclude_seen)
 
 

@@ -290,7 +290,8 @@ class _ScoreJob:
         An input refused here (bad data, no users) withdraws the manifest when it holds no shard
         plan yet (this run created it, or one of the same job was killed before it read its input:
         :func:`serving.manifest.withdraw_manifest`): the directory holds no rankings, so the same
-        command with the input fixed is a new job there, not "another job's rankings".
+        command with the input fixed is a new job there, not "another job's rankings"; the staged
+        input goes too, but for the rejects file that an "every row was rejected" message names.
         """
         new_dir = not self.output_dir.exists()
         manifest = open_manifest(self.output_dir, self.identity, overwrite=self.config.score.overwrite)
@@ -302,9 +303,10 @@ class _ScoreJob:
                 self.input_path, self.items, self.config.data, self.output_dir / STAGED_INPUT,
                 time_gap_buckets=self.ranker.time_gap_buckets,
             )  # fmt: skip
-        except Exception:
-            if manifest.users is None and not manifest.shards:
-                withdraw_manifest(self.output_dir, remove_dir=new_dir)
+        except Exception as err:
+            if manifest.users is None and not manifest.shards:  # nothing left behind but the rejects it names
+                named = tuple(n for n in (schema.REJECTS_FILE,) if str(self.output_dir / STAGED_INPUT / n) in str(err))
+                withdraw_manifest(self.output_dir, remove_dir=new_dir, keep=named)
             raise
         n_shards = max(1, -(-source.n_users // self.config.score.shard_users))
         if manifest.users is not None and (manifest.users, manifest.n_shards) != (source.n_users, n_shards):
