@@ -39,7 +39,7 @@ import polars as pl
 from recsys_alibi.config import DataConfig, ItemFeaturesConfig
 from recsys_alibi.data.errors import DataError
 from recsys_alibi.data.item_table import clean_item_table, empty_rejects, feature_rows_schema, read_item_table
-from recsys_alibi.data.prepared import PREPARE_ID_KEY, read_consistent
+from recsys_alibi.data.prepared import read_consistent
 from recsys_alibi.data.schema import COUNT, ITEM_ID, ITEM_IDX, REJECT_REASON
 
 log = logging.getLogger(__name__)
@@ -220,7 +220,7 @@ def read_item_features(directory: str | Path, prepare_id: str | None = None) -> 
     rows = read_consistent(directory, ITEM_FEATURES_FILE, pl.read_parquet, prepare_id)
     vocab = read_consistent(directory, ITEM_FEATURES_VOCAB_FILE, pl.read_parquet, prepare_id)
     stats = read_consistent(directory, "stats.json", lambda p: json.loads(p.read_text()), prepare_id)
-    if stats.get(PREPARE_ID_KEY) is not None and STATS_KEY not in stats:
+    if STATS_KEY not in stats:
         raise DataError(f"{directory}/stats.json has no {STATS_KEY} block; run `recsys-alibi prepare --items` again")
     return rows, vocab, ItemFeaturesConfig.model_validate(stats[STATS_KEY]["declaration"])
 
