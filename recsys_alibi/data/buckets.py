@@ -28,7 +28,7 @@ from torch.utils.data import Sampler
 
 from recsys_alibi.data.partition import train_part
 
-__all__ = ["EqualStepBuckets", "LengthBuckets", "plan_batches", "rank_buckets", "rank_window_lengths"]
+__all__ = ["EqualStepBuckets", "LengthBuckets", "LongestFirst", "plan_batches", "rank_buckets", "rank_window_lengths"]
 
 POOL_BATCHES = 50  # batches' worth of windows sorted together (a fairseq-style megabatch)
 
@@ -206,6 +206,43 @@ def rank_buckets(
     if not np.array_equal(every_rank[rank], lengths):
         raise RuntimeError(f"rank {rank}: the planned window lengths differ from the dataset's; steps would differ")
     return EqualStepBuckets(every_rank, rank, batch_tokens, max_rows, seed)
+
+
+class LongestFirst(Sampler[list[int]]):
+    """A batch sampler for scoring passes (validation): indices sorted by length, longest first,
+    cut by :func:`plan_batches` into batches of at most ``max_rows`` rows and ``max_tokens``
+    padded tokens (``rows x longest``).
+
+    A batch of rows drawn at random is padded to its longest: on ML-1M validation at the whole
+    history (2,000 users, 327,789 events) batches of 256 random users padded 2.8 M tokens and
+    computed 4.3e9 attention pairs; sorted, the same users take 0.39 M tokens and 2.1e8 pairs.
+    A row's output does not depend on the rows beside it (right padding, causal attention), so
+    only the order of the rows changes. The order is fixed (no shuffling): the same every epoch.
+
+    Args:
+        lengths: (W,) int lengths (the padded width each index needs).
+        max_rows, max_tokens: the two budgets, >= 1.
+
+    Raises:
+        ValueError: a budget below 1.
+
+    Example:
+        >>> list(LongestFirst(np.array([2, 5, 1, 2]), max_rows=8, max_tokens=5))
+        [[1], [0, 3], [2]]
+    """
+
+    def __init__(self, lengths: np.ndarray, max_rows: int, max_tokens: int) -> None:
+        if max_rows < 1 or max_tokens < 1:
+            raise ValueError(f"max_rows and max_tokens must be >= 1, got {max_rows}, {max_tokens}")
+        self.lengths = np.asarray(lengths, dtype=np.int64)
+        order = np.argsort(-self.lengths, kind="stable")  # longest first, ties in index order
+        self._batches = [order[a:b].tolist() for a, b in plan_batches(self.lengths[order], max_rows, max_tokens)]
+
+    def __iter__(self) -> Iterator[list[int]]:
+        return iter(self._batches)
+
+    def __len__(self) -> int:
+        return len(self._batches)
 
 
 def plan_batches(lengths: np.ndarray, max_users: int, max_tokens: int) -> Iterator[tuple[int, int]]:

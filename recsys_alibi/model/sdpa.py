@@ -4,7 +4,10 @@
 - ``sdpa``: :func:`torch.nn.functional.scaled_dot_product_attention` with an additive float
   mask (the CPU flash kernel). Causal + right padding shares one (1, H, L, L) mask across the
   batch (padded keys never reach real queries under causal masking). Without gradients a large
-  mask is built and used in query chunks, so no (B, H, L, L) tensor is ever held.
+  mask is built and used in query chunks, so no (B, H, L, L) tensor is ever held. Causal
+  self-attention on the CPU (the training path) goes to the same flash kernel with its causal
+  flag as well (:func:`causal_flash_cpu`): the key blocks above the diagonal are skipped, not
+  computed and masked; the plain call stays beside it as the path everywhere else.
 
 Both read the visibility rules of :class:`recsys_alibi.model.masks.MaskSpec`. The flex backend
 (:mod:`recsys_alibi.model.flex`) falls back to :func:`sdpa_attention`; the dispatcher
@@ -21,7 +24,7 @@ from torch import Tensor
 
 from recsys_alibi.model.masks import MaskSpec, zero_rows_of
 
-__all__ = ["eager_attention", "needs_grad", "sdpa_attention"]
+__all__ = ["causal_flash_cpu", "causal_kernel_applies", "eager_attention", "needs_grad", "sdpa_attention"]
 
 _CHUNK_MASK_BYTES = 32 << 20  # no-grad SDPA: chunk queries when the mask exceeds 2x this
 
@@ -70,6 +73,43 @@ def eager_attention(
     weights = torch.softmax(scores, dim=-1).masked_fill(~(vis & live), 0.0)
     out = torch.matmul(weights, v)  # (B, H, Lq, D)
     return (out, weights) if return_weights else out
+
+
+# The CPU flash kernel behind scaled_dot_product_attention takes a causal flag and an additive mask
+# together (the public function refuses both); with the flag it skips the key blocks above the
+# diagonal instead of computing them and masking them with the mask's -inf. None where absent.
+_FLASH_CPU = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+
+
+def causal_kernel_applies(q: Tensor, spec: MaskSpec, batch: bool, slopes: Tensor) -> bool:
+    """Whether :func:`causal_flash_cpu` computes this call: the CPU kernel exists, q is float32 or
+    bfloat16 on the CPU, attention is causal with Lq == Lk (the kernel's causal diagonal is
+    top-left; ours is bottom-right: the same only then), one mask serves the batch (no
+    ``seq_ids``), and the mask needs no gradient (the kernel gives none for it: learnable slopes
+    take the plain path)."""
+    return (
+        _FLASH_CPU is not None and q.device.type == "cpu" and q.dtype in (torch.float32, torch.bfloat16)
+        and spec.causal and spec.q_len == spec.k_len and not batch and not needs_grad(slopes)
+    )  # fmt: skip
+
+
+def causal_flash_cpu(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float | None) -> Tensor:
+    """Causal attention with an additive ``mask`` by the CPU flash kernel, upper blocks skipped.
+
+    The same sums as ``scaled_dot_product_attention(q, k, v, attn_mask=mask)`` when ``mask`` is
+    ``-inf`` above the diagonal (every skipped term is ``exp(-inf) = 0``): the outputs are equal
+    bit for bit and the gradients to fp32 round-off (tests/model/test_causal_flash.py), at about
+    half the score FLOPs for long windows (docs/benchmarks.md, "Epoch cost").
+
+    Args:
+        q, k, v: (B, H, L, D) float32 or bfloat16 on the CPU (the same dtype).
+        mask: (1 | B, H, L, L) additive mask in q's dtype, ``-inf`` at ``j > i``.
+        scale: score scale, None: ``1 / sqrt(D)``.
+
+    Returns:
+        (B, H, L, D) in q's dtype; differentiable in q, k, v (not in ``mask``).
+    """
+    return _FLASH_CPU(q, k, v, 0.0, True, attn_mask=mask, scale=scale)[0]
 
 
 def _key_range(spec: MaskSpec, first: int, last: int) -> tuple[int, int]:
@@ -136,6 +176,11 @@ def sdpa_attention(
         query_chunk = lq
     q_pos_all = spec.q_positions(q.device)
     mask_kw = dict(bias_clamp=bias_clamp, batch=batch, dtype=q.dtype)
+    if query_chunk == lq and causal_kernel_applies(q, spec, batch, slopes):
+        # one shared (1, H, L, L) mask; the kernel skips the key blocks above the diagonal
+        mask, empty = spec.additive_mask(slopes, q_pos_all, torch.arange(spec.k_len, device=q.device), **mask_kw)
+        out = causal_flash_cpu(q, k, v, mask, scale)  # (B, H, L, D)
+        return zero_rows_of(out, empty, spec.zero_rows(q_pos_all))
     template = None
     if query_chunk < lq and _shift_invariant(spec, batch):
         # causal, same for every row, no sinks: the mask only depends on i - j, so the mask of

@@ -31,7 +31,7 @@ import torch
 from torch.utils.data import DataLoader, Sampler
 
 from recsys_alibi.config import ConfigError, ModelConfig, TrainConfig
-from recsys_alibi.data.buckets import rank_buckets
+from recsys_alibi.data.buckets import LongestFirst, rank_buckets
 from recsys_alibi.data.loader import (
     FlatSequences,
     HistoryTargets,
@@ -264,4 +264,17 @@ class SequenceDataModule(L.LightningDataModule):
             self.load()
         max_len = self.model_cfg.max_len
         dataset = HistoryTargets(self.valid_histories, self.valid_targets, max_len, gaps=self.valid_gaps)
-        return DataLoader(dataset, batch_size=self.train_cfg.val_batch_size, collate_fn=collate_history_targets)
+        return DataLoader(dataset, batch_sampler=self.val_batches(dataset), collate_fn=collate_history_targets)
+
+    def val_batches(self, dataset: HistoryTargets) -> LongestFirst:
+        """Validation users longest first, at most ``train.val_batch_size`` a batch and, with
+        ``train.batch_tokens`` set, at most that many padded events (the training budget; a
+        validation batch holds no gradients, so it needs less memory than a training batch of
+        the same size). Without it the users are only sorted (``val_batch_size x max_len``
+        bounds a batch, as before). Sorting keeps long histories together: random batches
+        padded every row to the batch's longest (docs/benchmarks.md, "Epoch cost")."""
+        max_len = self.model_cfg.max_len
+        rows = self.train_cfg.val_batch_size
+        windows = np.minimum(self.valid_histories.lengths()[dataset.rows], max_len)  # (U_r,) model inputs
+        budget = self.train_cfg.batch_tokens or rows * max_len
+        return LongestFirst(windows, rows, budget)

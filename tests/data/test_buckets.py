@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from recsys_alibi.data.buckets import EqualStepBuckets, LengthBuckets, rank_window_lengths, split_to_count
+from recsys_alibi.data.buckets import EqualStepBuckets, LengthBuckets, LongestFirst, rank_window_lengths, split_to_count
 
 
 def _lengths() -> np.ndarray:
@@ -76,3 +76,20 @@ def test_split_to_count_halves_the_largest_batch_and_repeats_only_single_windows
 def test_rank_window_lengths_follow_the_users_each_rank_reads():
     fit = np.array([3, 10, 40, 5, 7])  # fit-prefix lengths m; one window of min(m - 1, max_len + 1) events
     assert [x.tolist() for x in rank_window_lengths(fit, max_len=8, world_size=2)] == [[2, 9, 9], [4, 6, 2]]
+
+
+def test_longest_first_scores_every_row_once_within_both_budgets_longest_first():
+    lengths = _lengths()
+    batches = list(LongestFirst(lengths, max_rows=256, max_tokens=8192))
+    assert sorted(i for b in batches for i in b) == list(range(3000))
+    assert all(len(b) <= 256 and len(b) * lengths[b].max() <= 8192 for b in batches)
+    firsts = [int(lengths[b[0]]) for b in batches]
+    assert firsts == sorted(firsts, reverse=True) and firsts[0] == lengths.max()
+    assert all(lengths[b[0]] == lengths[b].max() for b in batches)
+    padded = sum(len(b) * int(lengths[b].max()) for b in batches)
+    order = np.random.default_rng(0).permutation(3000)  # what random batches of 256 pad
+    random = sum(len(b) * int(lengths[b].max()) for b in np.array_split(order, 3000 // 256))
+    assert padded < 1.1 * lengths.sum() < random / 4
+    assert len(LongestFirst(lengths, 256, 8192)) == len(batches)
+    with pytest.raises(ValueError, match="max_tokens"):
+        LongestFirst(lengths, 256, 0)

@@ -245,7 +245,14 @@ def test_sdpa_training_path_shares_one_mask(monkeypatch):
         seen.append(tuple(attn_mask.shape))
         return real(q, k, v, attn_mask=attn_mask, **kw)
 
+    kernel = sdpa_module.causal_flash_cpu  # causal self-attention on CPU: the kernel that skips upper blocks
+
+    def kernel_spy(q, k, v, mask, scale):
+        seen.append(tuple(mask.shape))
+        return kernel(q, k, v, mask, scale)
+
     monkeypatch.setattr(sdpa_module.F, "scaled_dot_product_attention", spy)
+    monkeypatch.setattr(sdpa_module, "causal_flash_cpu", kernel_spy)
     q, k, v = (t.requires_grad_() for t in _inputs())
     sdpa_attention(q, k, v, alibi_slopes(H), lengths=torch.tensor([130, 37]), window=16, sinks=2)
     assert seen == [(1, H, L, L)]  # one bias broadcast over the batch, never (B, H, L, L)

@@ -27,6 +27,45 @@ def test_batch_tokens_bounds_every_batch_and_trains(tmp_path):
     assert fit.epochs == 2 and fit.best_val_ndcg_at_10 > 0.1
 
 
+def test_validation_batches_are_sorted_by_length_and_score_every_user_as_random_batches_did(tmp_path):
+    """Validation users longest first under train.batch_tokens: each once, with its own target and
+    window, and the validation metric of random batches of val_batch_size (the old loader)."""
+    import numpy as np
+    import torch
+    from torch.utils.data import DataLoader
+
+    from recsys_alibi.data.loader import collate_history_targets
+    from recsys_alibi.training.module import RankerModule, metrics_from_sums, validation_sums
+
+    prepared = write_walks(tmp_path / "prepared")
+    config = tiny_config(tmp_path / "out", "train.batch_tokens=64")
+    dm = SequenceDataModule(prepared, config.model, config.train, config.seed)
+    loader = dm.val_dataloader()
+    widths = [int(b["lengths"].max()) for b in loader]
+    assert widths == sorted(widths, reverse=True) and len(widths) > 1
+    assert all(b["history"].numel() <= 64 and len(b["lengths"]) <= 64 for b in loader)
+    old = DataLoader(loader.dataset, batch_size=config.train.val_batch_size, collate_fn=collate_history_targets)
+
+    def served(batches) -> list[tuple]:
+        return sorted((tuple(b["seen"][r][b["seen"][r] > 0].tolist()), int(b["targets"][r]))
+                      for b in batches for r in range(len(b["targets"])))  # fmt: skip
+
+    assert served(loader) == served(old)  # every validation user once, with its target
+    torch.manual_seed(0)
+    module = RankerModule(config.model, config.train, dm.n_items, exclude_seen=True).eval()
+    metrics = []
+    for batches in (loader, old):
+        with torch.no_grad():
+            for i, batch in enumerate(batches):
+                module.validation_step(batch, i)
+        ranks = torch.cat(module._val_ranks).numpy()
+        module._val_ranks.clear()
+        metrics.append(metrics_from_sums(validation_sums(ranks)))
+    assert metrics[0].keys() == metrics[1].keys()
+    for name in metrics[0]:
+        assert np.isclose(metrics[0][name], metrics[1][name], rtol=1e-9), name
+
+
 def test_packing_and_batch_tokens_together_is_a_config_error(tmp_path):
     with pytest.raises(ConfigError, match="batch_tokens"):
         tiny_config(tmp_path, "train.packing=true", "train.batch_tokens=128")
