@@ -636,7 +636,12 @@ def parse_override(text: str) -> tuple[str, Any]:
 
 
 def _read_file(path: Path) -> dict[str, Any]:
-    if not path.is_file():
+    """The YAML mapping of a config file; a pipe (``--config <(envsubst < job.yaml)``) is read too (once).
+
+    Raises:
+        ConfigError: a directory, nothing there, unreadable, not UTF-8, not YAML or not a mapping.
+    """
+    if path.is_dir() or not path.exists():
         raise ConfigError(f"config {path} is a directory, not a YAML file" if path.is_dir() else f"config file not found: {path}")
     try:
         text = path.read_text(encoding="utf-8")

@@ -38,7 +38,7 @@ import torch
 
 from recsys_alibi.data import schema
 from recsys_alibi.data.ids import same_id_in
-from recsys_alibi.data.ingest import DataError
+from recsys_alibi.data.ingest import DataError, resolve_paths
 from recsys_alibi.data.loader import FlatSequences, pad_right
 
 log = logging.getLogger(__name__)
@@ -48,9 +48,13 @@ SKIP_EVERY_ITEM_EXCLUDED = "every_item_excluded"  # known items, but every item 
 _ROW = "_row"
 
 
-def _scan(path: str) -> pl.LazyFrame:
+def _scan(path: str, kind: str) -> pl.LazyFrame:
+    """The rule file's rows: a file, a folder (every file below it but hidden and ``_``-prefixed ones, as
+    Spark writes them beside ``.crc`` files and ``_SUCCESS``) or a glob, by the rule of every user-given
+    folder (:func:`recsys_alibi.data.formats.resolve_paths`: a FIFO or device is refused, named)."""
+    files = resolve_paths(path, what=f"score.{kind} rule file", flag=f"score.{kind}")
     try:
-        return pl.scan_parquet(path)
+        return pl.scan_parquet(files)
     except (pl.exceptions.PolarsError, OSError) as err:
         raise DataError(f"cannot read rule file {path}: {str(err).splitlines()[0]}") from None
 
@@ -73,7 +77,7 @@ class RuleFile:
             DataError: unreadable, no ``item_id`` column, or ids that are neither integers nor strings.
         """
         try:
-            found = _scan(path).collect_schema()
+            found = _scan(path, kind).collect_schema()
         except (pl.exceptions.PolarsError, OSError) as err:
             raise DataError(f"score.{kind} {path}: cannot read it ({str(err).splitlines()[0]})") from None
         if schema.ITEM_ID not in found:
@@ -89,7 +93,7 @@ class RuleFile:
     def scan(self) -> pl.LazyFrame:
         """The rows (``item_id``, and ``user_id`` for a per-user file)."""
         columns = [schema.USER_ID, schema.ITEM_ID] if self.per_user else [schema.ITEM_ID]
-        return _scan(self.path).select(columns)
+        return _scan(self.path, self.kind).select(columns)
 
 
 class ItemRules:

@@ -1,8 +1,12 @@
 """Which files an input names and which format they are in (read from names and first lines only).
 
 * :func:`resolve_paths`: a file, a directory (every file below it, hidden ones and ``_``-prefixed
-  ones skipped) or a glob -> files in natural name order (``day9`` before ``day10``), the order
-  their lines are read in.
+  ones skipped: a Spark folder's ``_SUCCESS`` and ``.part-*.crc``) or a glob -> files in natural
+  name order (``day9`` before ``day10``), the order their lines are read in. The one rule of every
+  reader of a user-given file or folder (events, ``score.allow`` / ``score.deny``): a path that is
+  not a regular file or directory (a FIFO, a socket, a device), given or found in the folder, is
+  refused with one line saying what it is and why (:func:`not_a_file`), never reported missing
+  or skipped silently.
 * :func:`infer_format`: the format from the first file's name, else from its first lines.
 """
 
@@ -10,9 +14,11 @@ from __future__ import annotations
 
 import glob
 import gzip
+import os
 import re
 from pathlib import Path
 
+from recsys_alibi.atomic import describe_path, path_kind
 from recsys_alibi.data.errors import GZIP_ERRORS, DataError, first_line, gzip_error
 
 FORMATS = ("parquet", "csv", "ndjson", "movielens", "sasrec", "s3rec")
@@ -34,33 +40,56 @@ def natural_key(path: Path) -> tuple:
     return parts, str(path)
 
 
-def resolve_paths(input_path: str | Path) -> list[Path]:
-    """The files behind a file, directory (all files below it, hidden ones skipped) or glob.
+def not_a_file(path: Path, what: str = "input", flag: str = "--input", takes: str = "file, directory or glob") -> DataError:
+    """The error for a user-given ``path`` that is not a regular file or directory: what is there and why
+    it is refused (a FIFO is read once, an input more than once), or that nothing is there."""
+    kind = path_kind(path)
+    if kind is None:
+        dangling = f" (a symbolic link to the missing {os.path.realpath(path)})" if os.path.islink(path) else ""
+        return DataError(f"{what} not found: '{path}'{dangling}; pass an existing {takes} as {flag}")
+    why = ("a pipe can be read only once, and an input is read more than once (its format is sniffed, then it is "
+           "read in passes): write it to a file first") if kind.startswith("FIFO") else \
+        "only regular files are read as input"  # fmt: skip
+    return DataError(f"{what} '{describe_path(path)}' is a {kind}, not a regular file or directory: {why} ({flag})")
+
+
+def _regular(paths: list[Path], what: str, flag: str) -> list[Path]:
+    """``paths`` (found below a folder or by a glob) but directories; any other non-regular file refused."""
+    special = next((p for p in paths if path_kind(p) not in ("regular file", "directory")), None)
+    if special is not None:
+        raise not_a_file(special, what, flag)
+    return [p for p in paths if p.is_file()]
+
+
+def resolve_paths(input_path: str | Path, what: str = "input", flag: str = "--input") -> list[Path]:
+    """The files behind a file, directory (all files below it, hidden and ``_``-prefixed ones skipped) or glob.
 
     Several files are returned in natural order (:func:`natural_key`: ``day9, day10, day11``),
     which is also the order their lines are read in, so line-order time follows it.
+
+    Args:
+        what, flag: how messages name the input and the flag or key that gave it (``score.allow``).
+
+    Raises:
+        DataError: nothing there, no file in the folder or matching the glob, or a path (given, or
+            a visible one in the folder or the glob's matches) that is a FIFO, socket or device
+            (:func:`not_a_file`).
     """
     text = str(input_path)
     if any(ch in text for ch in "*?["):
-        paths = sorted((Path(p) for p in glob.glob(text, recursive=True) if Path(p).is_file()), key=natural_key)
+        paths = sorted(_regular([Path(p) for p in glob.glob(text, recursive=True)], what, flag), key=natural_key)
         if not paths:
-            raise DataError(f"no files match '{text}'; check the pattern given as --input")
+            raise DataError(f"no files match '{text}'; check the pattern given as {flag}")
         return paths
     path = Path(text)
     if path.is_dir():
-        paths = sorted(
-            (
-                p
-                for p in path.rglob("*")
-                if p.is_file() and not any(part.startswith((".", "_")) for part in p.relative_to(path).parts)
-            ),
-            key=natural_key,
-        )
+        visible = [p for p in path.rglob("*") if not any(part.startswith((".", "_")) for part in p.relative_to(path).parts)]
+        paths = sorted(_regular(visible, what, flag), key=natural_key)
         if not paths:
-            raise DataError(f"empty input: directory '{path}' holds no files; point --input at the event log")
+            raise DataError(f"empty {what}: directory '{path}' holds no files; point {flag} at its files")
         return paths
     if not path.is_file():
-        raise DataError(f"input not found: '{path}'; pass an existing file, directory or glob as --input")
+        raise not_a_file(path, what, flag)
     return [path]
 
 

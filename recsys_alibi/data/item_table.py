@@ -44,7 +44,7 @@ import polars as pl
 
 from recsys_alibi.config import ItemFeaturesConfig
 from recsys_alibi.data.errors import DataError, first_line
-from recsys_alibi.data.formats import stem_suffix
+from recsys_alibi.data.formats import not_a_file, stem_suffix
 from recsys_alibi.data.ids import round_trips
 from recsys_alibi.data.schema import ITEM_ID, ITEM_IDX, REJECT_REASON
 
@@ -74,8 +74,8 @@ def read_item_table(path: str | Path) -> ItemTable:
         DataError: the file is missing, of another format, unreadable or has no columns.
     """
     path = Path(path)
-    if not path.is_file():
-        raise DataError(f"item table not found: '{path}'; pass an existing file as --items (data.items)")
+    if not path.is_file():  # what is there instead, and why it is refused (recsys_alibi.data.formats)
+        raise not_a_file(path, "item table", "--items (data.items)", takes="file")
     name, _ = stem_suffix(path)
     fmt = _SUFFIXES.get(Path(name).suffix)
     if fmt is None:

@@ -39,7 +39,7 @@ from typing import TypeVar
 import polars as pl
 import pyarrow.parquet as pq
 
-from recsys_alibi.atomic import check_replaceable, publish_files, replace_file, write_json_atomic
+from recsys_alibi.atomic import check_replaceable, describe_path, path_kind, publish_files, replace_file, write_json_atomic
 from recsys_alibi.data.ingest import DataError
 from recsys_alibi.data.schema import (
     CLEANED_FILE,
@@ -256,6 +256,10 @@ def read_json_file(path: Path) -> dict:
 def unreadable_error(path: Path, err: BaseException) -> DataError:
     """The one-line error of a prepared file that is missing or cannot be read (truncated, not Parquet)."""
     if not path.exists():
+        kind = path_kind(path.parent)
+        if kind not in (None, "directory"):  # --prepared names a file, a FIFO, ...: say so, not "not found"
+            return DataError(f"{describe_path(path.parent)} is a {kind}, not a prepared directory; give the directory "
+                             "`recsys-alibi prepare` wrote")  # fmt: skip
         return DataError(f"{path} not found; run `recsys-alibi prepare` to create the prepared directory")
     first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
     return DataError(f"cannot read {path}: {first}; {PREPARE_AGAIN}")

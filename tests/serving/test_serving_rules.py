@@ -142,7 +142,8 @@ def test_bad_rule_files_are_one_line_errors(prepared, tmp_path):
     floats = _write(tmp_path / "b.parquet", pl.DataFrame({schema.ITEM_ID: [1001.0]}))
     nulls = _write(tmp_path / "c.parquet", pl.DataFrame({schema.USER_ID: ["u001", None], schema.ITEM_ID: [1001, 1002]}))
     for path, message in ((no_items, "no item_id column"), (floats, "item_id is Float64"),
-                          (nulls, "1 rows with a null user_id"), (str(tmp_path / "none.parquet"), "cannot read")):  # fmt: skip
+                          (nulls, "1 rows with a null user_id"),
+                          (str(tmp_path / "none.parquet"), "score.deny rule file not found")):  # fmt: skip
         with pytest.raises(DataError, match=message):
             _score(prepared, tmp_path / "out", deny=path)
     assert ScoreConfig(allow="x.parquet").allow == "x.parquet"
