@@ -9,6 +9,7 @@ from pathlib import Path
 from recsys_alibi.atomic import atomic_path
 from pipelines.outputs import check_outside_input
 from recsys_alibi.config import JobConfig
+from recsys_alibi.data.synthetic_items import write_daily_item_tables, write_item_table
 from recsys_alibi.staging import remove_stale_temps, stale_temps
 
 log = logging.getLogger(__name__)
@@ -22,9 +23,11 @@ class GenerateJobResult:
     events: int
     users: int
     items: int
+    item_table: Path | None = None  # the item table written beside the events (recsys_alibi.data.synthetic_items)
 
     def summary(self) -> str:
-        return f"generated {self.events} events of {self.users} users on {self.items} items -> {self.path}"
+        table = f"; item table -> {self.item_table}" if self.item_table else ""
+        return f"generated {self.events} events of {self.users} users on {self.items} items -> {self.path}{table}"
 
 
 def run_generate(config: JobConfig, output: str | Path) -> GenerateJobResult:
@@ -43,6 +46,7 @@ def run_generate(config: JobConfig, output: str | Path) -> GenerateJobResult:
         events=events.height,
         users=events.get_column("user_id").n_unique(),
         items=events.get_column("item_id").n_unique(),
+        item_table=write_item_table(config.generate, config.seed, output),
     )
 
 
@@ -58,11 +62,14 @@ class GenerateDaysResult:
     events: tuple[int, ...]
     new_users: tuple[int, ...]  # users whose first event is in that day
     new_items: tuple[int, ...]  # items whose first event is in that day
+    item_tables: tuple[Path, ...] = ()  # per day, the item table of its new items (_items/day-NNN.parquet)
 
     def summary(self) -> str:
         lines = [f"generated {sum(self.events)} events as {len(self.files)} daily files -> {self.directory}"]
         for path, events, users, items in zip(self.files, self.events, self.new_users, self.new_items):
             lines.append(f"  {path.name}: {events} events, {users} new users, {items} new items")
+        if self.item_tables:
+            lines.append(f"item tables of each day's new items -> {self.item_tables[0].parent}")
         return "\n".join(lines)
 
 
@@ -91,7 +98,9 @@ def run_generate_days(config: JobConfig, directory: str | Path) -> GenerateDaysR
         new_items.append(len(items - seen_items))
         seen_users |= users
         seen_items |= items
-    return GenerateDaysResult(directory, files, tuple(d.height for d in days), tuple(new_users), tuple(new_items))
+    tables = write_daily_item_tables(cfg, config.seed, directory, days, [f.name for f in files])
+    return GenerateDaysResult(directory, files, tuple(d.height for d in days), tuple(new_users), tuple(new_items),
+                              tuple(tables))  # fmt: skip
 
 
 def run_prepare(config: JobConfig, input_path: str | Path | None, output_dir: str | Path):

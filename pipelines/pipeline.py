@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipelines.collisions import check_pipeline_paths
 from pipelines.data_steps import run_generate, run_prepare
 from pipelines.evaluate import (
     EvaluateJobResult,
@@ -118,6 +119,7 @@ def run_pipeline(config: JobConfig, *, progress: bool = True) -> PipelineResult:
     check_pipeline_launch(config)
     engine_scorer(config)  # score.engine=ray (used by the scoring step): Ray and its cluster checked before training
     check_before_data(config)  # every training check that needs no data: before a day is appended
+    check_pipeline_paths(config)  # outputs apart from every input and other output, before any work
     started = time.perf_counter()
     out = Path(config.output)
     input_path = config.data.input
@@ -128,9 +130,13 @@ def run_pipeline(config: JobConfig, *, progress: bool = True) -> PipelineResult:
         if config.generate.days is not None:
             raise ValueError("generate.days writes daily files with `recsys-alibi generate --days N`; a pipeline reads "
                              "one day: set data.input to a day file and generate.enabled=false (docs/scheduling.md)")
-        generated = run_generate(config, out / "events.parquet")
+        declared = config.data.items is None and bool(config.data.item_features.columns)  # data.items: the generated table
+        generated = run_generate(with_overrides(config, generate={"item_table": True}) if declared else config,
+                                 out / "events.parquet")  # fmt: skip
         log.info(generated.summary())
         input_path = str(generated.path)
+        if declared and generated.item_table is not None:
+            config = with_overrides(config, data={"items": str(generated.item_table)})
     prepared_dir = out / "prepared"
     prepared = run_prepare(config, input_path, prepared_dir)
 

@@ -79,12 +79,18 @@ class GenerateConfig(_Section):
     min_events: int = Field(20, ge=3)  # shortest history generated, events
     max_events: int = Field(3000, ge=3)  # longest history generated, events
     days: int | None = Field(None, ge=1)  # `generate --days N`: the log as N daily files in a directory (synthetic.split_days)
+    # also write the item table of the latent catalog (recsys_alibi.data.synthetic_items): items.parquet beside
+    # the events, per day _items/day-NNN.parquet; the pipeline writes it when data.item_features is declared
+    item_table: bool = False
 
     @model_validator(mode="after")
     def _events_range(self) -> "GenerateConfig":
         if self.min_events > self.max_events:
             raise ValueError(f"generate.min_events={self.min_events} is above generate.max_events={self.max_events}")
-        self._refuse_ignored("generate", (("distance", self.task == "long-range", "generate.task=long-range"),))
+        self._refuse_ignored("generate", (
+            ("distance", self.task == "long-range", "generate.task=long-range"),
+            ("item_table", self.task == "default", "generate.task=default"),
+        ))  # fmt: skip
         return self
 
 

@@ -51,7 +51,7 @@ def feature_rows(
         frame.select(pl.col(c).cast(pl.Float32).fill_null(float("nan")) for c in numeric).to_numpy().astype(np.float32)
         if numeric else np.zeros((frame.height, 0), np.float32)
     )  # fmt: skip
-    return FeatureRows(tuple(vocabs), tuple(values), tuple(offsets), torch.from_numpy(matrix.reshape(frame.height, -1))), unknown
+    return FeatureRows(tuple(vocabs), tuple(values), tuple(offsets), torch.from_numpy(matrix.reshape(frame.height, len(numeric)))), unknown
 
 
 def catalog_features(prepared_dir: str | Path, n_items: int, prepare_id: str | None = None) -> CatalogFeatures:

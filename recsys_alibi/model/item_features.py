@@ -210,6 +210,8 @@ class ItemFeatureEncoder(nn.Module):
             raise ValueError(f"feature rows of columns {rows.names} + {rows.numeric.shape[1]} numbers; the encoder reads "
                              f"{self.names} + {self.numeric_mean.shape[0]}")  # fmt: skip
         out = rows.numeric.new_zeros(rows.count, self.d_model)  # (M, D)
+        if rows.count == 0:  # no item (a table without new items): torchrec's jagged split needs one
+            return out
         for pooled in self._pooled(rows) if self.bags is not None else []:
             out = out + pooled.float()
         if self.numeric is not None:

@@ -45,6 +45,9 @@ def test_encoder_values_by_hand(backend):
     # A: [1,0] + [0,1] + z=(2000-1995)/5=1 -> [2,-1]; B: [1,1] (year missing = mean); C: z=-1 -> [-2,1]; D: 0
     assert out.shape == (4, 2) and out.dtype == torch.float32
     assert torch.equal(out, torch.tensor([[3.0, 0.0], [1.0, 1.0], [-2.0, 1.0], [0.0, 0.0]]))
+    none = FeatureRows(("genre",), (torch.zeros(0, dtype=torch.int64),), (torch.zeros(1, dtype=torch.int64),),
+                       torch.zeros(0, 1))  # fmt: skip
+    assert enc(none).shape == (0, 2)  # no item at all (a table without new items)
 
 
 @pytest.mark.skipif(torchrec_unavailable() is not None, reason="torchrec cannot be imported here")

@@ -1,0 +1,132 @@
+"""The item table of the embedded synthetic data: features that carry the generator's own signal.
+
+The default task's generator (:mod:`recsys_alibi.data.synthetic`) gives every item a latent
+structure (:func:`recsys_alibi.data.synthetic.latent_items`): a topic (the short-term interest
+draws pick a topic, then an item inside it), a popularity rank inside the topic, and a latent
+vector ``v_i`` (``TASTE_DIM`` standard normal entries; the long-term taste events follow
+``u . v_i``). The item table shows each of them, coarsened as real metadata would be:
+
+============== ============= ===================================================================
+``topic``      categorical   ``"topic-07"``: the item's topic, exactly
+``tags``       categorical   a list: ``"d03+"`` for each latent dimension d with ``v_i[d] > 1``,
+               (list)        ``"d03-"`` for ``v_i[d] < -1`` (about 5 tags per item of 32 values):
+                             the sign pattern of the strong directions of ``v_i``
+``popularity`` numeric       ``-log(rank)`` of the item inside its topic (the log of its Zipf
+                             weight over ``ZIPF_A``): 0 for the most drawn item of a topic
+============== ============= ===================================================================
+
+So a model that reads the table can rank an item it never saw by its topic, its taste direction
+and its popularity: what decides who consumes it in the generator. Declare it with
+:data:`DECLARATION` (``data.item_features``).
+
+With ``generate.item_table: true`` (set by the pipeline when ``data.item_features`` is declared),
+``generate`` writes ``items.parquet`` beside the events (:func:`item_table_path`); ``generate
+--days`` writes, for each day, the table rows of the items whose first event is that day (every
+item without an event at all goes to day 1: the catalog at the start) into ``_items/day-NNN.parquet``
+inside the days directory (``_``-prefixed: a directory given as ``--input`` never reads it as events),
+so that ``prepare --append --input day-NNN.parquet --items _items/day-NNN.parquet`` brings each day's
+new items with their features. The long-range probe has no latent vectors: no item table.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from recsys_alibi.config import GenerateConfig
+from recsys_alibi.data.schema import ITEM_ID
+
+DECLARATION = {"categorical": ["topic", "tags"], "numeric": ["popularity"]}  # data.item_features of the table
+TAG_THRESHOLD = 1.0  # |v_i[d]| above it: the item is tagged with direction d
+ITEM_TABLE_FILE = "items.parquet"
+DAILY_ITEMS_DIR = "_items"
+
+
+def item_table(vectors: np.ndarray, topic: np.ndarray, topic_rank: np.ndarray) -> pl.DataFrame:
+    """The item table of a latent catalog (module doc).
+
+    Args:
+        vectors: (N, K) float latent item vectors; item i has raw id i + 1.
+        topic: (N,) int topic of each item.
+        topic_rank: (N,) int popularity rank inside its topic, 1 = most drawn.
+
+    Returns:
+        ``item_id`` Int64 1..N, ``topic`` String, ``tags`` List(String) (dimension order), ``popularity`` Float64.
+    """
+    n, k = vectors.shape
+    strong = np.abs(vectors) > TAG_THRESHOLD  # (N, K)
+    names = np.array([f"d{d:02d}{s}" for d in range(k) for s in "+-"]).reshape(k, 2)  # (K, 2)
+    per_dim = np.where(vectors > 0, names[None, :, 0], names[None, :, 1])  # (N, K)
+    tags = [per_dim[i][strong[i]].tolist() for i in range(n)]
+    return pl.DataFrame({
+        ITEM_ID: pl.Series(np.arange(1, n + 1), dtype=pl.Int64),
+        "topic": pl.Series([f"topic-{t:02d}" for t in topic], dtype=pl.String),
+        "tags": pl.Series(tags, dtype=pl.List(pl.String)),
+        "popularity": pl.Series(-np.log(topic_rank.astype(np.float64)), dtype=pl.Float64),
+    })  # fmt: skip
+
+
+def generate_item_table(cfg: GenerateConfig, seed: int) -> pl.DataFrame | None:
+    """The item table of the log ``generate_events(cfg, seed)`` writes (None for the long-range probe)."""
+    if cfg.task != "default":
+        return None
+    from recsys_alibi.data.synthetic import latent_items
+
+    latent = latent_items(cfg.items, seed)
+    return item_table(latent.vectors, latent.topic, latent.topic_rank)
+
+
+def daily_item_tables(table: pl.DataFrame, days: list[pl.DataFrame]) -> list[pl.DataFrame]:
+    """Split ``table`` by the day of each item's first event in ``days`` (items without events: day 1)."""
+    first = pl.concat([d.select(ITEM_ID).unique().with_columns(pl.lit(i, pl.Int64).alias("_day"))
+                       for i, d in enumerate(days)]).group_by(ITEM_ID).agg(pl.col("_day").min())  # fmt: skip
+    dated = table.join(first, on=ITEM_ID, how="left").with_columns(pl.col("_day").fill_null(0))
+    return [dated.filter(pl.col("_day") == i).drop("_day").sort(ITEM_ID) for i in range(len(days))]
+
+
+def item_table_path(events_path: str | Path) -> Path:
+    """Where ``generate`` writes the item table of ``events_path``: ``items.parquet`` beside it
+    (``<stem>.items.parquet`` when the events themselves are named ``items.parquet``)."""
+    events_path = Path(events_path)
+    name = ITEM_TABLE_FILE if events_path.name != ITEM_TABLE_FILE else f"{events_path.stem}.items.parquet"
+    return events_path.parent / name
+
+
+def write_item_table(cfg: GenerateConfig, seed: int, events_path: str | Path) -> Path | None:
+    """Write the item table of ``generate``'s log beside ``events_path`` (atomic) when ``cfg.item_table``;
+    returns its path (None: not asked for)."""
+    from recsys_alibi.atomic import atomic_path
+
+    table = generate_item_table(cfg, seed) if cfg.item_table else None
+    if table is None:
+        return None
+    path = item_table_path(events_path)
+    with atomic_path(path) as tmp:
+        table.write_parquet(tmp)
+    return path
+
+
+def write_daily_item_tables(cfg: GenerateConfig, seed: int, directory: str | Path, days: list[pl.DataFrame],
+                            names: list[str]) -> list[Path]:  # fmt: skip
+    """Write each day's new items (module doc) as ``directory/_items/<name>``, atomically, when ``cfg.item_table``
+    ([] otherwise).
+
+    Args:
+        days: the daily event frames, in order; names: the daily file names (``day-001.parquet`` ...).
+    """
+    from recsys_alibi.atomic import atomic_path
+
+    table = generate_item_table(cfg, seed) if cfg.item_table else None
+    if table is None:
+        return []
+    folder = Path(directory) / DAILY_ITEMS_DIR
+    folder.mkdir(exist_ok=True)
+    paths = [folder / name for name in names]
+    for stale in sorted(set(folder.glob("day-*.parquet")) - set(paths)):  # an earlier run with more days
+        stale.unlink()
+    for path, rows in zip(paths, daily_item_tables(table, days)):
+        with atomic_path(path) as tmp:
+            rows.write_parquet(tmp)
+    return paths
