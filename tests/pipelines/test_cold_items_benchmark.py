@@ -1,0 +1,48 @@
+"""benchmarks/cold_items.py: the ML-1M item table by hand, the held-out split, and a whole --tiny run."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+_spec = importlib.util.spec_from_file_location("cold_items_benchmark", REPO / "benchmarks" / "cold_items.py")
+cold = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(cold)
+
+
+@pytest.fixture
+def ml1m(shared_data) -> Path:
+    folder = shared_data / "ml-1m"
+    for name in ("ml-1m.txt.gz", "movies.dat", "sas_to_original_items.txt"):
+        if not (folder / name).is_file():
+            pytest.skip(f"{folder / name} not found (ML-1M SASRec file, movies.dat and the SASRec id map)")
+    return folder
+
+
+def test_item_table_of_the_sasrec_ids(ml1m):
+    table = cold.load_item_table(ml1m)
+    assert table.height == 3416 and table.get_column("item_id").to_list() == list(range(1, 3417))
+    assert table.get_column("genres").null_count() == 0 and table.get_column("year").null_count() == 0
+    movie = dict(pl.read_csv(ml1m / "sas_to_original_items.txt", separator=" ", has_header=False).rows())
+    toy_story = table.filter(pl.col("item_id") == next(s for s, m in movie.items() if m == 1)).row(0)
+    assert toy_story[1:] == (["Animation", "Children's", "Comedy"], 1995.0)  # movies.dat line 1
+
+
+def test_tiny_run_writes_every_field(ml1m, tmp_path, one_torch_thread):
+    result = cold.main(["--tiny", "--output", str(tmp_path / "cold.json"), "--workdir", str(tmp_path / "work")])
+    assert json.loads((tmp_path / "cold.json").read_text()) == json.loads(json.dumps(result))
+    assert result["held_out_items"] == round(0.1 * (result["items"])) and set(result["runs"]) == {
+        "id_only", "features_id_min_events_0", "features_id_min_events_20"}
+    test = result["test"]
+    assert test["id_only"]["users"] == test["features"]["users"] == 300
+    held = test["HR@10 held-out targets"]
+    assert held["n_users"] == test["id_only"]["held_targets"] > 0
+    assert held["ci95"][0] <= held["difference"] <= held["ci95"][1]
+    assert result["chosen_on_validation"] in result["runs"] and "one torch thread" in result["machine"]
+    assert np.isfinite(test["NDCG@10 all"]["difference"])
