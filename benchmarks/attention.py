@@ -3,7 +3,7 @@
 Dense case: B = budget // L rows of L tokens (T = B * L tokens per batch, the same at every L),
 causal ALiBi, no padding, H heads of width D (``--dims``, default 64 and 128).
 Packed case (``--packed``): MovieLens-1M's per-user history lengths (the SASRec-format file
-``/work/shared/data/ml-1m/ml-1m.txt.gz``, ``user item`` per line), packed first-fit decreasing
+``../shared/data/ml-1m/ml-1m.txt.gz`` beside the checkout, ``user item`` per line), packed first-fit decreasing
 into rows of ``--packed-len`` (4,096) tokens; the batch is ``budget // packed_len`` of those
 rows taken evenly spaced over the packing (a mix of long and short users), attention only
 within each user (``seq_ids``). Where the file is absent: a synthetic distribution of 6,040
@@ -58,13 +58,14 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 MODES = (
     "flex-alibi", "flex-alibi-learnable", "flex-nobias", "sdpa-mask", "sdpa-nobias", "sdpa-chunked", "eager", "auto",
 )  # fmt: skip
 FORWARD_ONLY_ON_CPU = ("flex-alibi", "flex-alibi-learnable", "flex-nobias", "sdpa-chunked")
 DENSE_ONLY = ("sdpa-nobias", "sdpa-chunked", "eager")
-ML1M = "/work/shared/data/ml-1m/ml-1m.txt.gz"
+ML1M = str(Path(__file__).resolve().parents[2] / "shared" / "data" / "ml-1m" / "ml-1m.txt.gz")  # beside the checkout
 FLOP_FORMULA = (
     "FLOPs: causal forward 2*T*L*H*D, forward+backward 3.5*2*T*L*H*D (T tokens per batch; "
     "packed rows: T*L -> sum over users of n_s^2)"
