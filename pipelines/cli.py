@@ -16,6 +16,7 @@ import warnings
 from pathlib import Path
 from typing import Callable, Sequence
 
+from pipelines.collisions import Output, check_apart, local_model_path
 from pipelines.outputs import (
     EXIT_FAILURE,
     EXIT_USER_ERROR,
@@ -23,7 +24,6 @@ from pipelines.outputs import (
     as_os_error,
     check_output_dir,
     check_output_file,
-    check_outside_input,
     describe_os_error,
     forget_new_folders,
     remove_new_empty_folders,
@@ -146,8 +146,11 @@ def _cmd_generate(config: JobConfig, args) -> str:
     from pipelines.data_steps import run_generate, run_generate_days
 
     if config.generate.days is not None:
-        return run_generate_days(config, check_output_dir(args.output or Path(config.output) / "days")).summary()
+        days = check_output_dir(args.output or Path(config.output) / "days")
+        check_apart([Output("--output", days, "folder")], {})
+        return run_generate_days(config, days).summary()
     output = check_output_file(args.output or Path(config.output) / "events.parquet", example="events.parquet")
+    check_apart([Output("--output", output, "file")], {})
     return run_generate(config, output).summary()
 
 
@@ -161,7 +164,9 @@ def _cmd_train(config: JobConfig, args) -> str:
     from pipelines.train import run_train
 
     check_output_dir(config.output, "output (checkpoints)")
-    result = run_train(config, _default_prepared(config, args.prepared), progress=not args.quiet)
+    prepared = _default_prepared(config, args.prepared)
+    check_apart([Output("output (checkpoints)", Path(config.output) / "checkpoints", "folder")], {"--prepared": prepared})
+    result = run_train(config, prepared, progress=not args.quiet)
     if result.rank != 0:  # another training process: rank 0 prints the run
         return ""
     return f"{result.summary()}\nmlflow_run_id: {result.run_id}"
@@ -172,8 +177,9 @@ def _cmd_evaluate(config: JobConfig, args) -> str:
     from recsys_alibi.evaluation.report import format_metrics_table
 
     output = check_output_dir(args.output or Path(config.output) / "report")
-    job = run_evaluate(config, _default_prepared(config, args.prepared), model_uri=args.model_uri,
-                       baseline=args.baseline, output_dir=output)
+    prepared = _default_prepared(config, args.prepared)
+    check_apart([Output("--output", output, "report")], {"--prepared": prepared, "--model-uri": local_model_path(args.model_uri)})
+    job = run_evaluate(config, prepared, model_uri=args.model_uri, baseline=args.baseline, output_dir=output)
     return f"{format_metrics_table({job.name: job.result}, config.evaluate.ks)}\n{job.summary()}"
 
 
@@ -183,24 +189,22 @@ def _cmd_score(config: JobConfig, args) -> str:
     else:
         from serving.score import run_score
 
-    from serving.inputs import input_kind
-
     output = check_output_dir(args.output or Path(config.output) / "rankings")
     input_path = args.input or _default_prepared(config, None)
-    if input_kind(input_path) == "events":  # raw events are read as a whole folder; a prepared dir by its names
-        check_outside_input(output, input_path)
+    score = config.score
+    check_apart([Output("--output", output, "rankings")], {
+        "--input": input_path, "--changed-since": score.changed_since, "score.allow": score.allow, "score.deny": score.deny,
+        "score.items": getattr(score, "items", None), "--model-uri": local_model_path(args.model_uri)})  # fmt: skip
     result = run_score(config, args.model_uri, input_path, output, progress=not args.quiet)
     return result.summary()
 
 
 def _cmd_export(config: JobConfig, args) -> str:
     from serving.export import run_export
-    from serving.inputs import input_kind
 
     output = check_output_dir(args.output or Path(config.output) / "export")
     input_path = args.input or _default_prepared(config, None)
-    if input_kind(input_path) == "events":
-        check_outside_input(output, input_path)
+    check_apart([Output("--output", output, "export")], {"--input": input_path, "--model-uri": local_model_path(args.model_uri)})
     return run_export(config, args.model_uri, input_path, output).summary()
 
 
@@ -223,6 +227,8 @@ def _cmd_diagnose(config: JobConfig, args) -> str:
     from pipelines.diagnose import run_diagnose
 
     output = None if args.output is None else check_output_file(args.output, example="diagnosis.json")
+    if output is not None:
+        check_apart([Output("--output", output, "file")], {"--model-uri": local_model_path(args.model_uri)})
     return run_diagnose(config, dtype=args.dtype, model_uri=args.model_uri, output=output).summary()
 
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from recsys_alibi.atomic import atomic_path
-from pipelines.outputs import check_outside_input
+from pipelines.collisions import Output, check_apart
 from recsys_alibi.config import JobConfig
 from recsys_alibi.data.synthetic_items import write_daily_item_tables, write_item_table
 from recsys_alibi.staging import remove_stale_temps, stale_temps
@@ -111,7 +111,8 @@ def run_prepare(config: JobConfig, input_path: str | Path | None, output_dir: st
     Raises:
         DataError: no input given, or the input cannot be read (one line naming the fix); with
             ``data.append``, no prepared directory at ``output_dir`` or other settings than its own.
-        OutputPathError: ``output_dir`` is inside the input folder (its files would be read back as events).
+        OutputPathError: ``output_dir`` is or is inside the input (or ``data.items``), holds it at a name
+            it writes, or holds another kind of output (:func:`pipelines.collisions.check_apart`).
     """
     from recsys_alibi.data.ingest import DataError
     from recsys_alibi.data.prepare import prepare
@@ -119,7 +120,7 @@ def run_prepare(config: JobConfig, input_path: str | Path | None, output_dir: st
     input_path = input_path or config.data.input
     if input_path is None:
         raise DataError("prepare needs an input: pass --input PATH or set data.input in the config")
-    check_outside_input(output_dir, input_path)
+    check_apart([Output("--output", Path(output_dir), "prepared")], {"--input": input_path, "data.items": config.data.items})
     fmt = None if config.data.format == "auto" else config.data.format
     if config.data.append:
         from recsys_alibi.data.append import append

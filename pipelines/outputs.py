@@ -150,39 +150,6 @@ def check_output_file(path: str | Path, flag: str = "--output", example: str = "
     return path
 
 
-def _input_root(input_path: str | Path) -> Path | None:
-    """The folder an input covers: a directory itself, a glob's folder before its first wildcard; None for a file."""
-    text = str(input_path)
-    if any(ch in text for ch in "*?["):
-        fixed = Path(text).parts
-        first = next(i for i, part in enumerate(fixed) if any(ch in part for ch in "*?["))
-        return Path(*fixed[:first]) if first else Path(".")
-    path = Path(text)
-    return path if path.is_dir() else None
-
-
-def check_outside_input(output: str | Path, input_path: str | Path, flag: str = "--output") -> None:
-    """Refuse an output directory at or below the input directory (or a glob's folder).
-
-    Its files would be read back as input by the next run of the same command (a prepared
-    directory's Parquet files or rankings taken for events). Paths are compared after resolving
-    symbolic links. A hidden or ``_``-prefixed name is skipped by the directory reader, but is
-    refused here too: the glob reader does not skip it.
-
-    Raises:
-        OutputPathError: ``output`` is the input folder or inside it.
-    """
-    root = _input_root(input_path)
-    if root is None:
-        return
-    out, inside = Path(output).resolve(), root.resolve()
-    if out == inside or inside in out.parents:
-        raise OutputPathError(
-            f"{flag} {output} is inside the input {input_path}: its files would be read as events by the next "
-            "run; write it outside the input folder"
-        )
-
-
 def _shown_path(filename: str | os.PathLike | None) -> str:
     """The path of an ``OSError``; a hidden temporary beside a target (``.NAME.xyz.tmp``) names its folder."""
     if filename is None:

@@ -1,0 +1,136 @@
+"""Every command's outputs apart from its inputs and from other outputs (issue 41, defect 1 and its class).
+
+Each case is refused with one ``error:`` line and exit code 2 before any work, and nothing is written.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pipelines.cli import main
+from pipelines.collisions import EXPORT_FILES, REPORT_FILES, Output, check_apart, local_model_path
+from pipelines.outputs import OutputPathError
+
+COMMON = ["--set", "data.min_events_per_user=1", "--set", "data.min_events_per_item=1"]
+MODEL = ["--model-uri", "runs:/nosuchrun/model"]  # refused before the model is looked up
+
+
+def _snapshot(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def _error(capsys) -> str:
+    err = [line for line in capsys.readouterr().err.strip().splitlines() if line]
+    assert len(err) == 1 and err[0].startswith("error: "), err
+    return err[0]
+
+
+@pytest.fixture
+def folders(tmp_path, capsys) -> dict[str, Path]:
+    """An events folder, its prepared directory, and folders holding a scoring output, an export, a report, rules."""
+    events = tmp_path / "events"
+    events.mkdir()
+    lines = ["user_id,item_id,timestamp"] + [f"u{u},i{(u + j) % 4},{10 * j + u}" for u in range(3) for j in range(4)]
+    (events / "day1.csv").write_text("\n".join(lines) + "\n")
+    assert main(["prepare", "--input", str(events), "--output", str(tmp_path / "prepared"), *COMMON]) == 0
+    made = {"events": events, "prepared": tmp_path / "prepared"}
+    for name, marker in (("rankings", "_manifest.json"), ("export", "export.json"), ("report", "report.json")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / marker).write_text("{}\n")
+        made[name] = tmp_path / name
+    (tmp_path / "rules").mkdir()
+    (tmp_path / "rules" / "deny.parquet").write_bytes(b"PAR1")
+    made["rules"] = tmp_path / "rules"
+    capsys.readouterr()
+    return made
+
+
+def test_export_into_the_prepared_input_or_a_scoring_output_is_refused(folders, capsys):
+    """The issue's case: `export --output PREPARED` replaced the prepared items.parquet with item vectors;
+    `export --output RANKINGS` put export.json among the rankings."""
+    prepared, before = folders["prepared"], _snapshot(folders["prepared"])
+    assert main(["export", *MODEL, "--input", str(prepared), "--output", str(prepared)]) == 2
+    assert _error(capsys) == (f"error: --output {prepared} is the input --input {prepared}: writing it would replace what "
+                              "is read; choose another --output")  # fmt: skip
+    assert main(["export", *MODEL, "--input", str(prepared), "--output", str(folders["rankings"])]) == 2
+    assert _error(capsys) == (f"error: --output {folders['rankings']} already holds a scoring output (_manifest.json): the "
+                              "two would mix and the readers of each would fail on the other's files; choose another --output")  # fmt: skip
+    assert _snapshot(prepared) == before and sorted(p.name for p in folders["rankings"].iterdir()) == ["_manifest.json"]
+
+
+def test_evaluate_into_the_prepared_input_is_refused_and_writes_nothing(folders, capsys):
+    """A baseline needs no model: before the fix this wrote report.json and plots into the prepared directory."""
+    prepared, before = folders["prepared"], _snapshot(folders["prepared"])
+    assert main(["evaluate", "--prepared", str(prepared), "--baseline", "popularity", "--output", str(prepared)]) == 2
+    assert _error(capsys).startswith(f"error: --output {prepared} is the input --prepared {prepared}: ")
+    assert _snapshot(prepared) == before
+    assert main(["evaluate", "--prepared", str(prepared), "--baseline", "popularity", "--output", str(folders["export"])]) == 2
+    assert "already holds an export (export.json)" in _error(capsys)
+
+
+@pytest.mark.parametrize("case", ["prepared", "changed-since", "rule folder", "export", "report"])
+def test_score_output_colliding_with_an_input_or_another_output_is_refused(folders, capsys, case):
+    prepared = folders["prepared"]
+    output = {"prepared": prepared, "changed-since": folders["rankings"], "rule folder": folders["rules"] / "out",
+              "export": folders["export"], "report": folders["report"]}[case]  # fmt: skip
+    args = ["score", *MODEL, "--input", str(prepared), "--output", str(output), "--changed-since", str(folders["rankings"]),
+            "--set", f"score.deny={folders['rules']}"]  # fmt: skip
+    before = {name: _snapshot(folder) for name, folder in folders.items()}
+    assert main(args) == 2
+    expected = {
+        "prepared": f"is the input --input {prepared}: writing it would replace what is read",
+        "changed-since": f"is inside the input --changed-since {folders['rankings']}: its files would be read back",
+        "rule folder": f"is inside the input score.deny {folders['rules']}: its files would be read back",
+        "export": "already holds an export (export.json)",
+        "report": "already holds an evaluation report (report.json)",
+    }[case]
+    assert expected in _error(capsys)
+    assert {name: _snapshot(folder) for name, folder in folders.items()} == before
+
+
+def test_prepare_generate_and_diagnose_outputs_among_other_outputs_are_refused(folders, capsys):
+    prepared = folders["prepared"]
+    assert main(["prepare", "--input", str(folders["events"]), "--output", str(folders["rankings"]), *COMMON]) == 2
+    assert "already holds a scoring output" in _error(capsys)
+    assert main(["generate", "--users", "5", "--items", "5", "--output", str(prepared / "events.parquet")]) == 2
+    assert f"is in {prepared}, which holds a prepared directory (manifest.json)" in _error(capsys)
+    assert main(["diagnose", "--heads", "2", "--max-len", "8", "--output", str(folders["report"] / "d.json")]) == 2
+    assert "which holds an evaluation report" in _error(capsys)
+    assert not (folders["report"] / "d.json").exists()
+
+
+def test_pipeline_refuses_its_rankings_as_changed_since_and_outputs_in_a_rule_folder_before_any_work(tmp_path, folders,
+                                                                                                      capsys):  # fmt: skip
+    run = tmp_path / "run"
+    base = ["pipeline", "--output", str(run), "--set", "generate.enabled=false", "--set", f"data.input={folders['events']}"]
+    assert main([*base, "--set", f"score.changed_since={run / 'rankings'}"]) == 2
+    assert f"error: output (rankings) {run / 'rankings'} is the input score.changed_since" in _error(capsys)
+    assert main(["pipeline", "--output", str(folders["rules"] / "run"), "--set", "generate.enabled=false",
+                 "--set", f"data.input={folders['events']}", "--set", f"score.allow={folders['rules']}"]) == 2  # fmt: skip
+    assert "is inside the input score.allow" in _error(capsys)
+    assert not run.exists() and sorted(p.name for p in folders["rules"].iterdir()) == ["deny.parquet"]
+
+
+def test_check_apart_rules(tmp_path):
+    """Outputs overlapping each other; an output beside its input, or inside a prepared input (read by name), is fine."""
+    prepared = tmp_path / "prepared"
+    prepared.mkdir()
+    (prepared / "manifest.json").write_text("{}")
+    check_apart([Output("--output", prepared / "rankings", "rankings")], {"--input": prepared})
+    check_apart([Output("--output", tmp_path / "ex.v2", "export")], {"--input": prepared})
+    with pytest.raises(OutputPathError, match="overlap; give them separate paths"):
+        check_apart([Output("a", tmp_path / "x", "rankings"), Output("b", tmp_path / "x" / "y", "report")], {})
+    with pytest.raises(OutputPathError, match="holds the input --input .* at part-00001.parquet, which it writes"):
+        check_apart([Output("--output", tmp_path / "r", "rankings")], {"--input": tmp_path / "r" / "part-00001.parquet"})
+    assert local_model_path("runs:/abc/model") is None and local_model_path("models:/m@champion") is None
+    assert local_model_path(str(prepared)) == str(prepared) and local_model_path(f"file://{prepared}") == str(prepared)
+
+
+def test_the_names_an_export_and_a_report_write_are_the_writers_own():
+    from recsys_alibi.evaluation import report
+    from serving import export
+
+    assert EXPORT_FILES == (export.ITEMS, export.USERS, export.INDEX, export.MANIFEST)
+    assert REPORT_FILES == (report.REPORT_JSON, report.REPORT_MD, report.CONTEXT_PLOT, report.HISTORY_PLOT)
