@@ -119,7 +119,7 @@ def bench_changed(work: Path, prepared: Path, uri: str, share: float = 0.05) -> 
     import polars as pl
 
     from recsys_alibi.config import load_config
-    from serving.score import run_score
+    from serving.engines import run_score
 
     config = load_config(None, [*SCORE, "score.k=100"])
     run_score(config, uri, prepared, work / "before", progress=False)

@@ -184,10 +184,7 @@ def _cmd_evaluate(config: JobConfig, args) -> str:
 
 
 def _cmd_score(config: JobConfig, args) -> str:
-    if config.score.engine == "ray":
-        from serving.ray_job import run_ray_score as run_score
-    else:
-        from serving.score import run_score
+    from serving.engines import run_score  # score.engine's engine
 
     output = check_output_dir(args.output or Path(config.output) / "rankings")
     input_path = args.input or _default_prepared(config, None)

@@ -41,7 +41,8 @@ from recsys_alibi.config import ConfigError, JobConfig, with_overrides
 from recsys_alibi.data.sequences import read_items, read_sequences
 from recsys_alibi.data.time_gaps import has_real_timestamps, sequences_for
 from recsys_alibi.evaluation.report import format_metrics_table
-from serving.score import ScoreJobResult, engine_scorer, run_score
+from serving.engines import engine_scorer, run_score
+from serving.score import ScoreJobResult
 
 log = logging.getLogger(__name__)
 

@@ -3,7 +3,8 @@
     recsys-alibi score --engine ray --model-uri models:/recsys-alibi-ranker@champion \\
         --input prepared/ --output rankings/ --set score.ray.actors=8 --set score.ray.gpus_per_actor=1
 
-Python: :func:`run_ray_score` (model URI) or :func:`score_with_ray` (a model in memory).
+Python: :func:`serving.engines.run_score` with ``score.engine=ray`` (a model URI) or
+:func:`score_with_ray` (a model in memory).
 
 The job is ``score``'s (:mod:`serving.score`): the driver opens the output directory and its
 manifest, stages and checks the input (:func:`serving.inputs.open_input`) and fixes the plan of
@@ -51,8 +52,8 @@ from serving.distributed import World
 from serving.inputs import ScoreInput
 from serving.manifest import OutputDirError, part_name
 from serving.rank import ShardRanker, device_identity
-from serving.ray_instance import check_ray, import_ray, loopback_env, ray_instance  # noqa: F401 (loopback_env: tests)
-from serving.score import ScoreJobResult, _ScoreJob, run_score, score_with_model, write_shard
+from serving.ray_instance import import_ray, loopback_env, ray_instance  # noqa: F401 (loopback_env: tests)
+from serving.score import ScoreJobResult, _ScoreJob, score_with_model, write_shard
 
 log = logging.getLogger(__name__)
 
@@ -218,15 +219,3 @@ def score_with_ray(config: JobConfig, model, items: pl.DataFrame, input_path: st
     with ray_instance(config.score.ray):
         job = partial(_RayScoreJob, model=model, ray_cfg=config.score.ray)
         return score_with_model(config, model, items, input_path, output_dir, job=job, **options)
-
-
-def run_ray_score(config: JobConfig, model_uri: str, input_path: str | Path, output_dir: str | Path,
-                  **options) -> ScoreJobResult:  # fmt: skip
-    """:func:`serving.score.run_score` on Ray (``options``: ``k``, ``progress``): the driver loads
-    ``model_uri`` once and :func:`score_with_ray` ships it to every actor.
-
-    Raises:
-        ModelUriError, DataError, OutputDirError: as ``run_score``; ConfigError: no Ray.
-    """
-    check_ray(config.score.ray)  # before loading the model: fail fast without the extra or the cluster
-    return run_score(config, model_uri, input_path, output_dir, scorer=score_with_ray, **options)

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import polars as pl
 
-from recsys_alibi.config import JobConfig
+from recsys_alibi.config import ConfigError, JobConfig
 from recsys_alibi.data import schema
 from recsys_alibi.data.ingest import DataError
 from serving.changed import FINGERPRINTS_DIR, CarryOver, history_fingerprints, model_digest
@@ -154,7 +154,8 @@ def run_score(
         output_dir: rankings directory (created; resumed when it holds this job's shards).
         k: items per user (default ``score.k``).
         progress: show a progress bar (rank 0).
-        scorer: what scores the loaded model (default: ``score.engine``'s, :func:`engine_scorer`).
+        scorer: what scores the loaded model (default :func:`score_with_model`, the local engine;
+            :func:`serving.engines.run_score` passes ``score.engine``'s).
 
     A user with no event the model knows is not ranked; such users are counted, warned about
     and listed with the reason in ``output_dir/_skipped/``.
@@ -165,33 +166,20 @@ def run_score(
             negative or null item indices, indices beyond the model); no input item is in the
             model's vocabulary (checked before scoring), or no user at all could be ranked.
         OutputDirError: ``output_dir`` holds another job's rankings.
+        ConfigError: ``score.engine=ray`` without a ``scorer`` (this module knows only the local
+            engine: score with :func:`serving.engines.run_score`).
     """
     from recsys_alibi.tracking import load_ranker, setup_tracking
 
-    scorer = scorer or engine_scorer(config)  # before loading the model: Ray missing or unreachable fails fast
+    if scorer is None and config.score.engine != "local":  # never a silent local run of a Ray job
+        raise ConfigError(f"score.engine={config.score.engine}: score with serving.engines.run_score, which starts that engine")
+    scorer = scorer or score_with_model
     setup_tracking(config.tracking)
     loaded = load_ranker(model_uri)
     return scorer(
         config, loaded.model, loaded.items, input_path, output_dir, k=k, progress=progress,
         model_ref={"model_uri": model_uri, "run_id": loaded.run_id},
     )
-
-
-def engine_scorer(config: JobConfig) -> Callable[..., ScoreJobResult]:
-    """What scores a loaded model under ``score.engine``, for every caller of :func:`run_score`
-    (``score``, the pipeline's scoring step): :func:`score_with_model` for ``local``,
-    ``serving.ray_job.score_with_ray`` for ``ray`` (checked first: Ray installed, and
-    ``score.ray.address``, when set, answering).
-
-    Raises:
-        ConfigError: ``ray`` without Ray installed, or with an address where no cluster answers.
-    """
-    if config.score.engine != "ray":
-        return score_with_model
-    from serving.ray_job import check_ray, score_with_ray
-
-    check_ray(config.score.ray)
-    return score_with_ray
 
 
 def score_with_model(

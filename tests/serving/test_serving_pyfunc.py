@@ -18,7 +18,8 @@ from recsys_alibi.data.prepare import prepare
 from recsys_alibi.data.synthetic import generate_events
 from recsys_alibi.tracking import log_ranker, setup_tracking
 from serving.pyfunc import RankerPyfunc, pyfunc_flavour
-from serving.score import run_score, score_with_model
+from serving.engines import run_score
+from serving.score import score_with_model
 
 NAME = "recsys-alibi-ranker"
 CHAMPION = f"models:/{NAME}@champion"

@@ -144,19 +144,24 @@ def test_ray_job_applies_integer_user_7_rules_to_text_user_7_only(tmp_path):
 
 
 def test_run_score_with_score_engine_ray_scores_on_the_actor_pool(prepared, tmp_path, mlflow_store, monkeypatch):
-    """Every caller of run_score (``score``, the pipeline's scoring step) honours score.engine=ray."""
+    """Every caller of run_score (``score``, the pipeline's scoring step) honours score.engine=ray; the local
+    job's own run_score refuses a Ray config rather than scoring it in-process."""
+    from recsys_alibi.config import ConfigError
+    from serving import engines
     from serving import score as score_module
 
     setup_tracking(score_config().tracking)
     with mlflow.start_run():
         logged = log_ranker(tiny_model(), vocabulary(), None, tmp_path / "w")
-    local = score_module.run_score(score_config(), logged.uri, prepared, tmp_path / "local", progress=False)
+    local = engines.run_score(score_config(), logged.uri, prepared, tmp_path / "local", progress=False)
 
     def in_process(*args, **kwargs):
         raise AssertionError("scored in-process although score.engine=ray")
 
     monkeypatch.setattr(score_module._ScoreJob, "_score_todo", in_process)  # the Ray job has its own
-    remote = score_module.run_score(score_config(engine="ray"), logged.uri, prepared, tmp_path / "ray", progress=False)
+    remote = engines.run_score(score_config(engine="ray"), logged.uri, prepared, tmp_path / "ray", progress=False)
+    with pytest.raises(ConfigError, match="score.engine=ray: score with serving.engines.run_score"):
+        score_module.run_score(score_config(engine="ray"), logged.uri, prepared, tmp_path / "other", progress=False)
     assert (remote.users, remote.rows, remote.users_scored) == (23, local.rows, 23)
     assert_same_rankings(read_rankings(tmp_path / "ray"), read_rankings(tmp_path / "local"))
 
