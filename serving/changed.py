@@ -8,9 +8,10 @@ buckets for a time-gap model; the count of input events). 16 bytes a user, read 
 
 A job with ``score.changed_since`` (``--changed-since``) reads the previous output's manifest. When
 the previous model is the same (:func:`model_digest` of the weights, whatever the URI or alias
-that named it) and so is every setting that can change a row's bits (:data:`REUSE_KEYS`: K,
-seen-item rule, context, sinks, catalog size, rule files, attention backend, device and torch
-version, catalog chunk, the model's config), each shard is split (:meth:`CarryOver.split`): users whose fingerprint
+that named it) and so is every setting that can change a row's bits (every entry of the job
+identity but :data:`NOT_ROW_KEYS`: K, seen-item rule, context, sinks, catalog size, rule files,
+new items' table, attention backend, device and torch version, catalog chunk, the model's config:
+:meth:`serving.rank.ShardRanker.settings`), each shard is split (:meth:`CarryOver.split`): users whose fingerprint
 equals their previous one keep their previous rows, read from the previous part files (only
 those that hold them, filtered on the shard's user ids); new users and users whose history
 changed are ranked. When the model or a setting differs, every user is ranked and the job is an
@@ -20,7 +21,7 @@ killed changed-only job run again ends with exactly the output of an uninterrupt
 
 Carried rows are the previous job's rows byte for byte, and a full score of the same input gives
 the same bytes: a user's bits do not depend on its batch (:mod:`serving.rank`), and everything
-else they depend on is in :data:`REUSE_KEYS`.
+else they depend on is compared first.
 """
 
 from __future__ import annotations
@@ -41,11 +42,12 @@ from serving.manifest import FINGERPRINTS_DIR, MANIFEST, Manifest, OutputDirErro
 log = logging.getLogger(__name__)
 
 HISTORY = "history"
-REUSE_KEYS = ("model_digest", "k", "exclude_seen", "max_context", "sinks", "n_items", "rules", "attention_backend",
-              "device", "catalog_chunk", "model_config")
-"""Identity keys of a scoring job that must be equal for its rows to be carried over: the weights and
-every setting that can change a row's bits (:meth:`serving.rank.ShardRanker.settings`, held equal to
-them by a test); a key the previous output does not record counts as changed."""
+NOT_ROW_KEYS = ("model_uri", "run_id", "model", "input", "input_fingerprint", "shard_users", "data", "changed_since")
+"""Job identity keys that do not change a user's row: how the model was named (its weights are
+``model_digest``), where the input is and how it is cut into shards or cleaned (the fingerprints
+compare each user's history itself), and the carry-over itself. Every other key (the weights and
+every setting of :meth:`serving.rank.ShardRanker.settings`, a new one too) must be equal for rows
+to be carried over; a key only one of the two jobs records counts as changed."""
 _FILE = "_file"
 _C = (np.uint64(0x9E3779B97F4A7C15), np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB))
 
@@ -136,7 +138,8 @@ class CarryOver:
         if not (previous / FINGERPRINTS_DIR).is_dir():
             raise DataError(f"--changed-since {previous} has no {FINGERPRINTS_DIR}/ (scored by an older version); "
                             "score it once in full, then use --changed-since on that output")  # fmt: skip
-        differs = [key for key in REUSE_KEYS if manifest.identity.get(key) != identity.get(key)]
+        keys = sorted((set(manifest.identity) | set(identity)) - set(NOT_ROW_KEYS))
+        differs = [key for key in keys if manifest.identity.get(key) != identity.get(key)]
         if differs:
             log.info("--changed-since %s: %s changed, so every user is ranked", previous, ", ".join(differs))
             return None

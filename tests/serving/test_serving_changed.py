@@ -143,9 +143,6 @@ def test_rows_of_another_bit_changing_setting_are_never_reused(previous, tmp_pat
     """Issue 41, defect 4: rows scored with sdpa were carried into an eager (or flex) run, which then
     differed from a full re-score in 146 of 250 rows (flex too). Now a changed setting ranks everybody, and the
     output equals a full re-score byte for byte (device=cpu vs the fixture's cpu: the same, so carried)."""
-    from serving.changed import REUSE_KEYS
-    from serving.rank import ShardRanker
-
     prepared, before = previous
     new_input, picked = _changed_input(prepared, tmp_path / "new", 0.05)
     full = _score(new_input, tmp_path / "full", **{key: value})
@@ -154,8 +151,6 @@ def test_rows_of_another_bit_changing_setting_are_never_reused(previous, tmp_pat
     assert (delta.carried_users, full.carried_users) == (carried, 0)
     for name in sorted(p.name for p in (tmp_path / "full").glob("part-*.parquet")):
         assert (tmp_path / "delta" / name).read_bytes() == (tmp_path / "full" / name).read_bytes(), name
-    settings = ShardRanker(tiny_model(), vocabulary(), score_config(allow=str(before / "part-00000.parquet")).score, 10).settings()
-    assert set(REUSE_KEYS) == {"model_digest", *settings}  # every setting that changes rows is compared
 
 
 def test_same_weights_with_another_model_config_ranks_everybody(previous, tmp_path):
@@ -217,3 +212,20 @@ def test_previous_output_damaged_while_the_job_runs_is_one_line(previous, tmp_pa
     with pytest.raises(DataError, match="_manifest.json is not valid JSON; give the output directory of a finished"):
         _score(new_input, tmp_path / "other", changed_since=str(before))
     assert not (tmp_path / "other").exists()
+
+
+def test_every_identity_setting_is_compared_a_new_one_too(previous, tmp_path, monkeypatch):
+    """The reuse identity is every entry of the job identity but where the input lies and how the model
+    was named: a setting added to ShardRanker.settings later (e.g. the new items' table) ranks everybody
+    when it changes, with no list to keep in step."""
+    from serving.rank import ShardRanker
+
+    prepared, before = previous
+    new_input, picked = _changed_input(prepared, tmp_path / "new", 0.05)
+    settings = ShardRanker.settings
+    monkeypatch.setattr(ShardRanker, "settings", lambda self: {**settings(self), "a_future_setting": 1})
+    assert _score(new_input, tmp_path / "delta", changed_since=str(before)).carried_users == 0
+    moved = tmp_path / "moved-input"
+    new_input.rename(moved)  # another path and file times, the same histories: still carried
+    again = _score(moved, tmp_path / "again", changed_since=str(tmp_path / "delta"))
+    assert again.carried_users == N_USERS and again.users_scored == N_USERS
