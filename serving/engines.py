@@ -38,15 +38,8 @@ def engine_scorer(config: JobConfig) -> Callable[..., ScoreJobResult]:
     return score_with_ray
 
 
-def run_score(
-    config: JobConfig,
-    model_uri: str,
-    input_path: str | Path,
-    output_dir: str | Path,
-    *,
-    k: int | None = None,
-    progress: bool = True,
-) -> ScoreJobResult:
+def run_score(config: JobConfig, model_uri: str, input_path: str | Path, output_dir: str | Path, *, k: int | None = None,
+              progress: bool = True) -> ScoreJobResult:  # fmt: skip
     """Score every user of ``input_path`` with ``model_uri`` on ``score.engine``'s engine, which is
     checked before the model is loaded (:func:`engine_scorer`; Ray missing or unreachable fails fast).
 
