@@ -10,6 +10,7 @@ datamodule and module exactly as ``train`` does (``SequenceDataModule``, ``Ranke
   untimed warm-up step on the first batch,
 - runs the validation loop (``val_dataloader()``, ``validation_step`` under ``no_grad`` and the
   same autocast) and reports its NDCG@10 (a batching change must leave it unchanged),
+- times what the ``AttentionHealth`` callback adds to each validation (``health``),
 
 and reports CPU seconds (``time.process_time``) and wall seconds of each part, supervised tokens
 per CPU second, the epoch's padded tokens and the attention score pairs its batches compute
@@ -131,7 +132,22 @@ def run_case(config, prepared: Path, precision: str, batches_timed: int | None, 
     valid["users"] = int(ranks.size)
     valid["ndcg_at_10"] = metrics_from_sums(validation_sums(ranks)).get("val/ndcg_at_10")
     return {"max_len": config.model.max_len, "precision": precision, "epoch": shape, "load": load,
-            "train": train, "validation": valid}  # fmt: skip
+            "train": train, "validation": valid, "health": health_cost(module, loader, bf16)}  # fmt: skip
+
+
+def health_cost(module, loader, bf16: bool) -> dict:
+    """CPU and wall seconds of what ``AttentionHealth`` adds to each validation (its defaults):
+    the eager attention weights of its rows of the first validation batch, and their metrics."""
+    from recsys_alibi.training.attention_health import AttentionHealth, first_rows, health_batch, health_metrics
+
+    callback, model = AttentionHealth(), module.model
+    batch = health_batch(first_rows(loader, callback.max_rows), model.cfg.n_heads, callback.max_rows, callback.max_bytes)
+    started, cpu0 = time.perf_counter(), time.process_time()
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        weights = model.attention_weights(batch["history"], batch["lengths"], batch.get("history_gaps"))
+    health_metrics(weights, batch["lengths"], model.cfg.window, model.cfg.sinks)
+    return {"cpu_s": time.process_time() - cpu0, "wall_s": time.perf_counter() - started,
+            "rows": int(batch["lengths"].shape[0]), "width": int(batch["history"].shape[1])}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -166,7 +182,8 @@ def main(argv: list[str] | None = None) -> dict:
         for c in rows:
             print(f"{precision} max_len {c['max_len']}: train {c['train']['cpu_s']:.1f} CPU s "
                   f"({c['train']['tokens_per_cpu_s']:.0f} tokens/s, {c['train']['cpu_s'] / base:.2f}x), "
-                  f"validation {c['validation']['cpu_s']:.1f} CPU s, load {c['load']['cpu_s']:.1f} s")  # fmt: skip
+                  f"validation {c['validation']['cpu_s']:.1f} CPU s, health {c['health']['cpu_s']:.1f} s, "
+                  f"load {c['load']['cpu_s']:.1f} s")  # fmt: skip
     result = {"machine": {"cpu": cpu_name(), "torch": torch.__version__, "threads": torch.get_num_threads(),
                           "python": platform.python_version()},
               "command": "python benchmarks/epoch_cost.py " + " ".join(argv if argv is not None else __import__("sys").argv[1:]),

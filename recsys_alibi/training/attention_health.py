@@ -24,9 +24,10 @@ import lightning as L
 import torch
 from torch import Tensor
 
+from recsys_alibi.data.buckets import LongestFirst
 from recsys_alibi.model.masks import MaskSpec
 
-__all__ = ["AttentionHealth", "attention_entropy", "health_metrics", "visible_pairs", "zero_weight_share"]
+__all__ = ["AttentionHealth", "attention_entropy", "first_rows", "health_batch", "health_metrics", "visible_pairs", "zero_weight_share"]
 
 log = logging.getLogger(__name__)
 
@@ -126,11 +127,48 @@ def health_metrics(
     return out
 
 
+def first_rows(loader: Any, max_rows: int) -> dict[str, Tensor] | None:
+    """The first validation batch, or None: with validation batches served longest first
+    (:class:`recsys_alibi.data.buckets.LongestFirst`), the first ``max_rows`` users in the
+    dataset's order instead, so that the callback watches the same users as with batches in
+    dataset order (random validation users), not the longest ones."""
+    if isinstance(getattr(loader, "batch_sampler", None), LongestFirst):
+        n = min(len(loader.dataset), max_rows)
+        return loader.collate_fn([loader.dataset[i] for i in range(n)]) if n else None
+    return next(iter(loader), None)
+
+
+def health_batch(batch: dict[str, Tensor], n_heads: int, max_rows: int, max_bytes: int) -> dict[str, Tensor] | None:
+    """The rows of a validation batch that :class:`AttentionHealth` watches: its first ``max_rows``
+    rows, fewer when ``rows x H x L x L`` float32 weights would exceed ``max_bytes``.
+
+    Args:
+        batch: a validation batch: ``history`` (B, L) int64, ``lengths`` (B,) int64, optionally
+            ``history_gaps`` (B, L) int64.
+        n_heads: H.
+
+    Returns:
+        ``history``, ``lengths`` (and ``history_gaps``) of the kept rows, cut to their batch's
+        longest history; None for a batch without events.
+    """
+    history, lengths = batch["history"], batch["lengths"]
+    width = int(lengths.max()) if len(lengths) else 0
+    if width < 1:
+        return None
+    per_row = n_heads * width * width * 4
+    rows = max(1, min(max_rows, max_bytes // per_row))
+    kept = {"history": history[:rows, :width].clone(), "lengths": lengths[:rows].clone()}
+    if "history_gaps" in batch:  # a time-gap model reads them beside the items
+        kept["history_gaps"] = batch["history_gaps"][:rows, :width].clone()
+    return kept
+
+
 class AttentionHealth(L.Callback):
     """Log per-layer, per-head attention entropy and zero-weight share at each validation end.
 
     The first batch of the first validation dataloader is kept (its first ``max_rows`` rows,
-    fewer when ``B * H * L * L`` weights would exceed ``max_bytes`` per layer) and reused every
+    fewer when ``B * H * L * L`` weights would exceed ``max_bytes`` per layer; the first users
+    in the dataset's order when the loader serves the longest first: :func:`first_rows`) and reused every
     epoch, so the figures are comparable across epochs. Metrics go through
     ``pl_module.log_dict`` (MLflow-safe names, see the module docstring). The first time a head's
     zero share exceeds ``zero_share_threshold`` one warning is logged for that head.
@@ -162,20 +200,8 @@ class AttentionHealth(L.Callback):
         if loaders is None:
             return None
         loader = loaders[0] if isinstance(loaders, (list, tuple)) else loaders
-        try:
-            batch = next(iter(loader))
-        except StopIteration:
-            return None
-        history, lengths = batch["history"], batch["lengths"]
-        width = int(lengths.max()) if len(lengths) else 0
-        if width < 1:
-            return None
-        per_row = n_heads * width * width * 4
-        rows = max(1, min(self.max_rows, self.max_bytes // per_row))
-        kept = {"history": history[:rows, :width].clone(), "lengths": lengths[:rows].clone()}
-        if "history_gaps" in batch:  # a time-gap model reads them beside the items
-            kept["history_gaps"] = batch["history_gaps"][:rows, :width].clone()
-        return kept
+        batch = first_rows(loader, self.max_rows)
+        return None if batch is None else health_batch(batch, n_heads, self.max_rows, self.max_bytes)
 
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.sanity_checking:

@@ -118,3 +118,21 @@ def test_callback_logs_metrics_and_warns_once_per_head(caplog):
 def test_callback_rejects_bad_threshold():
     with pytest.raises(ValueError, match="threshold"):
         AttentionHealth(zero_share_threshold=1.5)
+
+
+def test_the_watched_rows_are_the_first_validation_users_not_the_longest(tmp_path):
+    """Validation batches come longest first (train.batch_tokens); the callback still watches the
+    first users of the validation set in its own order, as with batches in dataset order."""
+    from recsys_alibi.training.attention_health import first_rows
+    from recsys_alibi.training.datamodule import SequenceDataModule
+    from tests.training.training_fixtures import tiny_config, write_walks
+
+    prepared = write_walks(tmp_path / "prepared")
+    config = tiny_config(tmp_path / "out", "train.batch_tokens=64", "model.max_len=40")  # windows = histories
+    loader = SequenceDataModule(prepared, config.model, config.train, config.seed).val_dataloader()
+    watched = first_rows(loader, 3)
+    expected = [loader.dataset[i] for i in range(3)]  # (window, target, seen) of the first 3 users
+    assert watched["lengths"].tolist() == [len(w) for w, _, _ in expected]
+    assert watched["targets"].tolist() == [t for _, t, _ in expected]
+    assert int(next(iter(loader))["lengths"].max()) > int(watched["lengths"].max())  # the loader's first: the longest
+    assert first_rows(DataLoader([{"history": torch.ones(1, 2)}], batch_size=None), 3)["history"].shape == (1, 2)
