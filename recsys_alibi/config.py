@@ -169,6 +169,18 @@ class DataConfig(_Section):
             )
         return self
 
+    @model_validator(mode="after")
+    def _format_keys(self) -> "DataConfig":
+        """The keys of one reader, refused while ``data.format`` names another (``auto`` may be any)."""
+        text = self.format in ("auto", "csv")
+        self._refuse_ignored("data", (
+            ("separator", text, "data.format=csv or auto"),
+            ("has_header", text, "data.format=csv or auto"),
+            ("timestamp_unit", self.format not in ("sasrec", "s3rec"), "a data.format with timestamps (not sasrec, s3rec)"),
+            ("id_type", self.format != "parquet", "a data.format read as text (not parquet)"),
+        ))  # fmt: skip
+        return self
+
 
 class ItemFeatureModelConfig(_Section):
     """``model.item_features``: the item feature encoder (recsys_alibi.model.item_features).

@@ -262,6 +262,11 @@ DEPENDENT = [  # (the key given, the setting that switches it off, the setting i
     ("train.num_negatives=64", "train.loss=softmax", "train.loss=sampled_softmax or gbce", "train.loss=gbce"),
     ("train.num_negatives=64", "train.loss=bce", "train.loss=sampled_softmax or gbce", "train.loss=sampled_softmax"),
     ("train.zero_share_threshold=0.1", "model.position=learned", "model.position=alibi", "model.position=alibi"),
+    ("data.separator=x", "data.format=parquet", "data.format=csv or auto", "data.format=csv"),
+    ("data.has_header=false", "data.format=sasrec", "data.format=csv or auto", "data.format=auto"),
+    ("data.timestamp_unit=ms", "data.format=s3rec", "a data.format with timestamps (not sasrec, s3rec)",
+     "data.format=ndjson"),
+    ("data.id_type=str", "data.format=parquet", "a data.format read as text (not parquet)", "data.format=movielens"),
 ]  # fmt: skip
 
 
