@@ -22,7 +22,7 @@ from pipelines.cli import configure_logging
 from pipelines.evaluate import evaluate_scorer, test_examples
 from pipelines.train import run_train
 from recsys_alibi.atomic import write_text_atomic
-from recsys_alibi.config import load_config, with_overrides
+from recsys_alibi.config import ALIBI_KEYS, ModelConfig, load_config, with_overrides
 from recsys_alibi.data.prepare import read_items, read_sequences
 from recsys_alibi.model.scorer import RankerScorer
 from recsys_alibi.tracking import load_ranker, setup_tracking
@@ -31,6 +31,8 @@ CONTEXTS = [50, 100, 200, 400]
 
 
 def _train(config, prepared: Path, **model) -> str:
+    if model.get("position", config.model.position) != "alibi":  # ALiBi's own keys are refused without it
+        model = {**{key: ModelConfig.model_fields[key].default for key in ALIBI_KEYS}, **model}
     trained = run_train(with_overrides(config, model=model), prepared, progress=False, register=False)
     print(f"trained {model}: {trained.summary()}", flush=True)
     return trained.model.uri
