@@ -19,7 +19,8 @@ scratch. Step ``k >= 1`` appends the period ``[b_(k-1), b_k)`` to the prepared d
 * ``stale``: no training: the previous step's warm model, scored as it is (targets it does not
   know are its misses);
 * ``warm_full`` (diagnosis): the warm initialisation with the scratch schedule;
-* ``scratch_budget`` (diagnosis): from scratch with ``train.max_minutes`` = the warm run's time;
+* ``scratch_budget`` (diagnosis): from scratch in the warm run's time: its number of epochs (an
+  epoch costs the same on the same data; a clock budget would follow the machine's load);
 
 and evaluates each on the NEXT period ``[b_k, b_(k+1))``: every user with history before ``b_k``
 and an event in the next period is a test user; the target is that user's first next-period event
@@ -144,7 +145,7 @@ def counts(prepared: Path) -> tuple[int, set, set]:
 
 
 
-def arm_config(config, arm: str, output: Path, init_from: str | None, budget_seconds: float | None = None):
+def arm_config(config, arm: str, output: Path, init_from: str | None, budget_epochs: int | None = None):
     """The config one arm trains with (module doc): ``train.resume`` in its own folder, so an arm killed
     mid-way continues from its last epoch checkpoint when the replay is started again."""
     from recsys_alibi.config import with_overrides
@@ -155,8 +156,8 @@ def arm_config(config, arm: str, output: Path, init_from: str | None, budget_sec
     if arm == "warm_full":  # the warm initialisation with the scratch schedule
         t = config.train
         train["warm"] = {"max_epochs": t.max_epochs, "lr": t.lr, "warmup_steps": t.warmup_steps, "patience": t.patience}
-    if arm == "scratch_budget":  # from scratch within the warm run's training time
-        train["max_minutes"] = max(budget_seconds or 0.0, 1.0) / 60
+    if arm == "scratch_budget":  # from scratch within the warm run's training time: as many epochs (an epoch costs
+        train["max_epochs"] = budget_epochs or 1  # the same on the same data; a clock budget would follow the load)
     return with_overrides(config, output=str(output), train=train)
 
 
@@ -231,7 +232,7 @@ def replay_seed(config, events: pl.DataFrame, bounds: list[int], workdir: Path, 
             partial = state["partial"] = {"step": k, "arms": {}}
         for arm in (a for a in TRAINED_ARMS if a in arms):
             if arm not in partial["arms"]:
-                budget = partial["arms"].get("warm", {}).get("train_seconds")
+                budget = partial["arms"].get("warm", {}).get("epochs")
                 cfg = arm_config(config, arm, workdir / f"step-{k:03d}-{arm}", parent, budget)
                 partial["arms"][arm] = train_arm(cfg, prepared)
                 save()

@@ -30,9 +30,6 @@ from recsys_alibi.tracking import tracking_uri
 
 log = logging.getLogger(__name__)
 
-# the warm schedule's rule for unset train.warm keys (measured on the default data: docs/scheduling.md)
-WARM_LR_FACTOR = 0.2  # a fifth of the cold peak learning rate
-WARM_WARMUP_STEPS = 5  # a short warm-up: the weights are trained already, only Adam's moments start from zero
 MARKER = "warm_start.json"  # checkpoints/<run_id>.warm_start.json of a warm-started run
 USERS_TAG, EVENTS_TAG = "recsys_alibi.data.users", "recsys_alibi.data.events"  # every run: size of its prepared data
 
@@ -150,7 +147,7 @@ def load_warm_start(config: JobConfig, prepared_dir: Path, uri: str) -> WarmStar
     """
     from recsys_alibi.tracking import load_ranker
     from recsys_alibi.training.warm_features import warm_features
-    from recsys_alibi.training.warm_start import warm_state_dict
+    from recsys_alibi.training.warm_start import shrink_perturb, warm_state_dict
     from serving.inputs import vocabulary_remap
 
     loaded = load_ranker(uri)
@@ -158,8 +155,11 @@ def load_warm_start(config: JobConfig, prepared_dir: Path, uri: str) -> WarmStar
     remap, unknown = vocabulary_remap(items, loaded.items)  # new item_idx -> old item_idx by raw item_id, 0: new
     rows = np.arange(items.height + 1, dtype=np.int64) if remap is None else remap
     features = warm_features(loaded.model, config, prepared_dir, items.height, source=uri)  # None: no item features
+    warm = config.train.warm
     state = warm_state_dict(loaded.model.state_dict(), rows, loaded.model.cfg, config.model, config.seed, source=uri,
                             features=features)  # fmt: skip
+    if (warm.shrink, warm.perturb) != (1.0, 0.0):  # shrink-and-perturb of the blocks (docs/scheduling.md)
+        state = shrink_perturb(state, fresh_state(loaded.model.cfg, items.height, config.seed), warm.shrink, warm.perturb)
     kept = items.height - unknown
     new_users = new_events = None
     if loaded.run_id is not None:
@@ -171,6 +171,19 @@ def load_warm_start(config: JobConfig, prepared_dir: Path, uri: str) -> WarmStar
         uri=uri, parent_run_id=loaded.run_id, kept_items=kept, new_items=unknown,
         dropped_items=loaded.items.height - kept, new_users=new_users, new_events=new_events, state=state,
     )  # fmt: skip
+
+
+def fresh_state(model_cfg, n_items: int, seed: int) -> dict:
+    """The state dict of a new, randomly initialised ``AlibiRanker(model_cfg, n_items)`` (torch seeded by
+    ``seed``, the global RNG left as it was): the fresh weights of shrink-and-perturb (the blocks' shapes
+    are those of any model :func:`check_same_shape` accepts)."""
+    import torch
+
+    from recsys_alibi.model.transformer import AlibiRanker
+
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        return AlibiRanker(model_cfg, n_items).state_dict()
 
 
 def _parent_counts(run_id: str) -> tuple[int, int] | None:
@@ -186,9 +199,11 @@ def _parent_counts(run_id: str) -> tuple[int, int] | None:
 def warm_schedule(config: JobConfig) -> JobConfig:
     """``config`` with the warm schedule in place of the cold one (``train.warm``; docs/scheduling.md).
 
-    A key of ``train.warm`` left unset takes the measured rule: ``max_epochs`` a quarter of
-    ``train.max_epochs`` (rounded up), ``lr`` a fifth of ``train.lr``, ``warmup_steps`` at most
-    ``WARM_WARMUP_STEPS``; ``patience`` stays ``train.patience``.
+    A key of ``train.warm`` left unset takes the rule measured by the ML-100K replay (docs/scheduling.md):
+    ``max_epochs`` a quarter of ``train.max_epochs`` (rounded up); ``lr`` and ``warmup_steps`` those of the
+    cold run, so the learning rate is re-warmed to the scratch peak and decayed again (Ibrahim et al. 2024,
+    arXiv 2403.08763; a fifth of the rate moved new item rows a twentieth as far as a scratch run and lost);
+    ``patience`` stays ``train.patience``.
 
     Raises:
         ConfigError: ``train.context_schedule`` switches after the warm run's last epoch
@@ -198,8 +213,8 @@ def warm_schedule(config: JobConfig) -> JobConfig:
     train, warm = config.train, config.train.warm
     rule = {
         "max_epochs": -(-train.max_epochs // WARM_EPOCHS_DIVISOR),
-        "lr": train.lr * WARM_LR_FACTOR,
-        "warmup_steps": min(train.warmup_steps, WARM_WARMUP_STEPS),
+        "lr": train.lr,
+        "warmup_steps": train.warmup_steps,
         "patience": train.patience,
     }
     return with_overrides(config, train={key: value if (value := getattr(warm, key)) is not None else default

@@ -272,14 +272,18 @@ class ModelConfig(_Section):
 class WarmConfig(_Section):
     """The schedule of a warm-started run (``train.init_from``): each key replaces its ``train.*`` value.
 
-    None: the rule of :func:`pipelines.warm_start.warm_schedule` (a quarter of the epochs, a fifth of the
-    learning rate, a warm-up of at most 5 steps), measured on the default data (docs/scheduling.md).
+    None: the rule of :func:`pipelines.warm_start.warm_schedule` (a quarter of the epochs, the cold run's
+    learning rate and warm-up: re-warmed), measured by the ML-100K replay (docs/scheduling.md).
+    ``shrink``/``perturb``: shrink-and-perturb of the transformer blocks before training,
+    ``w <- shrink * w + perturb * w_fresh`` (Ash & Adams 2020, arXiv 1910.08475; 1 and 0: plain copy).
     """
 
     max_epochs: int | None = Field(None, ge=1)
     lr: float | None = Field(None, gt=0)
     warmup_steps: int | None = Field(None, ge=0)
     patience: int | None = Field(None, ge=1)
+    shrink: float = Field(0.5, gt=0, le=1)  # chosen on the ML-100K replay's validation (docs/scheduling.md)
+    perturb: float = Field(0.1, ge=0)
 
 
 INIT_FROM = re.compile(r"champion|runs:/[^/\s]+/.+|models:/[^/@\s]+(/\d+|@[A-Za-z0-9_\-]+)")

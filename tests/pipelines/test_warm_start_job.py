@@ -106,7 +106,34 @@ def test_unset_warm_keys_follow_the_measured_rule():
 
     cold = ["train.init_from=champion", "train.max_epochs=32", "train.lr=0.005", "train.warmup_steps=20", "train.patience=8"]
     warm = warm_schedule(load_config(None, cold)).train
-    assert (warm.max_epochs, warm.lr, warm.warmup_steps, warm.patience) == (8, 0.005 * 0.2, 5, 8)
+    assert (warm.max_epochs, warm.lr, warm.warmup_steps, warm.patience) == (8, 0.005, 20, 8)  # a quarter of the epochs, the cold peak rate re-warmed
     given = warm_schedule(load_config(None, [*cold, "train.warm.max_epochs=3", "train.warm.lr=0.002"])).train
-    assert (given.max_epochs, given.lr, given.warmup_steps) == (3, 0.002, 5)
+    assert (given.max_epochs, given.lr, given.warmup_steps) == (3, 0.002, 20)
     assert warm_schedule(load_config(None, [*cold, "train.max_epochs=5", "train.warmup_steps=2"])).train.max_epochs == 2
+
+
+def test_the_default_warm_start_shrinks_and_perturbs_the_blocks_only(tmp_path, mlflow_store):
+    """train.warm's default initial weights: blocks 0.5 * parent + 0.1 * a fresh model seeded by the run's
+    seed (shrink-and-perturb), item rows of kept items and everything outside the blocks copied."""
+    import torch
+
+    from pipelines.warm_start import fresh_state, load_warm_start
+    from recsys_alibi.config import load_config
+    from recsys_alibi.tracking import load_ranker
+    from recsys_alibi.training.warm_start import ITEM_TABLE_KEY
+
+    day1 = _walks(tmp_path / "day1", 30, 10)
+    assert main(_train(day1, tmp_path / "job")) == 0
+    (parent,) = _runs()
+    uri = f"runs:/{parent.info.run_id}/model"
+    old = load_ranker(uri).model.state_dict()
+    config = load_config(None, [*TINY, f"train.init_from={uri}"])
+    assert (config.train.warm.shrink, config.train.warm.perturb) == (0.5, 0.1)
+    state = load_warm_start(config, day1, uri).state
+    fresh = fresh_state(config.model, 10, config.seed)
+    blocks = [key for key in old if key.startswith("blocks.")]
+    assert blocks and all(torch.allclose(state[k], 0.5 * old[k] + 0.1 * fresh[k]) for k in blocks)
+    assert all(torch.equal(state[k], old[k]) for k in old if not k.startswith("blocks."))  # same vocabulary
+    assert torch.equal(state[ITEM_TABLE_KEY], old[ITEM_TABLE_KEY])
+    plain = load_config(None, [*TINY, f"train.init_from={uri}", "train.warm.shrink=1", "train.warm.perturb=0"])
+    assert all(torch.equal(load_warm_start(plain, day1, uri).state[k], old[k]) for k in old)  # 1 and 0: a copy
