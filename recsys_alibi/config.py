@@ -73,7 +73,7 @@ class GenerateConfig(_Section):
 
     enabled: bool = False
     users: int = Field(2000, ge=1)
-    items: int = Field(1000, ge=2)
+    items: int = Field(3000, ge=2)  # the default data: a catalog above the longest history (synthetic.py)
     task: Literal["default", "long-range"] = "default"
     distance: int = Field(64, ge=1)  # long-range probe: an answer comes exactly D events after its cue (D >= 3)
     min_events: int = Field(20, ge=3)  # shortest history generated, events

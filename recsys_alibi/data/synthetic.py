@@ -3,29 +3,37 @@
 Two tasks (``GenerateConfig.task``):
 
 ``"default"``
-    A log with the structure that makes long histories worth modelling:
+    A log with the structure that makes long histories worth modelling, in which no user consumes
+    an item twice (as in MovieLens or most shops), so that the seen-item rule of the evaluation
+    (``exclude_seen``: seen items are masked) never turns a target into a miss:
 
-    * **power-law popularity**: items belong to ``N_TOPICS`` latent topics; inside a topic the
-      item of popularity rank ``r`` is drawn with probability proportional to ``r ** -ZIPF_A``;
-    * **interest drift**: each user has a start and an end mixture over topics (Dirichlet);
-      the topic of the event at relative position ``w`` in the history is drawn from
-      ``(1 - w) * start + w * end``, so interests move slowly over the history;
-    * **long-tailed history lengths**: log-normal between ``cfg.min_events`` and
+    * **a latent catalog** (:func:`latent_items`, its own seeded stream): every item has a fixed
+      latent vector ``v_i`` (``TASTE_DIM`` standard normal entries), a topic (one of
+      ``N_TOPICS``) and a popularity rank inside its topic;
+    * **a long-term taste** (the signal that lies far back): every user has a taste ``u``
+      (normal, variance ``1 / TASTE_DIM`` per entry). Each event is, with probability
+      ``TASTE_SHARE``, a *taste event*: the user's taste events consume the catalog in one
+      Plackett-Luce order of the affinities ``TASTE_BETA * u . v_i`` (drawn with Gumbel noise,
+      Luce 1959, Plackett 1975), so the k-th taste event is the user's k-th favourite still
+      unconsumed. The next taste event is predictable only from the taste ``u``, and every taste
+      event of the history is one noisy look at it: the last 50 events estimate ``u`` from about
+      40 looks, the whole history from hundreds, which is what makes the whole history worth
+      reading. The catalog (``cfg.items``) should be well above the longest history, so that a
+      heavy user's next taste events are still chosen by taste, not by what is left;
+    * **short-term topics with interest drift** (the recent signal): the other events draw a
+      topic from the user's mixture ``(1 - w) * start + w * end`` at relative position ``w`` in
+      the drafted history (two Dirichlet draws, so interests move slowly), and inside the topic the item
+      of popularity rank ``r`` with probability proportional to ``r ** -ZIPF_A``;
+    * **first consumptions only**: each user's events are drafted (``DRAFT_FACTOR`` times the
+      history length plus ``DRAFT_EXTRA``), a drafted event whose item the user has already
+      consumed is dropped (a topic draw of an item met before, or a taste event whose item came
+      earlier as a topic draw), and the first ``n`` remaining events are the history. Only a
+      catalog smaller than a history lets items come back: once a user's taste events have run
+      through all ``N`` items the order starts again (a new *cycle*), and an item is then new
+      again (the history is shorter than ``n`` when even that runs out);
+    * **long-tailed history lengths**: ``n`` log-normal between ``cfg.min_events`` and
       ``cfg.max_events`` (median ``min * (max / min) ** 0.4``; with the defaults 20..3000 the
-      mean is ~200 events and about 1% of users have more than 1,000);
-    * **re-consumption from the distant past**: with probability ``REPEAT_P`` a topic draw repeats
-      the topic item of an earlier event of the same user drawn uniformly from the whole past;
-    * **a long-term taste beside the short-term topics** (the signal that lies far back): every
-      item has a fixed latent vector ``v_i`` (``TASTE_DIM`` normal entries) and every user a
-      taste ``u`` (normal, variance ``1 / TASTE_DIM`` per entry). Each event is, with
-      probability ``TASTE_SHARE``, a *taste event* instead of the topic draw above: the user's
-      taste events consume the catalog in one Plackett-Luce order of the affinities
-      ``TASTE_BETA * u . v_i - TASTE_TILT * log(i)`` (item ``i = 1..N``; drawn with Gumbel
-      noise, Luce 1959, Plackett 1975), so the k-th taste event is the user's k-th favourite
-      still unconsumed, never a repeat (after ``N`` taste events the order starts again). The
-      next taste event is predictable only from the taste ``u``, and every taste event of the
-      history is one noisy look at it: the last 50 events estimate ``u`` from about 40 looks,
-      the whole history from hundreds, which is what makes the whole history worth reading.
+      mean is ~200 events and about 1% of users have more than 1,000).
 
 ``"long-range"``
     A probe of context length D = ``cfg.distance`` (>= 3): can the model see an event exactly
@@ -80,7 +88,6 @@ from recsys_alibi.data.schema import EVENT_TYPE, ITEM_ID, TIMESTAMP, USER_ID
 N_TOPICS = 20  # latent interest clusters of the default task
 ZIPF_A = 1.1  # popularity exponent inside a topic
 DIRICHLET_ALPHA = 0.2  # concentration of a user's topic mixture (small: a few topics per user)
-REPEAT_P = 0.2  # probability that an event re-consumes an item of the user's past
 LENGTH_SIGMA = 0.85  # spread of log history length
 START_TIME = 1_704_067_200  # 2024-01-01T00:00:00Z
 START_SPREAD = 182 * 86_400  # users start within the first half of 2024
@@ -91,10 +98,11 @@ EVENT_TYPE_P = (0.70, 0.20, 0.07, 0.03)
 BLOCK_EVENTS = 4_000_000  # events generated per block of users (bounds peak memory)
 EPISODE_GAP = 8  # long-range probe: episodes repeat every distance + EPISODE_GAP events
 TASTE_SHARE = 0.8  # probability that an event of the default task follows the long-term taste
-TASTE_DIM = 16  # dimensions of the latent item vectors and user tastes
-TASTE_BETA = 3.0  # strength of the taste in the affinities (larger: more concentrated)
-TASTE_TILT = 0.5  # popularity tilt of the affinities: -TASTE_TILT * log(item id)
-TASTE_BLOCK = 4_000_000  # user x item affinities held at once (bounds peak memory)
+TASTE_DIM = 24  # dimensions of the latent item vectors and user tastes
+TASTE_BETA = 4.0  # strength of the taste in the affinities (larger: more concentrated)
+TASTE_USERS = 256  # users whose taste orders are drawn at once (bounds peak memory: 256 x N keys)
+DRAFT_FACTOR = 1.5  # default task: events drafted per history event (repeats are dropped from the draft)
+DRAFT_EXTRA = 8  # ... plus this many per user
 LATE_ITEM_SHARE = 0.2  # daily files: share of the catalog released after day 1
 A_CUES = 1  # long-range probe: cues of kind a (its answer is the query of kind b: one learns fast)
 
@@ -123,24 +131,76 @@ def generate_events(cfg: GenerateConfig, seed: int) -> pl.DataFrame:
         if cfg.distance < 3:
             raise ValueError(f"generate.distance must be >= 3 for task long-range, got {cfg.distance}")
     lengths = _history_lengths(cfg, rng)
+    drafted = lengths  # events generated per user before repeats are dropped
     if catalog is None:
-        sampler = _TopicCatalog(cfg.items, rng)
-        vectors = rng.normal(size=(cfg.items, TASTE_DIM))  # (N, K) latent item vectors, fixed for the log
+        latent = latent_items(cfg.items, seed)
+        sampler = _TopicCatalog(latent)
+        drafted = np.ceil(DRAFT_FACTOR * lengths).astype(np.int64) + DRAFT_EXTRA
 
     frames: list[pl.DataFrame] = []
     first_user = 0
     while first_user < cfg.users:
-        # a block of users holding about BLOCK_EVENTS events
-        cum = np.cumsum(lengths[first_user:])
+        # a block of users holding about BLOCK_EVENTS drafted events
+        cum = np.cumsum(drafted[first_user:])
         n_block = max(1, int(np.searchsorted(cum, BLOCK_EVENTS, side="right")))
         block_lengths = lengths[first_user : first_user + n_block]
         if catalog is not None:
             items = _long_range_items(block_lengths, cfg.distance, catalog, rng)
         else:
-            items = _with_taste(_default_items(block_lengths, sampler, rng), block_lengths, vectors, rng)
+            draft = drafted[first_user : first_user + n_block]
+            items, cycle = _with_taste(_default_items(draft, sampler, rng), draft, latent.vectors, rng)
+            items, block_lengths = _first_consumptions(items, cycle, draft, block_lengths)
         frames.append(_block_frame(first_user, block_lengths, items, rng))
         first_user += n_block
     return pl.concat(frames, rechunk=True)
+
+
+@dataclass(frozen=True, eq=False)
+class LatentItems:
+    """The latent structure of the default task's catalog, the same for every user of a log.
+
+    Row ``i - 1`` of each array describes item id ``i`` (1..N).
+
+    Attributes:
+        vectors: (N, K) float64 taste vectors ``v_i`` (K = ``TASTE_DIM``, standard normal).
+        topic: (N,) int64 topic of each item, 0..T-1 (T = ``min(N_TOPICS, N)``).
+        topic_rank: (N,) int64 popularity rank inside its topic, 1 = the most drawn.
+    """
+
+    vectors: np.ndarray
+    topic: np.ndarray
+    topic_rank: np.ndarray
+
+
+def latent_items(items: int, seed: int) -> LatentItems:
+    """The latent catalog of the default task for ``(items, seed)`` (module doc).
+
+    Drawn from its own stream (``default_rng([seed, 3])``), so it depends on the catalog size
+    and seed only, not on the number of users or their histories: a reader of the log (item
+    features, an oracle) can rebuild it.
+
+    Args:
+        items: catalog size N >= 1.
+        seed: the log's seed, as ``generate_events``.
+
+    Returns:
+        A :class:`LatentItems`; topics are assigned round-robin over a random permutation, so
+        every topic holds ``N // T`` or ``N // T + 1`` items with ranks 1, 2, ...
+
+    Example:
+        >>> latent = latent_items(50, seed=0)
+        >>> latent.vectors.shape, int(latent.topic.max()), int(latent.topic_rank.max())
+        ((50, 24), 19, 3)
+    """
+    rng = np.random.default_rng([seed, 3])
+    vectors = rng.normal(size=(items, TASTE_DIM))  # (N, K)
+    n_topics = min(N_TOPICS, items)
+    perm = rng.permutation(items)  # item index at each place of the round-robin
+    topic = np.empty(items, dtype=np.int64)
+    topic_rank = np.empty(items, dtype=np.int64)
+    topic[perm] = np.arange(items) % n_topics
+    topic_rank[perm] = np.arange(items) // n_topics + 1
+    return LatentItems(vectors=vectors, topic=topic, topic_rank=topic_rank)
 
 
 def _history_lengths(cfg: GenerateConfig, rng: np.random.Generator) -> np.ndarray:
@@ -161,14 +221,11 @@ class _TopicCatalog:
     ``searchsorted(cum, k + u)`` samples an item of topic ``k`` for a uniform ``u``.
     """
 
-    def __init__(self, n_items: int, rng: np.random.Generator) -> None:
-        n_topics = min(N_TOPICS, n_items)
-        topic_of = np.arange(n_items) % n_topics  # (N,) topic of each item
-        order = np.lexsort((rng.random(n_items), topic_of))  # grouped by topic, random rank inside
-        topics_sorted = topic_of[order]
-        starts = np.searchsorted(topics_sorted, np.arange(n_topics))
-        rank = np.arange(n_items) - starts[topics_sorted] + 1  # popularity rank inside topic
-        weights = rank.astype(np.float64) ** -ZIPF_A
+    def __init__(self, latent: LatentItems) -> None:
+        n_topics = int(latent.topic.max()) + 1
+        order = np.lexsort((latent.topic_rank, latent.topic))  # grouped by topic, by rank inside
+        topics_sorted = latent.topic[order]
+        weights = latent.topic_rank[order].astype(np.float64) ** -ZIPF_A
         totals = np.bincount(topics_sorted, weights=weights, minlength=n_topics)
         # each topic's probabilities sum to 1, so the running sum for topic k lies in (k, k + 1]
         self.cum = np.cumsum(weights / totals[topics_sorted])  # (N,) increasing
@@ -194,9 +251,9 @@ def _user_offsets(lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarr
 
 
 def _default_items(lengths: np.ndarray, catalog: _TopicCatalog, rng: np.random.Generator) -> np.ndarray:
-    """Item index of each event of a block of users, (E,) int64."""
+    """Topic draw (item index) of each event of a block of users, (E,) int64."""
     n_users, k = lengths.shape[0], catalog.n_topics
-    user, pos, starts = _user_offsets(lengths)
+    user, pos, _ = _user_offsets(lengths)
     # drifting topic mixture: draw from the start mixture with prob 1 - w, else the end one
     mix = rng.dirichlet(np.full(k, DIRICHLET_ALPHA), size=2 * n_users)  # (2U, K)
     cum = np.cumsum(mix, axis=1)
@@ -205,49 +262,86 @@ def _default_items(lengths: np.ndarray, catalog: _TopicCatalog, rng: np.random.G
     w = pos / np.maximum(lengths[user] - 1, 1)
     row = 2 * user + (rng.random(user.shape[0]) < w)
     topic = np.searchsorted(cum_flat, row + rng.random(user.shape[0]), side="right") - row * k
-    items = catalog.sample(np.clip(topic, 0, k - 1), rng)
-
-    # re-consumption: event t copies the item of an earlier event t - d, d uniform in 1..t
-    src = np.arange(user.shape[0])
-    repeat = (rng.random(user.shape[0]) < REPEAT_P) & (pos > 0)
-    back = 1 + np.floor(rng.random(int(repeat.sum())) * pos[repeat]).astype(np.int64)
-    src[repeat] -= back
-    # resolve chains of repeats by pointer jumping (src[t] < t, so this ends in log steps)
-    while True:
-        nxt = src[src]
-        if np.array_equal(nxt, src):
-            break
-        src = nxt
-    del starts
-    return items[src]
+    return catalog.sample(np.clip(topic, 0, k - 1), rng)
 
 
-def _with_taste(items: np.ndarray, lengths: np.ndarray, vectors: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    """Replace a block's taste events by each user's Plackett-Luce order, (E,) int64 -> (E,) int64.
+def _with_taste(
+    items: np.ndarray, lengths: np.ndarray, vectors: np.ndarray, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
+    """Replace a block's taste events by each user's Plackett-Luce order.
 
-    ``items`` are item indices (id - 1) of the block's events, ``vectors`` (N, K) the latent item
-    vectors. Each event becomes a taste event with probability ``TASTE_SHARE``; the k-th taste
-    event of a user is entry ``k mod N`` of that user's order (the indices sorted by affinity
-    plus Gumbel noise, descending). Users are ordered ``TASTE_BLOCK // N`` at a time.
+    ``items`` (E,) int64 are item indices (id - 1) of the block's events, ``vectors`` (N, K) the
+    latent item vectors. Each event becomes a taste event with probability ``TASTE_SHARE``; the
+    k-th taste event of a user is entry ``k mod N`` of that user's order (the indices sorted by
+    affinity plus Gumbel noise, descending). Users are ordered ``TASTE_USERS`` at a time, in the
+    order of their taste event counts, and only as far into their order as the most taste events
+    of a user among them (the rest of the order is never read).
+
+    Returns:
+        ``(items, cycle)``, both (E,) int64: the new item indices, and for each event the pass
+        through the user's order it belongs to, ``k // N`` with k the taste events of the user
+        before it (a taste event counts itself).
     """
-    n_items = vectors.shape[0]
+    n_users, n_items = lengths.shape[0], vectors.shape[0]
     user, _, starts = _user_offsets(lengths)
     taste = rng.random(user.shape[0]) < TASTE_SHARE  # (E,) bool
     before = np.cumsum(taste) - taste  # taste events before each event, over the block
     rank = before - before[starts][user]  # k: taste events of the same user before it
-    tastes = rng.normal(size=(lengths.shape[0], TASTE_DIM)) / np.sqrt(TASTE_DIM)  # (U, K)
-    tilt = -TASTE_TILT * np.log(np.arange(1, n_items + 1))  # (N,)
+    tastes = rng.normal(size=(n_users, TASTE_DIM)) / np.sqrt(TASTE_DIM)  # (U, K)
+    need = np.minimum(np.bincount(user[taste], minlength=n_users), n_items)  # (U,) entries read
+    by_need = np.argsort(need, kind="stable")
+    slot = np.empty(n_users, dtype=np.int64)  # user -> its row in the group being ordered
     items = items.copy()
-    step = max(1, TASTE_BLOCK // n_items)
-    ends = np.append(starts, user.shape[0])  # events of users first..last - 1: ends[first]:ends[last]
-    for first in range(0, lengths.shape[0], step):
-        last = min(first + step, lengths.shape[0])
-        affinity = TASTE_BETA * tastes[first:last] @ vectors.T + tilt  # (u, N)
-        order = np.argsort(-(affinity + rng.gumbel(size=affinity.shape)), axis=1)  # (u, N) item indices
-        lo, hi = ends[first], ends[last]
-        here = lo + np.flatnonzero(taste[lo:hi])  # the taste events of these users
-        items[here] = order[user[here] - first, rank[here] % n_items]
-    return items
+    here = np.flatnonzero(taste)  # the taste events, grouped below by their user's group
+    group_of = np.empty(n_users, dtype=np.int64)
+    group_of[by_need] = np.arange(n_users) // TASTE_USERS
+    here = here[np.argsort(group_of[user[here]], kind="stable")]
+    bounds = np.searchsorted(group_of[user[here]], np.arange(group_of.max(initial=0) + 2))
+    for g, first in enumerate(range(0, n_users, TASTE_USERS)):
+        rows = by_need[first : first + TASTE_USERS]  # (u,) users of this group
+        m = int(need[rows].max())
+        if m == 0:
+            continue
+        keys = np.empty((rows.shape[0], n_items), dtype=np.float32)  # (u, N): -(affinity + Gumbel noise)
+        rng.random(out=keys, dtype=np.float32)
+        with np.errstate(divide="ignore"):  # a uniform draw of exactly 0 ranks its item last
+            np.log(np.negative(np.log(keys, out=keys), out=keys), out=keys)  # log(-log U) = -Gumbel
+        keys -= TASTE_BETA * tastes[rows] @ vectors.T
+        if m < n_items:  # the m smallest keys of each row, then sorted: the first m entries of the order
+            top = np.argpartition(keys, m - 1, axis=1)[:, :m]  # (u, m)
+            order = np.take_along_axis(top, np.argsort(np.take_along_axis(keys, top, axis=1), axis=1), axis=1)
+        else:
+            order = np.argsort(keys, axis=1)  # (u, N) item indices
+        slot[rows] = np.arange(rows.shape[0])
+        ev = here[bounds[g] : bounds[g + 1]]
+        items[ev] = order[slot[user[ev]], rank[ev] % n_items]
+    return items, rank // n_items
+
+
+def _first_consumptions(
+    items: np.ndarray, cycle: np.ndarray, drafted: np.ndarray, lengths: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Drop the drafted events that repeat an item of the same user and cycle; keep ``lengths``.
+
+    Args:
+        items: (E,) int64 item indices of the drafted events, users one after another.
+        cycle: (E,) int64 pass through the user's taste order of each event (:func:`_with_taste`).
+        drafted: (U,) int64 drafted events per user, summing to E.
+        lengths: (U,) int64 history length wanted per user.
+
+    Returns:
+        ``(items, kept)``: the item indices of the kept events, users one after another, and
+        (U,) int64 events kept per user, ``min(lengths, first consumptions in the draft)``.
+    """
+    user, _, _ = _user_offsets(drafted)
+    key = (user * (int(cycle.max(initial=0)) + 1) + cycle) * (int(items.max(initial=0)) + 1) + items
+    _, first = np.unique(key, return_index=True)  # stable: the first event of each (user, cycle, item)
+    new = np.zeros(key.shape[0], dtype=bool)
+    new[first] = True
+    before = np.cumsum(new) - new  # first consumptions before each event, over the block
+    starts = np.concatenate([[0], np.cumsum(drafted)[:-1]])
+    kept = new & (before - before[starts][user] < lengths[user])
+    return items[kept], np.bincount(user[kept], minlength=drafted.shape[0]).astype(np.int64)
 
 
 @dataclass(frozen=True, eq=False)

@@ -9,7 +9,7 @@ vector ``v_i`` (``TASTE_DIM`` standard normal entries; the long-term taste event
 ============== ============= ===================================================================
 ``topic``      categorical   ``"topic-07"``: the item's topic, exactly
 ``tags``       categorical   a list: ``"d03+"`` for each latent dimension d with ``v_i[d] > 1``,
-               (list)        ``"d03-"`` for ``v_i[d] < -1`` (about 5 tags per item of 32 values):
+               (list)        ``"d03-"`` for ``v_i[d] < -1`` (about 7.6 tags per item of 48 values):
                              the sign pattern of the strong directions of ``v_i``
 ``popularity`` numeric       ``-log(rank)`` of the item inside its topic (the log of its Zipf
                              weight over ``ZIPF_A``): 0 for the most drawn item of a topic
