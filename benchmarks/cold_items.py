@@ -35,7 +35,6 @@ import json
 import logging
 import os
 import platform
-import re
 import time
 from pathlib import Path
 
@@ -64,15 +63,11 @@ def load_sequences(folder: Path, max_users: int | None = None) -> pl.DataFrame:
 
 def load_item_table(folder: Path) -> pl.DataFrame:
     """``item_id`` (SASRec id), ``genres`` list, ``year`` Float64, from movies.dat via the id map."""
+    from benchmarks.movielens_items import ml1m_items
+
     mapping = pl.read_csv(folder / "sas_to_original_items.txt", separator=" ", has_header=False,
                           new_columns=["item_id", "movie_id"])  # fmt: skip
-    rows = []
-    for line in (folder / "movies.dat").read_bytes().decode("latin-1").splitlines():
-        movie, title, genres = line.split("::")
-        found = re.search(r"\((\d{4})\)\s*$", title)
-        rows.append((int(movie), genres.split("|"), float(found.group(1)) if found else None))
-    movies = pl.DataFrame(rows, schema={"movie_id": pl.Int64, "genres": pl.List(pl.String), "year": pl.Float64},
-                          orient="row")  # fmt: skip
+    movies = ml1m_items(folder).rename({"item_id": "movie_id"})
     return mapping.join(movies, on="movie_id", how="left").select("item_id", "genres", "year").sort("item_id")
 
 

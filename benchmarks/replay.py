@@ -21,6 +21,11 @@ scratch. Step ``k >= 1`` appends the period ``[b_(k-1), b_k)`` to the prepared d
 * ``warm_full`` (diagnosis): the warm initialisation with the scratch schedule;
 * ``scratch_budget`` (diagnosis): from scratch in the warm run's time: its number of epochs (an
   epoch costs the same on the same data; a clock budget would follow the machine's load);
+* ``scratch_features`` / ``warm_features`` (item side features, issue 44): ``scratch`` and ``warm``
+  with ``model.item_features.enabled`` (the data must declare an item table: ``--set data.items=...
+  --set data.item_features.categorical=[...]``; ``benchmarks/movielens_items.py`` writes MovieLens'
+  tables); the feature chain warm-starts from its own previous model (step 0: a feature model from
+  scratch), so a new item's first row comes from its features;
 
 and evaluates each on the NEXT period ``[b_k, b_(k+1))``: every user with history before ``b_k``
 and an event in the next period is a test user; the target is that user's first next-period event
@@ -65,10 +70,14 @@ import numpy as np
 import polars as pl
 
 DAY = 86_400
-ARMS = ("scratch", "warm", "stale", "warm_full", "scratch_budget")
+ARMS = ("scratch", "warm", "stale", "warm_full", "scratch_budget", "scratch_features", "warm_features")
 DEFAULT_ARMS = ("scratch", "warm", "stale")  # the final comparison; the other two diagnose
-WARM_ARMS = ("warm", "warm_full")  # initialised from the previous step's warm model
-TRAINED_ARMS = ("scratch", "warm", "warm_full", "scratch_budget")  # in this order (scratch_budget needs warm's time)
+WARM_ARMS = ("warm", "warm_full", "warm_features")  # initialised from the previous step's warm model (of their chain)
+TRAINED_ARMS = ("scratch", "warm", "warm_full", "scratch_budget", "scratch_features", "warm_features")  # in this order
+FEATURE_ARMS = ("scratch_features", "warm_features")  # model.item_features.enabled (scratch_budget needs warm's epochs)
+# pairs compared (a - b), when both arms ran: warm against the others, each feature arm against its id-only twin
+COMPARED = (("warm", "scratch"), ("warm", "stale"), ("warm", "warm_full"), ("warm", "scratch_budget"),
+            ("warm_features", "warm"), ("scratch_features", "scratch"), ("warm_features", "scratch_features"))
 METRICS = ("NDCG@10", "HR@10")
 
 
@@ -151,6 +160,7 @@ def arm_config(config, arm: str, output: Path, init_from: str | None, budget_epo
     from recsys_alibi.config import with_overrides
 
     train: dict = {"resume": True, "init_from": init_from if arm in WARM_ARMS else None}
+    features = {"item_features": {"enabled": arm in FEATURE_ARMS}}
     if arm not in WARM_ARMS:
         train["warm"] = {}  # scratch: no warm schedule
     if arm == "warm_full":  # the warm initialisation with the scratch schedule
@@ -158,7 +168,7 @@ def arm_config(config, arm: str, output: Path, init_from: str | None, budget_epo
         train["warm"] = {"max_epochs": t.max_epochs, "lr": t.lr, "warmup_steps": t.warmup_steps, "patience": t.patience}
     if arm == "scratch_budget":  # from scratch within the warm run's training time: as many epochs (an epoch costs
         train["max_epochs"] = budget_epochs or 1  # the same on the same data; a clock budget would follow the load)
-    return with_overrides(config, output=str(output), train=train)
+    return with_overrides(config, output=str(output), train=train, model=features)
 
 
 def train_arm(config, prepared: Path) -> dict:
@@ -222,9 +232,16 @@ def replay_seed(config, events: pl.DataFrame, bounds: list[int], workdir: Path, 
     if "step0" not in state:
         state["step0"] = train_arm(arm_config(config, "scratch", workdir / "step-000", None), prepared)
         save()
+    if "step0_features" not in state and any(a in FEATURE_ARMS for a in arms):  # the feature chain's first model
+        state["step0_features"] = train_arm(arm_config(config, "scratch_features", workdir / "step-000-features", None),
+                                            prepared)  # fmt: skip
+        save()
     before = counts(prepared)
     for k in range(len(steps) + 1, last + 1):
         parent = steps[-1]["arms"]["warm"]["uri"] if steps else state["step0"]["uri"]  # the warm chain
+        parents = {arm: parent for arm in WARM_ARMS}
+        if "warm_features" in arms:
+            parents["warm_features"] = steps[-1]["arms"]["warm_features"]["uri"] if steps else state["step0_features"]["uri"]
         grow(config, files[k], prepared, first=False)
         now = counts(prepared)
         partial = state.get("partial") or {}
@@ -233,7 +250,7 @@ def replay_seed(config, events: pl.DataFrame, bounds: list[int], workdir: Path, 
         for arm in (a for a in TRAINED_ARMS if a in arms):
             if arm not in partial["arms"]:
                 budget = partial["arms"].get("warm", {}).get("epochs")
-                cfg = arm_config(config, arm, workdir / f"step-{k:03d}-{arm}", parent, budget)
+                cfg = arm_config(config, arm, workdir / f"step-{k:03d}-{arm}", parents.get(arm), budget)
                 partial["arms"][arm] = train_arm(cfg, prepared)
                 save()
         lo, hi = bounds[k], bounds[k + 1]
@@ -251,7 +268,8 @@ def replay_seed(config, events: pl.DataFrame, bounds: list[int], workdir: Path, 
             per_user[arm], kinds = scored.pop("per_user"), scored.pop("target_kinds")
             record["arms"][arm] = {**partial["arms"].get(arm, {"train_seconds": 0.0, "uri": uri}), **scored}
             if arm in WARM_ARMS:
-                record["arms"][arm]["moved"] = movement(arm_config(config, arm, workdir, parent), prepared, parent, uri)
+                record["arms"][arm]["moved"] = movement(arm_config(config, arm, workdir, parents[arm]), prepared,
+                                                        parents[arm], uri)  # fmt: skip
         record["test_users"] = len(per_user["warm"])
         record["differences"] = step_differences(per_user)
         record["per_user"] = per_user
@@ -279,8 +297,8 @@ def _difference(a: list, b: list) -> dict:
 
 
 def comparisons(arms) -> list[tuple[str, str]]:
-    """The pairs compared: warm against every other arm present."""
-    return [("warm", other) for other in ("scratch", "stale", "warm_full", "scratch_budget") if other in arms]
+    """The pairs compared (:data:`COMPARED`) whose two arms are both present."""
+    return [(a, b) for a, b in COMPARED if a in arms and b in arms]
 
 
 def step_differences(per_user: dict) -> dict:
@@ -321,6 +339,20 @@ def pooled(runs: dict) -> dict:
         shares = [s["arms"][a]["top10_share_new"] for s in steps if s["arms"][a]["top10_share_new"] is not None]
         kinds[a]["top10_share_new"] = float(np.mean(shares)) if shares else None
     out["by_target_kind"] = kinds
+    out["by_target_kind_differences"] = kind_differences(steps, arms)
+    return out
+
+
+def kind_differences(steps: list, arms) -> dict:
+    """``{"<a>_minus_<b>": {kind: {metric: {difference, ci95, pairs}} or None}}``: every comparison on the
+    (seed, step, user) pairs whose target is of one kind (new this period: the cold-item figure)."""
+    out: dict = {}
+    for a, b in comparisons(arms):
+        out[f"{a}_minus_{b}"] = {}
+        for kind in ("new_this_period", "new_earlier", "older"):
+            pairs = [(s["per_user"][a][u], s["per_user"][b][u]) for s in steps for u in sorted(s["per_user"][a])
+                     if s["target_kinds"][u] == kind]  # fmt: skip
+            out[f"{a}_minus_{b}"][kind] = _difference([p[0] for p in pairs], [p[1] for p in pairs]) if pairs else None
     return out
 
 

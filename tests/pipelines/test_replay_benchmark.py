@@ -87,7 +87,8 @@ def _args(steps: int, arms: list[str], output: str = "replay.json") -> list[str]
     args = ["--config", str(REPO / "configs" / "default.yaml"), "--input", "log.parquet", "--format", "parquet",
             "--start", "0.5", "--period-days", "14", "--steps", str(steps), "--workdir", "work", "--output", output,
             "--arms", *arms]  # fmt: skip
-    for item in TINY:
+    features = ["data.items=items.parquet", "data.item_features.categorical=[genre]"]  # a table of every item
+    for item in [*TINY, *(features if any(a in replay.FEATURE_ARMS for a in arms) else [])]:
         args += ["--set", item]
     return args
 
@@ -96,7 +97,10 @@ def _args(steps: int, arms: list[str], output: str = "replay.json") -> list[str]
 def replay_dir(tmp_path, monkeypatch, one_torch_thread) -> Path:
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
-    _log().write_parquet(tmp_path / "log.parquet")
+    log = _log()
+    log.write_parquet(tmp_path / "log.parquet")
+    items = log.select("item_id").unique().sort("item_id")
+    items.with_columns(genre=(pl.col("item_id") % 3).cast(pl.String)).write_parquet(tmp_path / "items.parquet")
     return tmp_path
 
 
@@ -132,7 +136,7 @@ def test_tiny_replay_writes_every_field(replay_dir, monkeypatch):
     # the stale model (step 0) does not know the items that entered at step 1: those targets are its misses
     assert step["arms"]["stale"]["by_target_kind"]["new_this_period"]["HR@10"] == 0.0
     assert step["arms"]["stale"]["unservable"] >= step["arms"]["stale"]["by_target_kind"]["new_this_period"]["n"] > 0
-    for name in ("warm", "warm_full"):
+    for name in ("warm", "warm_full", "warm_features"):
         moved = step["arms"][name]["moved"]
         assert moved["old_rows"] > 0 and moved["new_rows"] > 0 and moved["old_row_norm"] > 0
     for other in ("scratch", "stale", "warm_full", "scratch_budget"):
@@ -141,6 +145,15 @@ def test_tiny_replay_writes_every_field(replay_dir, monkeypatch):
         assert d["ci95"][0] <= d["difference"] <= d["ci95"][1] and d["pairs"] == step["test_users"]
         pooled = result[f"pooled_warm_minus_{other}"]["NDCG@10"]  # one step: the pooled pairs are that step's
         assert pooled["difference"] == pytest.approx(d["difference"]) and pooled["pairs"] == d["pairs"]
+    for a, b in (("warm_features", "warm"), ("scratch_features", "scratch")):  # features against their twin
+        d = step["differences"][f"{a}_minus_{b}"]["HR@10"]
+        assert d["difference"] == pytest.approx(step["arms"][a]["HR@10"] - step["arms"][b]["HR@10"])
+        new = [u for u, kind in kinds.items() if kind == "new_this_period"]  # the cold-item figure, by hand
+        cold = result["by_target_kind_differences"][f"{a}_minus_{b}"]["new_this_period"]["HR@10"]
+        assert cold["pairs"] == len(new) and cold["difference"] == pytest.approx(
+            np.mean([users[a][u][1] - users[b][u][1] for u in new]))
+    run = per_user["42"]
+    assert run["step0_features"]["uri"] != run["step0"]["uri"]  # the feature chain starts from its own model
     assert result["warm_over_scratch_train_time"] == pytest.approx(
         result["train_seconds"]["warm"] / result["train_seconds"]["scratch"])
 
