@@ -42,6 +42,8 @@ import numpy as np
 import polars as pl
 import torch
 
+from recsys_alibi.diagnostics.machine import cpu_name
+
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO.parent / "shared" / "data" / "ml-1m"
 RECIPE = REPO / "configs" / "movielens-1m-6ep.yaml"
@@ -176,17 +178,6 @@ def choose(validation: dict[str, dict]) -> str:
     if ok:
         return max(ok, key=lambda n: feature[n][f"HR@{K} held-out targets"])
     return max(feature, key=lambda n: feature[n][f"NDCG@{K} all"])
-
-
-def cpu_name() -> str:
-    """The CPU model (``/proc/cpuinfo``) and its bfloat16 flags, for the record."""
-    try:
-        info = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return platform.processor() or platform.machine()
-    name = next((l.split(":", 1)[1].strip() for l in info.splitlines() if l.startswith("model name")), "unknown CPU")
-    flags = sorted({f for f in ("avx512_bf16", "amx_bf16", "avx2") if f" {f}" in info})
-    return f"{name} ({', '.join(flags)})" if flags else name
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -40,19 +40,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from recsys_alibi.diagnostics.machine import cpu_name
+
 
 def _whole(prepared: Path) -> int:
     from recsys_alibi.data.prepare import read_sequences
 
     return int(read_sequences(prepared).get_column("length").max())
-
-
-def cpu_name() -> str:
-    """The CPU's model name (``/proc/cpuinfo``), else the platform's processor string."""
-    info = Path("/proc/cpuinfo")
-    lines = info.read_text().splitlines() if info.exists() else []
-    return next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")),
-                platform.processor() or "unknown")  # fmt: skip
 
 
 def epoch_shape(batches: list[dict]) -> dict:

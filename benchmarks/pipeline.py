@@ -125,14 +125,9 @@ def _same_outputs(a: Path, b: Path) -> bool:
 
 
 def _machine() -> str:
-    cpu = "unknown CPU"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    from recsys_alibi.diagnostics.machine import cpu_name
+
+    cpu = cpu_name()
     mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1024**3
     import pandas
     import polars

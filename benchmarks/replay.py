@@ -69,6 +69,8 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
+from recsys_alibi.diagnostics.machine import cpu_name
+
 DAY = 86_400
 ARMS = ("scratch", "warm", "stale", "warm_full", "scratch_budget", "scratch_features", "warm_features")
 DEFAULT_ARMS = ("scratch", "warm", "stale")  # the final comparison; the other two diagnose
@@ -382,17 +384,6 @@ def plot(doc: dict, path: Path, title: str) -> None:
     with atomic_path(path) as tmp:
         fig.savefig(tmp, format="png", dpi=120)
     plt.close(fig)
-
-
-def cpu_name() -> str:
-    """The CPU model (``/proc/cpuinfo``), for the record: times differ between CPUs."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -322,3 +322,14 @@ def test_diagnose_from_a_config_uses_its_free_heads_and_wide_slopes(tmp_path):
     slopes = [h.slope for h in report.heads["sdpa"]]
     assert slopes == pytest.approx([1 / 4, 1 / 32, 1 / 256, 0.0], rel=1e-6)
     assert not report.heads["sdpa"][3].blind and report.heads["sdpa"][0].blind  # 1/4 loses keys from ~343 on
+
+
+def test_cpu_name_names_the_model_and_its_bf16_flags(tmp_path):
+    from recsys_alibi.diagnostics.machine import cpu_name
+
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nmodel name\t: Intel Xeon\nflags\t\t: fpu avx2 avx512_bf16 amx_bf16\n")
+    assert cpu_name(info) == "Intel Xeon (avx512_bf16, amx_bf16)"
+    info.write_text("model name\t: AMD EPYC\nflags\t\t: fpu avx2\n")
+    assert cpu_name(info) == "AMD EPYC (AVX2 only)"
+    assert cpu_name(tmp_path / "missing")  # no /proc: the platform's processor string, never an error
