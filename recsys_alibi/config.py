@@ -73,11 +73,11 @@ class GenerateConfig(_Section):
 
     enabled: bool = False
     users: int = Field(2000, ge=1)
-    items: int = Field(3000, ge=2)  # the default data: a catalog above the longest history (synthetic.py)
+    items: int = Field(2000, ge=2)  # the default data: a catalog no history exhausts (>= max_events; synthetic.py)
     task: Literal["default", "long-range"] = "default"
     distance: int = Field(64, ge=1)  # long-range probe: an answer comes exactly D events after its cue (D >= 3)
     min_events: int = Field(20, ge=3)  # shortest history generated, events
-    max_events: int = Field(3000, ge=3)  # longest history generated, events
+    max_events: int = Field(2000, ge=3)  # longest history generated, events (<= items: no user exhausts the catalog)
     days: int | None = Field(None, ge=1)  # `generate --days N`: the log as N daily files in a directory (synthetic.split_days)
     # also write the item table of the latent catalog (recsys_alibi.data.synthetic_items): items.parquet beside
     # the events, per day _items/day-NNN.parquet; the pipeline writes it when data.item_features is declared
@@ -284,6 +284,9 @@ class WarmConfig(_Section):
     patience: int | None = Field(None, ge=1)
     shrink: float = Field(0.5, gt=0, le=1)  # chosen on the ML-100K replay's validation (docs/scheduling.md)
     perturb: float = Field(0.1, ge=0)
+    # a new item's first row: "noise" (mean + std * noise of the trained rows) or "states" (the direction of the
+    # parent's user states right before its events, at the trained rows' norm; pipelines.warm_start.with_state_rows)
+    new_rows: Literal["noise", "states"] = "noise"
 
 
 INIT_FROM = re.compile(r"champion|runs:/[^/\s]+/.+|models:/[^/@\s]+(/\d+|@[A-Za-z0-9_\-]+)")

@@ -137,3 +137,45 @@ def test_the_default_warm_start_shrinks_and_perturbs_the_blocks_only(tmp_path, m
     assert torch.equal(state[ITEM_TABLE_KEY], old[ITEM_TABLE_KEY])
     plain = load_config(None, [*TINY, f"train.init_from={uri}", "train.warm.shrink=1", "train.warm.perturb=0"])
     assert all(torch.equal(load_warm_start(plain, day1, uri).state[k], old[k]) for k in old)  # 1 and 0: a copy
+
+
+def test_new_rows_from_states_follow_the_parents_states_before_each_new_items_events(tmp_path, mlflow_store):
+    """train.warm.new_rows=states, checked by hand: a new item's row is the mean of the parent's last hidden
+    state over the histories (parent numbering, unknown items dropped) right before its events, scaled to
+    the trained rows' mean norm; shared rows stay the parent's."""
+    import torch
+
+    from pipelines.warm_start import load_warm_start
+    from recsys_alibi.config import load_config
+    from recsys_alibi.data.sequences import read_items, read_sequences
+    from recsys_alibi.tracking import load_ranker
+    from recsys_alibi.training.warm_start import ITEM_TABLE_KEY
+    from serving.inputs import vocabulary_remap
+
+    day1, day2 = _walks(tmp_path / "day1", 30, 10), _walks(tmp_path / "day2", 42, 13)  # 3 new items on day 2
+    assert main(_train(day1, tmp_path / "job")) == 0
+    (parent,) = _runs()
+    uri = f"runs:/{parent.info.run_id}/model"
+    loaded = load_ranker(uri)
+    plain = ["train.warm.shrink=1", "train.warm.perturb=0"]
+    config = load_config(None, [*TINY, f"train.init_from={uri}", "train.warm.new_rows=states", *plain])
+    table = load_warm_start(config, day2, uri).state[ITEM_TABLE_KEY]
+    remap, unknown = vocabulary_remap(read_items(day2), loaded.items)
+    assert unknown == 3
+    old = loaded.model.state_dict()[ITEM_TABLE_KEY]
+    norm = old[1:].norm(dim=1).mean()
+    loaded.model.eval()
+    for j in np.flatnonzero(remap == 0)[1:]:
+        states = []
+        for seq in read_sequences(day2)["item_idx"].to_list():
+            for t, item in enumerate(seq):
+                prefix = [remap[i] for i in seq[:t] if remap[i] > 0]
+                if item == j and prefix:
+                    h = torch.tensor([prefix])
+                    with torch.no_grad():
+                        states.append(loaded.model.last_hidden(h, torch.tensor([len(prefix)]))[0])
+        assert states  # every new item has events after known ones in these walks
+        mean = torch.stack(states).mean(0)
+        assert torch.allclose(table[j], mean / mean.norm() * norm, atol=1e-5)
+    shared = np.flatnonzero(remap > 0)
+    assert torch.equal(table[torch.as_tensor(shared)], old[torch.as_tensor(remap[shared])])
