@@ -18,7 +18,8 @@ Two tasks (``GenerateConfig.task``):
       unconsumed. The next taste event is predictable only from the taste ``u``, and every taste
       event of the history is one noisy look at it: the last 50 events estimate ``u`` from about
       40 looks, the whole history from hundreds, which is what makes the whole history worth
-      reading. The catalog (``cfg.items``) should be well above the longest history, so that a
+      reading. The catalog (``cfg.items``) should be at least the longest history
+      (``cfg.max_events``; the defaults: 2,000 and 2,000), so that no user runs through it and a
       heavy user's next taste events are still chosen by taste, not by what is left;
     * **short-term topics with interest drift** (the recent signal): the other events draw a
       topic from the user's mixture ``(1 - w) * start + w * end`` at relative position ``w`` in
@@ -32,8 +33,8 @@ Two tasks (``GenerateConfig.task``):
       through all ``N`` items the order starts again (a new *cycle*), and an item is then new
       again (the history is shorter than ``n`` when even that runs out);
     * **long-tailed history lengths**: ``n`` log-normal between ``cfg.min_events`` and
-      ``cfg.max_events`` (median ``min * (max / min) ** 0.4``; with the defaults 20..3000 the
-      mean is ~200 events and about 1% of users have more than 1,000).
+      ``cfg.max_events`` (median ``min * (max / min) ** 0.4``; with the defaults 20..2000 the
+      median is ~124 events, the mean ~172 and about 0.6 % of users have more than 1,000).
 
 ``"long-range"``
     A probe of context length D = ``cfg.distance`` (>= 3): can the model see an event exactly
@@ -99,7 +100,7 @@ BLOCK_EVENTS = 4_000_000  # events generated per block of users (bounds peak mem
 EPISODE_GAP = 8  # long-range probe: episodes repeat every distance + EPISODE_GAP events
 TASTE_SHARE = 0.8  # probability that an event of the default task follows the long-term taste
 TASTE_DIM = 24  # dimensions of the latent item vectors and user tastes
-TASTE_BETA = 4.0  # strength of the taste in the affinities (larger: more concentrated)
+TASTE_BETA = 6.0  # strength of the taste in the affinities (larger: more concentrated)
 TASTE_USERS = 256  # users whose taste orders are drawn at once (bounds peak memory: 256 x N keys)
 DRAFT_FACTOR = 1.5  # default task: events drafted per history event (repeats are dropped from the draft)
 DRAFT_EXTRA = 8  # ... plus this many per user

@@ -39,20 +39,20 @@ def test_schema_and_determinism(default_log):
     assert default_log.equals(generate_events(GenerateConfig(), seed=7))
     assert not default_log.equals(generate_events(GenerateConfig(), seed=8))
     assert default_log["user_id"].n_unique() == 2000
-    assert default_log["item_id"].min() >= 1 and default_log["item_id"].max() <= 3000
+    assert default_log["item_id"].min() >= 1 and default_log["item_id"].max() <= 2000
 
 
 def test_fast_enough():
     start = time.perf_counter()
     df = generate_events(GenerateConfig(users=2000), seed=0)
     assert time.perf_counter() - start < 5.0
-    assert 150 < df.height / 2000 < 300  # ~200 events per user on average
+    assert 150 < df.height / 2000 < 300  # ~172 events per user on average (20..2000, median ~124)
 
 
 def test_history_lengths_spread_between_bounds(default_log):
     lengths = default_log.group_by("user_id").len()["len"]
-    assert lengths.min() >= 20 and lengths.max() <= 3000
-    assert (lengths >= 1000).sum() >= 5  # some users with thousands of events
+    assert lengths.min() >= 20 and lengths.max() <= 2000
+    assert (lengths >= 1000).sum() >= 5  # some users with more than a thousand events (16, seed 7)
     assert lengths.median() < lengths.mean()  # long right tail
 
 
@@ -66,9 +66,9 @@ def test_time_order_and_grouping(default_log):
 
 def test_power_law_popularity(default_log):
     counts = default_log["item_id"].value_counts(sort=True)["count"].to_numpy()
-    assert counts[0] > 4 * np.median(counts)  # head well above the median item (measured 5.1x, seed 7)
+    assert counts[0] > 3 * np.median(counts)  # head well above the median item (measured 3.8x, seed 7)
     top = counts[: len(counts) // 10].sum() / counts.sum()
-    assert top > 0.17  # the top 10% of items hold more than 10% of the events (measured 0.194: the taste
+    assert top > 0.17  # the top 10% of items hold more than 10% of the events (measured 0.183: the taste
     # events consume the catalog without repeats, which flattens the counts of heavy users)
 
 
@@ -113,7 +113,7 @@ def test_latent_items_depend_on_catalog_and_seed_only():
     first, second = _histories(df)[0][:150] - 1, _histories(df)[0][150:300] - 1
     cos = latent.vectors[first].mean(0) @ latent.vectors[second].mean(0)
     cos /= np.linalg.norm(latent.vectors[first].mean(0)) * np.linalg.norm(latent.vectors[second].mean(0))
-    assert cos > 0.8  # two halves of one history agree on the taste (chance: about 0)
+    assert cos > 0.8  # two halves of one history agree on the taste (measured 0.88; chance: about 0)
 
 
 def test_topic_interests_drift():
@@ -158,13 +158,14 @@ def test_taste_is_stable_over_the_history(seed):
     late_taste = vectors[history[100:]].mean(axis=0)  # (K,) estimate from taste events 100..
     affinity = vectors @ late_taste  # (N,)
     percentile = (affinity[None, :] < affinity[history[:20], None]).mean()
-    assert percentile > 0.85  # the first 20 lie in the top 15 % of the catalog (measured 0.90-0.98; chance 0.5)
+    assert percentile > 0.85  # the first 20 lie in the top 15 % of the catalog (measured 0.95-0.98; chance 0.5)
 
 
 def test_most_test_targets_are_not_repeats(default_log):
-    """The last event (the test target) is new to the user for most users: the taste never repeats."""
+    """Every test target (the last event) is new to its user: the seen-item rule never turns one into a miss
+    (the old generator's re-consumed topic items made 10.8 % of them misses)."""
     new = [h[-1] not in set(h[:-1].tolist()) for h in _histories(default_log)]
-    assert np.mean(new) > 0.6
+    assert np.mean(new) == 1.0
 
 
 def _roles(h: np.ndarray, cat: LongRangeCatalog) -> str:
@@ -239,8 +240,8 @@ def test_long_range_signal_a_whole_history_oracle_beats_one_limited_to_the_last_
     cfg = GenerateConfig(users=120, items=2000, min_events=400, max_events=800)
     vectors = latent_items(2000, seed=11).vectors
     rates = _oracle_hit_rates(generate_events(cfg, seed=11), vectors, (50, None))
-    assert rates[None] > rates[50] + 0.04 and rates[None] > 2 * rates[50]  # measured 0.0983 against 0.0333
-    # (600 targets; seeds 12 and 13: 0.112 against 0.025 and 0.038)
+    assert rates[None] > rates[50] + 0.04 and rates[None] > 2 * rates[50]  # measured 0.113 against 0.032
+    # (600 targets, TASTE_BETA 6; seeds 12 and 13: 0.140 against 0.032, 0.103 against 0.028)
     monkeypatch.setattr("recsys_alibi.data.synthetic.TASTE_SHARE", 0.0)
     flat = _oracle_hit_rates(generate_events(cfg, seed=11), vectors, (50, None))
     assert flat[None] < 0.03 and flat[50] < 0.03  # no taste: about chance
