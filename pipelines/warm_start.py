@@ -30,7 +30,6 @@ from recsys_alibi.tracking import tracking_uri
 
 log = logging.getLogger(__name__)
 
-STATES_PER_ITEM = 64  # train.warm.new_rows=states: events per new item whose preceding user state is read
 MARKER = "warm_start.json"  # checkpoints/<run_id>.warm_start.json of a warm-started run
 USERS_TAG, EVENTS_TAG = "recsys_alibi.data.users", "recsys_alibi.data.events"  # every run: size of its prepared data
 
@@ -159,8 +158,6 @@ def load_warm_start(config: JobConfig, prepared_dir: Path, uri: str) -> WarmStar
     warm = config.train.warm
     state = warm_state_dict(loaded.model.state_dict(), rows, loaded.model.cfg, config.model, config.seed, source=uri,
                             features=features)  # fmt: skip
-    if warm.new_rows == "states" and features is None and unknown:  # new rows from the states before their events
-        state = with_state_rows(state, loaded.model, prepared_dir, rows)
     if (warm.shrink, warm.perturb) != (1.0, 0.0):  # shrink-and-perturb of the blocks (docs/scheduling.md)
         state = shrink_perturb(state, fresh_state(loaded.model.cfg, items.height, config.seed), warm.shrink, warm.perturb)
     kept = items.height - unknown
@@ -174,67 +171,6 @@ def load_warm_start(config: JobConfig, prepared_dir: Path, uri: str) -> WarmStar
         uri=uri, parent_run_id=loaded.run_id, kept_items=kept, new_items=unknown,
         dropped_items=loaded.items.height - kept, new_users=new_users, new_events=new_events, state=state,
     )  # fmt: skip
-
-
-def with_state_rows(state: dict, model, prepared_dir: Path, rows: np.ndarray, per_item: int = STATES_PER_ITEM,
-                    batch: int = 256) -> dict:  # fmt: skip
-    """``state`` with each new item's row from the parent's user states right before its events
-    (:func:`recsys_alibi.training.warm_start.state_rows`); a new item none of whose events has a known
-    item before it keeps its row.
-
-    Args:
-        state: the warm state dict (its item table in the data's numbering, (N + 1, D)).
-        model: the parent ``AlibiRanker`` (eval mode is set here).
-        prepared_dir: the data the warm run trains on.
-        rows: (N + 1,) int64, data ``item_idx`` -> the parent's (0: new), as :func:`warm_state_dict`.
-        per_item: at most this many events per new item (the first ones in the sequences' order).
-    """
-    import polars as pl
-    import torch
-
-    from recsys_alibi.data.loader import pad_right
-    from recsys_alibi.data.schema import ITEM_IDX, TIME_GAPS
-    from recsys_alibi.data.sequences import read_sequences
-    from recsys_alibi.data.time_gaps import sequences_for
-    from recsys_alibi.training.warm_start import ITEM_TABLE_KEY, state_rows
-
-    new = np.flatnonzero(rows == 0)
-    new = new[new > 0]  # (M,) data item_idx of the new items, ascending
-    slot = np.full(rows.shape[0], -1, dtype=np.int64)
-    slot[new] = np.arange(new.shape[0])
-    sequences = sequences_for(model, read_sequences(prepared_dir))
-    sequences = sequences.filter(pl.col(ITEM_IDX).list.eval(pl.element().is_in(new.tolist())).list.any())
-    limit, taken = int(model.cfg.max_len), np.zeros(new.shape[0], dtype=np.int64)
-    prefixes, gaps, owner = [], [], []  # parent-numbered histories before each event on a new item
-    for seq, gap in zip(sequences[ITEM_IDX].to_list(),
-                        sequences[TIME_GAPS].to_list() if TIME_GAPS in sequences.columns else [None] * sequences.height):
-        seq = np.asarray(seq, dtype=np.int64)
-        parent = rows[seq]
-        for t in np.flatnonzero(slot[seq] >= 0):
-            m = slot[seq[t]]
-            keep = np.flatnonzero(parent[:t] > 0)[-limit:]  # events of items the parent knows, as score drops the rest
-            if taken[m] >= per_item or keep.size == 0:
-                continue
-            taken[m] += 1
-            prefixes.append(parent[keep])
-            gaps.append(None if gap is None else np.asarray(gap, dtype=np.int64)[keep])
-            owner.append(m)
-    if not prefixes:
-        return state
-    model.eval()
-    states = []
-    with torch.no_grad():
-        for start in range(0, len(prefixes), batch):
-            history, lengths = pad_right(prefixes[start : start + batch])  # (B, L), (B,)
-            gap = None if gaps[start] is None else pad_right(gaps[start : start + batch])[0]
-            states.append(model.last_hidden(history, lengths, gaps=gap).float())  # (B, D)
-    table = state[ITEM_TABLE_KEY]
-    row_norm = float(table[torch.as_tensor(np.flatnonzero(rows > 0))].float().norm(dim=1).mean())
-    found_rows, found = state_rows(torch.cat(states), torch.as_tensor(owner), new.shape[0], row_norm)
-    table = table.clone()
-    at = torch.as_tensor(new)[found]
-    table[at] = found_rows[found].to(table.dtype)
-    return {**state, ITEM_TABLE_KEY: table}
 
 
 def fresh_state(model_cfg, n_items: int, seed: int) -> dict:

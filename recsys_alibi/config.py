@@ -284,9 +284,6 @@ class WarmConfig(_Section):
     patience: int | None = Field(None, ge=1)
     shrink: float = Field(0.5, gt=0, le=1)  # chosen on the ML-100K replay's validation (docs/scheduling.md)
     perturb: float = Field(0.1, ge=0)
-    # a new item's first row: "noise" (mean + std * noise of the trained rows) or "states" (the direction of the
-    # parent's user states right before its events, at the trained rows' norm; pipelines.warm_start.with_state_rows)
-    new_rows: Literal["noise", "states"] = "noise"
 
 
 INIT_FROM = re.compile(r"champion|runs:/[^/\s]+/.+|models:/[^/@\s]+(/\d+|@[A-Za-z0-9_\-]+)")

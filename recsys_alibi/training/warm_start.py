@@ -138,34 +138,6 @@ def new_item_rows(trained: torch.Tensor, count: int, seed: int) -> torch.Tensor:
     return (mean + std * noise).to(trained.dtype)
 
 
-def state_rows(states: torch.Tensor, item: torch.Tensor, count: int, row_norm: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """New item rows from the user states that preceded each new item: the output layer's prototypes.
-
-    With the item table tied to the output, an item scores ``h . e`` against a user state ``h``; the
-    row that scores a new item highest after the states that came right before its events is their
-    mean direction. Each such row is that mean, scaled to ``row_norm`` (the trained rows' mean norm),
-    so the new item starts ranked where its first users' histories point, at a trained row's scale
-    (the closed-form first step of a nearest-class-mean classifier, Mensink et al. 2013, used for
-    new classes in few-shot imprinting, Qi et al. 2018, arXiv 1712.07136).
-
-    Args:
-        states: (P, D) float, the parent model's state right before each event on a new item.
-        item: (P,) int64 in ``0..count-1``, which new item each state preceded.
-        count: M, the number of new items.
-        row_norm: the L2 norm given to every row (> 0).
-
-    Returns:
-        ``(rows, found)``: (M, D) float32 and (M,) bool; rows of items without a state are zeros and
-        ``found`` is False there (the caller keeps its other rule for them).
-    """
-    width = states.shape[1]
-    sums = torch.zeros(count, width, dtype=torch.float32).index_add_(0, item, states.float())  # (M, D)
-    found = torch.bincount(item, minlength=count) > 0  # (M,)
-    norms = sums.norm(dim=1, keepdim=True).clamp_min(1e-12)
-    rows = torch.where(found[:, None], sums / norms * row_norm, torch.zeros_like(sums))
-    return rows, found
-
-
 def warm_state_dict(
     old_state: Mapping[str, torch.Tensor],
     rows: np.ndarray,

@@ -164,13 +164,3 @@ def test_fit_starts_from_the_warm_weights_before_the_first_step(tmp_path):
     assert probe.seen is not None and set(probe.seen) == set(state)
     for key, value in state.items():
         assert torch.equal(probe.seen[key], value), key
-
-
-def test_state_rows_point_along_the_mean_state_at_the_trained_norm():
-    from recsys_alibi.training.warm_start import state_rows
-
-    states = torch.tensor([[3.0, 0.0], [1.0, 2.0], [0.0, -5.0]])  # (P, D)
-    rows, found = state_rows(states, torch.tensor([0, 0, 2]), count=3, row_norm=2.0)
-    assert found.tolist() == [True, False, True]
-    assert torch.allclose(rows[0], torch.tensor([4.0, 2.0]) / 20**0.5 * 2.0)  # mean of items 0's states, norm 2
-    assert torch.equal(rows[1], torch.zeros(2)) and torch.allclose(rows[2], torch.tensor([0.0, -2.0]))
