@@ -31,7 +31,6 @@ Writes a JSON (machine, load, command, settings, validation and test figures) an
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import platform
@@ -234,11 +233,14 @@ def main(argv: list[str] | None = None) -> dict:
         "wall_seconds": round(time.time() - started, 1),
     }
     args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(result, indent=2) + "\n")
+    from recsys_alibi.atomic import write_json_atomic
+
+    write_json_atomic(args.output, result)  # strict JSON (no NaN), replaced as a whole
     hr, nd = result["test"][f"HR@{K} held-out targets"], result["test"][f"NDCG@{K} all"]
+    ratio = f"x{hr['ratio']:.2f}" if hr["ratio"] else "the id-only model has no hit"
     print(f"held-out targets: {int(held_rows.sum())} of {held_rows.size} users; chosen on validation: {chosen}")
     print(f"HR@{K} held-out targets: id-only {hr['baseline']:.4f}, features {hr['candidate']:.4f} "
-          f"(x{hr['ratio'] or float('nan'):.2f}), diff {hr['difference']:+.4f} [{hr['ci95'][0]:+.4f}, {hr['ci95'][1]:+.4f}]")
+          f"({ratio}), diff {hr['difference']:+.4f} [{hr['ci95'][0]:+.4f}, {hr['ci95'][1]:+.4f}]")
     print(f"NDCG@{K} all: id-only {nd['baseline']:.4f}, features {nd['candidate']:.4f}, "
           f"diff {nd['difference']:+.4f} [{nd['ci95'][0]:+.4f}, {nd['ci95'][1]:+.4f}] -> {args.output}")
     return result
