@@ -313,6 +313,7 @@ def step_differences(per_user: dict) -> dict:
 def pooled(runs: dict) -> dict:
     """Every comparison pooled over (seed, step, user), per step pooled over seeds, train seconds per arm,
     and the target-kind split pooled over seeds and steps."""
+    from replay_scoring import KINDS
     steps = [s for run in runs.values() for s in run.get("steps", [])]
     if not steps:
         return {}
@@ -334,7 +335,7 @@ def pooled(runs: dict) -> dict:
     kinds: dict = {}
     for a in arms:
         kinds[a] = {}
-        for kind in ("new_this_period", "new_earlier", "older"):
+        for kind in KINDS:
             rows = [v for s in steps for u, v in s["per_user"][a].items() if s["target_kinds"][u] == kind]
             kinds[a][kind] = {"n": len(rows), **{m: float(np.mean([r[i] for r in rows])) if rows else None
                                                  for i, m in enumerate(METRICS)}}  # fmt: skip
@@ -348,10 +349,12 @@ def pooled(runs: dict) -> dict:
 def kind_differences(steps: list, arms) -> dict:
     """``{"<a>_minus_<b>": {kind: {metric: {difference, ci95, pairs}} or None}}``: every comparison on the
     (seed, step, user) pairs whose target is of one kind (new this period: the cold-item figure)."""
+    from replay_scoring import KINDS
+
     out: dict = {}
     for a, b in comparisons(arms):
         out[f"{a}_minus_{b}"] = {}
-        for kind in ("new_this_period", "new_earlier", "older"):
+        for kind in KINDS:
             pairs = [(s["per_user"][a][u], s["per_user"][b][u]) for s in steps for u in sorted(s["per_user"][a])
                      if s["target_kinds"][u] == kind]  # fmt: skip
             out[f"{a}_minus_{b}"][kind] = _difference([p[0] for p in pairs], [p[1] for p in pairs]) if pairs else None
