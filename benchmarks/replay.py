@@ -314,6 +314,7 @@ def pooled(runs: dict) -> dict:
     """Every comparison pooled over (seed, step, user), per step pooled over seeds, train seconds per arm,
     and the target-kind split pooled over seeds and steps."""
     from replay_scoring import KINDS
+
     steps = [s for run in runs.values() for s in run.get("steps", [])]
     if not steps:
         return {}
