@@ -22,8 +22,11 @@ SWAPPED = {"torch==2.13.0+cpu": "torch===2.13.0", "fbgemm-gpu-cpu==1.8.0": "fbge
 def _make_n(tmp_path: Path, *args: str) -> str:
     if shutil.which("make") is None:
         pytest.skip("make is not installed")
-    env = {k: v for k, v in os.environ.items() if k not in ("GPU", "CUDA_LOCK", "PIP_INDEX_ARGS", "VENV", "MAKEFLAGS")}
-    done = subprocess.run(["make", "-n", *args, f"VENV={tmp_path / 'venv'}"], cwd=REPO, env=env,
+    # Under `make test` (CI) the outer make's MAKELEVEL/MAKEFLAGS reach this one: a nested make then prints
+    # "Entering/Leaving directory" lines around the recipe, hence --no-print-directory and the cleaned environment.
+    outer = ("GPU", "CUDA_LOCK", "PIP_INDEX_ARGS", "VENV", "MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES")
+    env = {k: v for k, v in os.environ.items() if k not in outer}
+    done = subprocess.run(["make", "-n", "--no-print-directory", *args, f"VENV={tmp_path / 'venv'}"], cwd=REPO, env=env,
                           capture_output=True, text=True, check=True)  # fmt: skip
     return done.stdout
 
