@@ -51,7 +51,9 @@ Resuming: finished steps are read back from the JSON (and its per-user file), th
 directory is rebuilt up to them, finished arms of the step in progress are kept, and an arm killed
 mid-way continues from its last epoch checkpoint (``train.resume`` in its folder
 ``<workdir>/seed-<S>/step-<k>-<arm>``). Models are not registered; MLflow runs go to
-``MLFLOW_TRACKING_URI`` or ``<workdir>/mlflow.db``.
+``MLFLOW_TRACKING_URI`` or ``<workdir>/mlflow.db``. A seed whose next step needs a model that is no
+longer in the tracking store (a new checkout: the JSON outlived ``<workdir>``) starts over, with a
+line that says so; its finished steps are not mixed with a new chain.
 """
 
 from __future__ import annotations
@@ -62,6 +64,7 @@ import json
 import os
 import platform
 import shlex
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -199,8 +202,6 @@ def movement(config, prepared: Path, parent_uri: str, child_uri: str) -> dict:
 
 def rebuild(config, files: list[Path], prepared: Path, upto: int) -> None:
     """``prepared`` = period 0 prepared, then periods 1..``upto`` appended (a resumed replay starts here)."""
-    import shutil
-
     if prepared.exists():
         shutil.rmtree(prepared)
     grow(config, files[0], prepared, first=True)
@@ -218,6 +219,11 @@ def replay_seed(config, events: pl.DataFrame, bounds: list[int], workdir: Path, 
     from recsys_alibi.tracking import load_ranker
     from replay_scoring import entry_steps, score_model
 
+    if len(state.get("steps", [])) < last and _lost_models(state):
+        print(f"seed {config.seed}: the models its finished steps continue from are not in the tracking store "
+              "(a new checkout or another MLFLOW_TRACKING_URI): this seed starts over", flush=True)  # fmt: skip
+        state.clear()
+        shutil.rmtree(workdir, ignore_errors=True)  # no arm resumes from a checkpoint of the lost chain
     periods_dir = workdir / "periods"
     periods_dir.mkdir(parents=True, exist_ok=True)
     edges = [int(events["timestamp"].min()), *bounds]
@@ -285,6 +291,23 @@ def replay_seed(config, events: pl.DataFrame, bounds: list[int], workdir: Path, 
               + ", ".join(f"{a} {record['arms'][a]['NDCG@10']:.4f} ({record['arms'][a]['train_seconds']:.0f} s)" for a in uris)
               + (f"; warm - scratch {d['difference']:+.4f} [{d['ci95'][0]:+.4f}, {d['ci95'][1]:+.4f}]" if d else ""),
               flush=True)  # fmt: skip
+
+
+def _lost_models(state: dict) -> bool:
+    """True when a model the seed's next step needs (a warm-chain parent, a finished arm of the step in
+    progress) no longer loads: the JSON outlived its tracking store, so the seed cannot go on."""
+    from recsys_alibi.tracking import ModelUriError, load_ranker
+
+    steps = state.get("steps") or []
+    needed = [steps[-1]["arms"][arm]["uri"] for arm in ("warm", "warm_features") if steps and arm in steps[-1]["arms"]]
+    needed += [state[key]["uri"] for key in ("step0", "step0_features") if key in state and not steps]
+    needed += [arm["uri"] for arm in ((state.get("partial") or {}).get("arms") or {}).values()]
+    for uri in needed:
+        try:
+            load_ranker(uri)
+        except ModelUriError:
+            return True
+    return False
 
 
 def _difference(a: list, b: list) -> dict:

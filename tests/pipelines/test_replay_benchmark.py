@@ -188,6 +188,33 @@ def test_a_stopped_replay_resumes_without_training_a_finished_arm_again(replay_d
     assert done["steps"][1]["arms"]["scratch"]["uri"] == first["partial"]["arms"]["scratch"]["uri"]
 
 
+def test_a_replay_whose_tracking_store_is_gone_starts_the_seed_over(replay_dir, monkeypatch, capsys):
+    """A new checkout keeps the committed JSON but not ``<workdir>`` nor the MLflow store: the unfinished
+    seed cannot continue its warm chain, so it starts over (with a line) instead of failing on a lost run."""
+    monkeypatch.setitem(sys.modules, "replay_scoring", scoring)
+    calls, stop = [], [True]
+    real = replay.train_arm
+
+    def train_arm(config, prepared):
+        calls.append(Path(config.output).name)
+        if Path(config.output).name == "step-001-warm" and stop[0]:
+            raise Stopped
+        return real(config, prepared)
+
+    monkeypatch.setattr(replay, "train_arm", train_arm)
+    with pytest.raises(Stopped):
+        replay.main(_args(1, ["scratch", "warm", "stale"]))
+    assert calls == ["step-000", "step-001-scratch", "step-001-warm"]
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{replay_dir / 'another.db'}")  # the old store is gone
+    calls.clear()
+    stop[0] = False
+    replay.main(_args(1, ["scratch", "warm", "stale"]))
+    assert calls == ["step-000", "step-001-scratch", "step-001-warm"]  # every model of the seed again
+    assert "this seed starts over" in capsys.readouterr().out
+    done = json.loads((replay_dir / "replay.json").read_text())["runs"]["42"]
+    assert [s["step"] for s in done["steps"]] == [1] and done["partial"] is None
+
+
 class _ByIndex(torch.nn.Module):
     """A stand-in ranker: item ``i`` scores ``i`` for every history (higher index = better)."""
 
