@@ -162,18 +162,25 @@ class Stopped(Exception):
     """A replay stopped mid-step."""
 
 
-def test_a_stopped_replay_resumes_without_training_a_finished_arm_again(replay_dir, monkeypatch):
+def _stop_at(monkeypatch, arm_folder: str) -> tuple[list[str], list[bool]]:
+    """``replay.train_arm`` recording each arm's folder and raising :class:`Stopped` (stands for the
+    session's end) at ``arm_folder`` while ``stop[0]``; returns ``(calls, stop)``."""
     monkeypatch.setitem(sys.modules, "replay_scoring", scoring)
     calls, stop = [], [True]
     real = replay.train_arm
 
     def train_arm(config, prepared):
         calls.append(Path(config.output).name)
-        if Path(config.output).name == "step-002-warm" and stop[0]:
-            raise Stopped  # stands for the session's end
+        if Path(config.output).name == arm_folder and stop[0]:
+            raise Stopped
         return real(config, prepared)
 
     monkeypatch.setattr(replay, "train_arm", train_arm)
+    return calls, stop
+
+
+def test_a_stopped_replay_resumes_without_training_a_finished_arm_again(replay_dir, monkeypatch):
+    calls, stop = _stop_at(monkeypatch, "step-002-warm")
     with pytest.raises(Stopped):
         replay.main(_args(2, ["scratch", "warm", "stale"]))
     first = json.loads((replay_dir / "replay.json").read_text())["runs"]["42"]
@@ -191,17 +198,7 @@ def test_a_stopped_replay_resumes_without_training_a_finished_arm_again(replay_d
 def test_a_replay_whose_tracking_store_is_gone_starts_the_seed_over(replay_dir, monkeypatch, capsys):
     """A new checkout keeps the committed JSON but not ``<workdir>`` nor the MLflow store: the unfinished
     seed cannot continue its warm chain, so it starts over (with a line) instead of failing on a lost run."""
-    monkeypatch.setitem(sys.modules, "replay_scoring", scoring)
-    calls, stop = [], [True]
-    real = replay.train_arm
-
-    def train_arm(config, prepared):
-        calls.append(Path(config.output).name)
-        if Path(config.output).name == "step-001-warm" and stop[0]:
-            raise Stopped
-        return real(config, prepared)
-
-    monkeypatch.setattr(replay, "train_arm", train_arm)
+    calls, stop = _stop_at(monkeypatch, "step-001-warm")
     with pytest.raises(Stopped):
         replay.main(_args(1, ["scratch", "warm", "stale"]))
     assert calls == ["step-000", "step-001-scratch", "step-001-warm"]
