@@ -187,7 +187,7 @@ def train_arm(config, prepared: Path) -> dict:
 
 def movement(config, prepared: Path, parent_uri: str, child_uri: str) -> dict:
     """:func:`replay_scoring.row_movement` of a warm-started model (its initial rows rebuilt as the run built them)."""
-    from pipelines.warm_start import load_warm_start
+    from pipelines.init_from import load_warm_start
     from recsys_alibi.tracking import load_ranker
     from replay_scoring import row_movement
     from serving.inputs import vocabulary_remap

@@ -20,7 +20,7 @@ one line) before anything is logged as a model. ``evaluate.protocol=temporal`` o
 came from line order is refused before training
 (:func:`recsys_alibi.data.time_gaps.check_time_protocol`).
 
-Warm start (``train.init_from``, :mod:`pipelines.warm_start`): a new run starts from a logged model's
+Warm start (``train.init_from``, :mod:`pipelines.init_from`): a new run starts from a logged model's
 weights, items matched by raw id (:mod:`recsys_alibi.training.warm_start`), with the ``train.warm``
 schedule; a model of another architecture is refused before training. The run is tagged
 ``lineage.init_from``, ``lineage.parent_run_id`` and the counts of new items, users and events. A
@@ -46,7 +46,7 @@ from recsys_alibi.training.data_rules import resolve_max_len
 from recsys_alibi.training.datamodule import SequenceDataModule
 from recsys_alibi.training.fit import check_sharding, fit_ranker
 from recsys_alibi.training.launch import check_accelerator, launch_rank, mark_complete
-from pipelines.warm_start import WarmStart, data_counts, resolve_warm_start
+from pipelines.init_from import WarmStart, data_counts, resolve_warm_start
 from serving.pyfunc import pyfunc_flavour
 
 log = logging.getLogger(__name__)

@@ -272,7 +272,7 @@ class ModelConfig(_Section):
 class WarmConfig(_Section):
     """The schedule of a warm-started run (``train.init_from``): each key replaces its ``train.*`` value.
 
-    None: the rule of :func:`pipelines.warm_start.warm_schedule` (a quarter of the epochs, the cold run's
+    None: the rule of :func:`pipelines.init_from.warm_schedule` (a quarter of the epochs, the cold run's
     learning rate and warm-up: re-warmed), measured by the ML-100K replay (docs/scheduling.md).
     ``shrink``/``perturb``: shrink-and-perturb of the transformer blocks before training,
     ``w <- shrink * w + perturb * w_fresh`` (Ash & Adams 2020, arXiv 1910.08475; 1 and 0: plain copy).

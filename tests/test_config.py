@@ -310,7 +310,7 @@ def test_a_warm_schedule_that_never_reaches_the_last_window_names_train_warm_max
 
 
 def test_the_warm_schedule_applied_by_the_job_keeps_to_the_same_rule():
-    from pipelines.warm_start import warm_schedule
+    from pipelines.init_from import warm_schedule
 
     warm = warm_schedule(load_config(None, [*WARM, "train.warm.max_epochs=6"])).train
     assert (warm.max_epochs, warm.context_schedule) == (6, [[0, 4], [5, 8]])

@@ -101,7 +101,7 @@ def test_init_from_champion_without_one_starts_cold_and_says_so(tmp_path, mlflow
 
 
 def test_unset_warm_keys_follow_the_measured_rule():
-    from pipelines.warm_start import warm_schedule
+    from pipelines.init_from import warm_schedule
     from recsys_alibi.config import load_config
 
     cold = ["train.init_from=champion", "train.max_epochs=32", "train.lr=0.005", "train.warmup_steps=20", "train.patience=8"]
@@ -117,7 +117,7 @@ def test_the_default_warm_start_shrinks_and_perturbs_the_blocks_only(tmp_path, m
     seed (shrink-and-perturb), item rows of kept items and everything outside the blocks copied."""
     import torch
 
-    from pipelines.warm_start import fresh_state, load_warm_start
+    from pipelines.init_from import fresh_state, load_warm_start
     from recsys_alibi.config import load_config
     from recsys_alibi.tracking import load_ranker
     from recsys_alibi.training.warm_start import ITEM_TABLE_KEY
