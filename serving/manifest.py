@@ -232,7 +232,8 @@ def record_shard(output_dir: Path, rank: int, manifest: Manifest, name: str, sta
 
 
 def finish_manifest(output_dir: Path, manifest: Manifest, world_size: int) -> Manifest:
-    """Rank 0 after every rank finished: fold rank files in, mark complete when all shards are done (rule 5)."""
+    """Rank 0 after every rank finished: fold rank files in, mark complete when all shards are done (rule 5);
+    a complete job sweeps the stale temporaries again (:func:`remove_stale_temporaries`)."""
     for rank in range(1, world_size):
         other = _read_json(rank_manifest_path(output_dir, rank))
         if other is not None:
@@ -240,6 +241,8 @@ def finish_manifest(output_dir: Path, manifest: Manifest, world_size: int) -> Ma
     assert manifest.n_shards is not None
     manifest.shards = {name: s for name, s in manifest.shards.items() if (output_dir / name).is_file()}
     manifest.complete = len(done_shards(output_dir, manifest)) == manifest.n_shards
+    if manifest.complete:  # a writer of the killed run still alive at the start (a Ray actor is killed
+        remove_stale_temporaries(output_dir)  # asynchronously) and gone since: its temporary goes too
     write_json_atomic(output_dir / MANIFEST, manifest.to_json())
     for rank in range(1, world_size):
         rank_manifest_path(output_dir, rank).unlink(missing_ok=True)

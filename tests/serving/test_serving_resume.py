@@ -134,3 +134,23 @@ def test_resume_sweeps_only_stale_temporaries_of_its_own_files(prepared, tmp_pat
     _run(prepared, out)
     assert not any(p.exists() for p in killed) and not_ours.exists() and running.exists()
     release(fd)
+
+
+def test_a_temporary_whose_writer_dies_during_the_rerun_is_swept_when_the_job_completes(prepared, tmp_path):
+    """A writer of the killed run (a Ray actor, killed asynchronously) can still hold its temporary when the
+    rerun sweeps at its start and die while the rerun goes on: the completed job sweeps again, so the
+    output is byte for byte a clean run's (it left `_fingerprints/.part-00004.parquet.<token>.tmp`)."""
+    from recsys_alibi.staging import held_temp, release
+
+    out = tmp_path / "out"
+    with pytest.raises(Killed):
+        _run(prepared, out, hook=kill_at("recorded", 1))
+    late, fd = held_temp(out / "_fingerprints" / "part-00004.parquet")
+
+    def dies(at: str, shard: int) -> None:
+        if (at, shard) == ("recorded", 3):
+            release(fd)
+
+    _run(prepared, out, hook=dies)
+    _run(prepared, tmp_path / "clean")
+    assert not late.exists() and snapshot(out) == snapshot(tmp_path / "clean")
