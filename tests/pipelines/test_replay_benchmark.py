@@ -254,3 +254,27 @@ def test_a_model_scores_the_next_period_in_its_own_vocabulary_and_misses_what_it
     assert out["target_kinds"] == {"1": "older", "2": "older", "3": "older", "4": "new_this_period"}
     assert out["by_target_kind"]["new_this_period"] == {"n": 1, "NDCG@10": 0.0, "HR@10": 0.0}
     assert out["top10_share_new"] == 0.0  # the model cannot rank items it does not know
+
+
+def test_replay_tables_quote_the_json():
+    tables = _load("replay_tables", REPO / "benchmarks" / "replay_tables.py")
+    arm = {"NDCG@10": 0.05, "epochs": 9, "train_seconds": 12.4}
+    ci = {"difference": -0.0125, "ci95": [-0.05, 0.025], "pairs": 3}
+    kinds = {"top10_share_new": 0.00125, "new_this_period": {"n": 0}, "new_earlier": {"n": 2, "HR@10": 0.5, "NDCG@10": 0.25},
+             "older": {"n": 1, "HR@10": 1.0, "NDCG@10": 1.0}}  # fmt: skip
+    doc = {
+        "runs": {"1": {"steps": [{"step": 1, "period_end": "1998-01-05", "new_events": 5395, "new_users": 59,
+                                  "new_items": 38, "test_users": 3, "differences": {"warm_minus_scratch": {"NDCG@10": ci}},
+                                  "arms": {"scratch": arm, "warm": {**arm, "NDCG@10": 0.0375}, "stale": arm}}]},
+                 "3": {"steps": []}},
+        "pooled_warm_minus_scratch": {"NDCG@10": ci, "HR@10": ci}, "pooled_warm_minus_stale": {"NDCG@10": ci, "HR@10": ci},
+        "warm_over_scratch_train_time": 0.284, "by_target_kind": {a: kinds for a in ("scratch", "warm", "stale")},
+    }  # fmt: skip
+    assert tables.step_rows(doc)[2] == ("| 1 | 1 | 1998-01-05 | 5,395 / 59 / 38 | 3 | 0.0500 | 0.0375 | 0.0500 "
+                                        "| -0.0125 [-0.0500, +0.0250] | 9 / 9 | 12 / 12 |")  # fmt: skip
+    assert tables.pooled_line(doc).startswith("Pooled over seeds 1 (3 (seed, step, user) pairs): warm - scratch NDCG@10 -0.0125")
+    assert tables.pooled_line(doc).endswith("warm / scratch training time 0.28.")
+    rows = tables.kind_rows(doc)
+    assert rows[2] == "| new_this_period | 0 / - | 0 / - | 0 / - |"
+    assert rows[3] == "| new_earlier | 2 / 0.500 / 0.2500 | 2 / 0.500 / 0.2500 | 2 / 0.500 / 0.2500 |"
+    assert rows[-1] == "| top-10 share of items new this period | 0.0013 | 0.0013 | 0.0013 |"
