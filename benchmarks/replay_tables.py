@@ -2,6 +2,8 @@
 
 Run: ``python benchmarks/replay_tables.py docs/results/replay-ml100k.json`` prints the per-step table
 (every seed), the pooled line and the target-kind table, so the docs quote the JSON and nothing else.
+The columns are the arms the JSON holds (its ``arms``, in that order; ``scratch``, ``warm`` and
+``stale`` when it does not say), and the pooled line every ``pooled_A_minus_B`` comparison in it.
 """
 
 from __future__ import annotations
@@ -10,7 +12,12 @@ import argparse
 import json
 from pathlib import Path
 
-ARMS = ("scratch", "warm", "stale")
+DEFAULT_ARMS = ("scratch", "warm", "stale")
+
+
+def arms_of(doc: dict) -> list[str]:
+    """The arms of the replay, in the order it ran them."""
+    return list(doc.get("arms") or DEFAULT_ARMS)
 
 
 def _ci(d: dict) -> str:
@@ -19,17 +26,18 @@ def _ci(d: dict) -> str:
 
 def step_rows(doc: dict) -> list[str]:
     """One row per (seed, step): dates, growth, test users, NDCG@10 per arm, warm - scratch, epochs, seconds."""
+    arms = arms_of(doc)
     out = [
-        "| seed | step | trained on events before | new events / users / items | test users | scratch | warm | stale "
-        "| warm - scratch [95 % CI] | epochs scratch / warm | train s scratch / warm |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| seed | step | trained on events before | new events / users / items | test users | " + " | ".join(arms)
+        + " | warm - scratch [95 % CI] | epochs scratch / warm | train s scratch / warm |",
+        "|---|---|---|---|---|" + "---|" * len(arms) + "---|---|---|",
     ]
     for seed, run in doc["runs"].items():
         for s in run.get("steps", []):
             a = s["arms"]
             out.append(
                 f"| {seed} | {s['step']} | {s['period_end']} | {s['new_events']:,} / {s['new_users']} / {s['new_items']} "
-                f"| {s['test_users']} | " + " | ".join(f"{a[arm]['NDCG@10']:.4f}" for arm in ARMS)
+                f"| {s['test_users']} | " + " | ".join(f"{a[arm]['NDCG@10']:.4f}" for arm in arms)
                 + f" | {_ci(s['differences']['warm_minus_scratch']['NDCG@10'])} "
                 f"| {a['scratch']['epochs']} / {a['warm']['epochs']} "
                 f"| {a['scratch']['train_seconds']:.0f} / {a['warm']['train_seconds']:.0f} |"
@@ -38,11 +46,12 @@ def step_rows(doc: dict) -> list[str]:
 
 
 def pooled_line(doc: dict) -> str:
-    """Warm - scratch and warm - stale pooled over (seed, step, user), and the training-time ratio."""
+    """Every pooled comparison (warm - scratch first) over (seed, step, user), and the training-time ratio."""
     parts = []
-    for other in ("scratch", "stale"):
-        p = doc[f"pooled_warm_minus_{other}"]
-        parts.append(f"warm - {other} NDCG@10 {_ci(p['NDCG@10'])}, HR@10 {_ci(p['HR@10'])}")
+    for key in sorted((k for k in doc if k.startswith("pooled_")), key=lambda k: k != "pooled_warm_minus_scratch"):
+        p = doc[key]
+        a, b = key.removeprefix("pooled_").split("_minus_")
+        parts.append(f"{a} - {b} NDCG@10 {_ci(p['NDCG@10'])}, HR@10 {_ci(p['HR@10'])}")
     pairs = doc["pooled_warm_minus_scratch"]["NDCG@10"]["pairs"]
     seeds = [seed for seed, run in doc["runs"].items() if run.get("steps")]
     return (f"Pooled over seeds {', '.join(seeds)} ({pairs} (seed, step, user) pairs): " + "; ".join(parts)
@@ -51,15 +60,15 @@ def pooled_line(doc: dict) -> str:
 
 def kind_rows(doc: dict) -> list[str]:
     """Targets by when their item entered the catalog, per arm: n / HR@10 / NDCG@10."""
-    kinds = doc["by_target_kind"]
-    out = ["| target kind | " + " | ".join(f"{arm} n / HR@10 / NDCG@10" for arm in ARMS) + " |", "|---|---|---|---|"]
+    kinds, arms = doc["by_target_kind"], arms_of(doc)
+    out = ["| target kind | " + " | ".join(f"{arm} n / HR@10 / NDCG@10" for arm in arms) + " |", "|---|" + "---|" * len(arms)]
     for kind in ("new_this_period", "new_earlier", "older"):
         cells = []
-        for arm in ARMS:
+        for arm in arms:
             k = kinds[arm][kind]
             cells.append(f"{k['n']} / -" if not k["n"] else f"{k['n']} / {k['HR@10']:.3f} / {k['NDCG@10']:.4f}")
         out.append(f"| {kind} | " + " | ".join(cells) + " |")
-    share = " | ".join(f"{kinds[arm]['top10_share_new']:.4f}" for arm in ARMS)
+    share = " | ".join("-" if kinds[arm]["top10_share_new"] is None else f"{kinds[arm]['top10_share_new']:.4f}" for arm in arms)
     return [*out, f"| top-10 share of items new this period | {share} |"]
 
 

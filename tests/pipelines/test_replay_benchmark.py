@@ -278,3 +278,32 @@ def test_replay_tables_quote_the_json():
     assert rows[2] == "| new_this_period | 0 / - | 0 / - | 0 / - |"
     assert rows[3] == "| new_earlier | 2 / 0.500 / 0.2500 | 2 / 0.500 / 0.2500 | 2 / 0.500 / 0.2500 |"
     assert rows[-1] == "| top-10 share of items new this period | 0.0013 | 0.0013 | 0.0013 |"
+
+
+def test_replay_tables_follow_the_arms_and_comparisons_of_the_json():
+    tables = _load("replay_tables", REPO / "benchmarks" / "replay_tables.py")
+    arm = {"NDCG@10": 0.05, "epochs": 9, "train_seconds": 12.4}
+    ci = {"difference": -0.0125, "ci95": [-0.05, 0.025], "pairs": 3}
+    gain = {"difference": 0.0375, "ci95": [0.0, 0.075], "pairs": 3}
+    kinds = {"top10_share_new": None, "new_this_period": {"n": 0}, "new_earlier": {"n": 2, "HR@10": 0.5, "NDCG@10": 0.25},
+             "older": {"n": 1, "HR@10": 1.0, "NDCG@10": 1.0}}  # fmt: skip
+    arms = ["scratch", "warm", "scratch_features"]  # no stale: a feature replay
+    doc = {
+        "arms": arms,
+        "runs": {"1": {"steps": [{"step": 1, "period_end": "1998-01-05", "new_events": 5395, "new_users": 59,
+                                  "new_items": 38, "test_users": 3, "differences": {"warm_minus_scratch": {"NDCG@10": ci}},
+                                  "arms": {"scratch": arm, "warm": arm, "scratch_features": {**arm, "NDCG@10": 0.0875}}}]}},
+        "pooled_warm_minus_scratch": {"NDCG@10": ci, "HR@10": ci},
+        "pooled_scratch_features_minus_scratch": {"NDCG@10": gain, "HR@10": gain},
+        "warm_over_scratch_train_time": 0.25, "by_target_kind": {a: kinds for a in arms},
+    }  # fmt: skip
+    rows = tables.step_rows(doc)
+    assert rows[0].startswith("| seed | step | trained on events before | new events / users / items | test users | scratch | warm | scratch_features |")
+    assert rows[2].startswith("| 1 | 1 | 1998-01-05 | 5,395 / 59 / 38 | 3 | 0.0500 | 0.0500 | 0.0875 | -0.0125")
+    assert rows[1].count("|") == rows[2].count("|")
+    assert tables.pooled_line(doc) == (
+        "Pooled over seeds 1 (3 (seed, step, user) pairs): warm - scratch NDCG@10 -0.0125 [-0.0500, +0.0250], "
+        "HR@10 -0.0125 [-0.0500, +0.0250]; scratch_features - scratch NDCG@10 +0.0375 [+0.0000, +0.0750], "
+        "HR@10 +0.0375 [+0.0000, +0.0750]; warm / scratch training time 0.25."
+    )
+    assert tables.kind_rows(doc)[-1] == "| top-10 share of items new this period | - | - | - |"
