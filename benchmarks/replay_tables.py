@@ -24,38 +24,53 @@ def _ci(d: dict) -> str:
     return f"{d['difference']:+.4f} [{d['ci95'][0]:+.4f}, {d['ci95'][1]:+.4f}]"
 
 
-def step_rows(doc: dict) -> list[str]:
-    """One row per (seed, step): dates, growth, test users, NDCG@10 per arm, warm - scratch, epochs, seconds."""
+def _headline(doc: dict) -> str:
+    """The comparison of the step table: warm - scratch where both ran, else the replay's first one."""
+    keys = [k.removeprefix("pooled_") for k in doc if k.startswith("pooled_")]
+    return "warm_minus_scratch" if "warm_minus_scratch" in keys else keys[0]
+
+
+def _trained(doc: dict) -> list[str]:
+    """The arms whose epochs and seconds the step table shows: scratch and warm where both ran."""
     arms = arms_of(doc)
+    return ["scratch", "warm"] if {"scratch", "warm"} <= set(arms) else [a for a in arms if a != "stale"]
+
+
+def step_rows(doc: dict) -> list[str]:
+    """One row per (seed, step): dates, growth, test users, NDCG@10 per arm, the headline difference, epochs, seconds."""
+    arms, key, trained = arms_of(doc), _headline(doc), _trained(doc)
     out = [
         "| seed | step | trained on events before | new events / users / items | test users | " + " | ".join(arms)
-        + " | warm - scratch [95 % CI] | epochs scratch / warm | train s scratch / warm |",
+        + f" | {key.replace('_minus_', ' - ')} [95 % CI] | epochs {' / '.join(trained)} | train s {' / '.join(trained)} |",
         "|---|---|---|---|---|" + "---|" * len(arms) + "---|---|---|",
     ]
     for seed, run in doc["runs"].items():
         for s in run.get("steps", []):
             a = s["arms"]
+            epochs = " / ".join(str(a[t]["epochs"]) for t in trained)
+            seconds = " / ".join(f"{a[t]['train_seconds']:.0f}" for t in trained)
             out.append(
                 f"| {seed} | {s['step']} | {s['period_end']} | {s['new_events']:,} / {s['new_users']} / {s['new_items']} "
                 f"| {s['test_users']} | " + " | ".join(f"{a[arm]['NDCG@10']:.4f}" for arm in arms)
-                + f" | {_ci(s['differences']['warm_minus_scratch']['NDCG@10'])} "
-                f"| {a['scratch']['epochs']} / {a['warm']['epochs']} "
-                f"| {a['scratch']['train_seconds']:.0f} / {a['warm']['train_seconds']:.0f} |"
+                + f" | {_ci(s['differences'][key]['NDCG@10'])} "
+                f"| {epochs} | {seconds} |"
             )
     return out
 
 
 def pooled_line(doc: dict) -> str:
-    """Every pooled comparison (warm - scratch first) over (seed, step, user), and the training-time ratio."""
+    """Every pooled comparison (the headline first) over (seed, step, user), and the training-time ratio."""
+    first = f"pooled_{_headline(doc)}"
     parts = []
-    for key in sorted((k for k in doc if k.startswith("pooled_")), key=lambda k: k != "pooled_warm_minus_scratch"):
+    for key in sorted((k for k in doc if k.startswith("pooled_")), key=lambda k: k != first):
         p = doc[key]
         a, b = key.removeprefix("pooled_").split("_minus_")
         parts.append(f"{a} - {b} NDCG@10 {_ci(p['NDCG@10'])}, HR@10 {_ci(p['HR@10'])}")
-    pairs = doc["pooled_warm_minus_scratch"]["NDCG@10"]["pairs"]
+    pairs = doc[first]["NDCG@10"]["pairs"]
     seeds = [seed for seed, run in doc["runs"].items() if run.get("steps")]
-    return (f"Pooled over seeds {', '.join(seeds)} ({pairs} (seed, step, user) pairs): " + "; ".join(parts)
-            + f"; warm / scratch training time {doc['warm_over_scratch_train_time']:.2f}.")  # fmt: skip
+    ratio = doc.get("warm_over_scratch_train_time")
+    timing = "" if ratio is None else f"; warm / scratch training time {ratio:.2f}"
+    return f"Pooled over seeds {', '.join(seeds)} ({pairs} (seed, step, user) pairs): " + "; ".join(parts) + timing + "."
 
 
 def kind_rows(doc: dict) -> list[str]:

@@ -307,3 +307,13 @@ def test_replay_tables_follow_the_arms_and_comparisons_of_the_json():
         "HR@10 +0.0375 [+0.0000, +0.0750]; warm / scratch training time 0.25."
     )
     assert tables.kind_rows(doc)[-1] == "| top-10 share of items new this period | - | - | - |"
+    # a replay without scratch: the headline is its first comparison, no training-time ratio
+    del doc["pooled_warm_minus_scratch"], doc["warm_over_scratch_train_time"]
+    doc["arms"] = ["warm", "scratch_features"]
+    doc["runs"]["1"]["steps"][0]["differences"] = {"scratch_features_minus_scratch": {"NDCG@10": gain}}
+    rows = tables.step_rows(doc)
+    assert rows[0].endswith("| warm | scratch_features | scratch_features - scratch [95 % CI] | epochs warm / scratch_features "
+                            "| train s warm / scratch_features |")  # fmt: skip
+    assert rows[2].endswith("| 0.0500 | 0.0875 | +0.0375 [+0.0000, +0.0750] | 9 / 9 | 12 / 12 |")
+    assert tables.pooled_line(doc) == ("Pooled over seeds 1 (3 (seed, step, user) pairs): scratch_features - scratch "
+                                       "NDCG@10 +0.0375 [+0.0000, +0.0750], HR@10 +0.0375 [+0.0000, +0.0750].")  # fmt: skip
