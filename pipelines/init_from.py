@@ -24,8 +24,7 @@ import numpy as np
 
 from recsys_alibi.atomic import write_json_atomic
 from recsys_alibi.config import WARM_EPOCHS_DIVISOR, JobConfig, check_warm_schedule, with_overrides
-from recsys_alibi.data.partition import read_lengths, read_timestamps
-from recsys_alibi.data.schema import TIMESTAMP
+from recsys_alibi.data.partition import read_lengths
 from recsys_alibi.data.prepare import read_items
 from recsys_alibi.tracking import tracking_uri
 
@@ -33,7 +32,6 @@ log = logging.getLogger(__name__)
 
 MARKER = "warm_start.json"  # checkpoints/<run_id>.warm_start.json of a warm-started run
 USERS_TAG, EVENTS_TAG = "recsys_alibi.data.users", "recsys_alibi.data.events"  # every run: size of its prepared data
-LAST_TIME_TAG = "recsys_alibi.data.last_timestamp"  # every run: its prepared data's last event time (seconds)
 
 
 @dataclass(frozen=True)
@@ -43,9 +41,7 @@ class WarmStart:
     ``uri`` is None for a cold start asked for by ``champion`` with no champion yet (``reason``
     says so). ``new_users`` / ``new_events``: users and events of this data minus the parent's
     (its run tags); exact when the data only grew, as under ``data.append``; None when the parent
-    run has no counts. ``recent_after``: the parent's data's last timestamp (seconds; None when its run
-    has no such tag), what ``train.warm.replay`` calls recent. ``state``: the initial weights (not kept for
-    a resumed run).
+    run has no counts. ``state``: the initial weights (not kept for a resumed run).
     """
 
     uri: str | None
@@ -56,7 +52,6 @@ class WarmStart:
     new_users: int | None = None
     new_events: int | None = None
     reason: str = ""
-    recent_after: int | None = None
     state: dict | None = field(default=None, repr=False, compare=False)
 
     def line(self) -> str:
@@ -102,11 +97,9 @@ def marker_path(checkpoint_dir: Path) -> Path:
 
 
 def data_counts(prepared_dir: Path) -> dict[str, str]:
-    """``{USERS_TAG, EVENTS_TAG, LAST_TIME_TAG}`` of a prepared directory (its ``length`` and ``timestamp``
-    columns are read)."""
+    """``{USERS_TAG, EVENTS_TAG}`` of a prepared directory (only its ``length`` column is read)."""
     lengths = read_lengths(prepared_dir)
-    last = read_timestamps(prepared_dir).get_column(TIMESTAMP).list.max().max()
-    return {USERS_TAG: str(lengths.size), EVENTS_TAG: str(int(lengths.sum())), LAST_TIME_TAG: str(last)}
+    return {USERS_TAG: str(lengths.size), EVENTS_TAG: str(int(lengths.sum()))}
 
 
 def resolve_warm_start(config: JobConfig, prepared_dir: Path, resume: Path | None) -> tuple[JobConfig, WarmStart | None]:
@@ -168,18 +161,15 @@ def load_warm_start(config: JobConfig, prepared_dir: Path, uri: str) -> WarmStar
     if (warm.shrink, warm.perturb) != (1.0, 0.0):  # shrink-and-perturb of the blocks (docs/scheduling.md)
         state = shrink_perturb(state, fresh_state(loaded.model.cfg, items.height, config.seed), warm.shrink, warm.perturb)
     kept = items.height - unknown
-    new_users = new_events = recent_after = None
+    new_users = new_events = None
     if loaded.run_id is not None:
         now = data_counts(prepared_dir)
-        tags = _parent_tags(loaded.run_id)
-        users, events = tags.get(USERS_TAG, tags.get("lineage.data.users")), tags.get(EVENTS_TAG, tags.get("lineage.data.events"))
-        if users is not None and events is not None:  # older pipeline runs: lineage.data.*
-            new_users, new_events = int(now[USERS_TAG]) - int(users), int(now[EVENTS_TAG]) - int(events)
-        recent_after = int(tags[LAST_TIME_TAG]) if LAST_TIME_TAG in tags else None
+        parent = _parent_counts(loaded.run_id)
+        if parent is not None:
+            new_users, new_events = int(now[USERS_TAG]) - parent[0], int(now[EVENTS_TAG]) - parent[1]
     return WarmStart(
         uri=uri, parent_run_id=loaded.run_id, kept_items=kept, new_items=unknown,
-        dropped_items=loaded.items.height - kept, new_users=new_users, new_events=new_events,
-        recent_after=recent_after, state=state,
+        dropped_items=loaded.items.height - kept, new_users=new_users, new_events=new_events, state=state,
     )  # fmt: skip
 
 
@@ -196,11 +186,14 @@ def fresh_state(model_cfg, n_items: int, seed: int) -> dict:
         return AlibiRanker(model_cfg, n_items).state_dict()
 
 
-def _parent_tags(run_id: str) -> dict[str, str]:
-    """The parent run's tags (its data's size and last timestamp: :func:`data_counts`)."""
+def _parent_counts(run_id: str) -> tuple[int, int] | None:
+    """(users, events) of the parent run's prepared data from its tags (``lineage.data.*`` of older pipeline runs)."""
     import mlflow
 
-    return dict(mlflow.MlflowClient().get_run(run_id).data.tags)
+    tags = mlflow.MlflowClient().get_run(run_id).data.tags
+    users = tags.get(USERS_TAG, tags.get("lineage.data.users"))
+    events = tags.get(EVENTS_TAG, tags.get("lineage.data.events"))
+    return None if users is None or events is None else (int(users), int(events))
 
 
 def warm_schedule(config: JobConfig) -> JobConfig:

@@ -133,7 +133,6 @@ def run_train(config: JobConfig, prepared_dir: str | Path, *, progress: bool = T
     rank = launch_rank(config.train.devices)
     resume = _resumable(config, checkpoints, datamodule, prepared_dir, rank) if config.train.resume else None
     config, warm = resolve_warm_start(config, prepared_dir, resume)  # train.init_from, refused before training
-    focus_recent(config, datamodule, warm)
     callbacks = training_callbacks(config) + (warm.callbacks() if warm else [])
     if rank != 0:  # the checkpoint directory is rank 0's (ModelCheckpoint broadcasts it)
         for name in ("recsys_alibi", "pipelines", "serving"):  # INFO lines come from rank 0 only
@@ -153,20 +152,6 @@ def run_train(config: JobConfig, prepared_dir: str | Path, *, progress: bool = T
     setup_tracking(config.tracking)
     return _train_and_track(config, prepared_dir, datamodule, checkpoints, resume, callbacks, warm, progress=progress,
                             register=register)  # fmt: skip
-
-
-def focus_recent(config: JobConfig, datamodule: SequenceDataModule, warm: WarmStart | None) -> None:
-    """``train.warm.replay`` on a warm run: epochs over the users with events since the parent's data plus a
-    replayed sample of the others (:mod:`recsys_alibi.training.recent_epochs`). A parent whose run has no
-    last-timestamp tag (trained by an older version) gives every epoch all users, with one line."""
-    replay = config.train.warm.replay
-    if warm is None or warm.uri is None or replay is None:
-        return
-    if warm.recent_after is None:
-        log.warning("train.warm.replay: the parent run %s has no data time tag; every epoch trains on all users",
-                    warm.parent_run_id)  # fmt: skip
-        return
-    datamodule.focus_recent(warm.recent_after, replay)
 
 
 def _check_rank(launch: int, is_global_zero: bool) -> None:

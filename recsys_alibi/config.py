@@ -276,8 +276,6 @@ class WarmConfig(_Section):
     learning rate and warm-up: re-warmed), measured by the ML-100K replay (docs/scheduling.md).
     ``shrink``/``perturb``: shrink-and-perturb of the transformer blocks before training,
     ``w <- shrink * w + perturb * w_fresh`` (Ash & Adams 2020, arXiv 1910.08475; 1 and 0: plain copy).
-    ``replay``: epochs over the users with events after the parent's data plus ``replay`` times as many
-    others, drawn every epoch (:mod:`recsys_alibi.training.recent_epochs`); None: every user every epoch.
     """
 
     max_epochs: int | None = Field(None, ge=1)
@@ -286,8 +284,6 @@ class WarmConfig(_Section):
     patience: int | None = Field(None, ge=1)
     shrink: float = Field(0.5, gt=0, le=1)  # chosen on the ML-100K replay's validation (docs/scheduling.md)
     perturb: float = Field(0.1, ge=0)
-    # each epoch: the users with events since the parent model + replay x as many others (recent_epochs.py); None: all
-    replay: float | None = Field(None, ge=0)
 
 
 INIT_FROM = re.compile(r"champion|runs:/[^/\s]+/.+|models:/[^/@\s]+(/\d+|@[A-Za-z0-9_\-]+)")

@@ -31,7 +31,7 @@ import torch
 from torch.utils.data import DataLoader, Sampler
 
 from recsys_alibi.config import ConfigError, ModelConfig, TrainConfig
-from recsys_alibi.data.buckets import LengthBuckets, LongestFirst, rank_buckets
+from recsys_alibi.data.buckets import LongestFirst, rank_buckets
 from recsys_alibi.data.loader import (
     FlatSequences,
     HistoryTargets,
@@ -53,7 +53,6 @@ from recsys_alibi.data.schema import ITEM_IDX, LENGTH, TIMESTAMP, USER_ID
 from recsys_alibi.data.splits import HISTORY_TIME_GAPS, MIN_FIT, Protocol, fit_split
 from recsys_alibi.data.time_gaps import check_real_timestamps, with_time_gaps
 from recsys_alibi.training.context_schedule import window_at
-from recsys_alibi.training.recent_epochs import MappedBatches, SubsetShuffle, epoch_users
 
 log = logging.getLogger(__name__)
 
@@ -152,16 +151,6 @@ class SequenceDataModule(L.LightningDataModule):
         self.rank: int | None = None
         self.world_size: int | None = None
         self._window: int | None = None  # the training window of the last loader built
-        self.recent_after: int | None = None  # focus_recent: the parent's last timestamp (seconds)
-        self.replay: float | None = None
-        self.train_recent: np.ndarray | None = None  # (U_r,) bool per training user, set by load()
-
-    def focus_recent(self, after: int, replay: float) -> None:
-        """Train each epoch on the users with an event after ``after`` (seconds: the warm parent's last
-        timestamp) plus ``replay`` times as many others, drawn again every epoch
-        (``train.warm.replay``, :mod:`recsys_alibi.training.recent_epochs`). Call before ``setup``."""
-        self.recent_after, self.replay = int(after), float(replay)
-        self.rank = self.world_size = None  # read again with the timestamps
 
     def setup(self, stage: str | None = None) -> None:
         """Read this rank's part (rank and world size from the trainer; 0 and 1 without one)."""
@@ -189,8 +178,6 @@ class SequenceDataModule(L.LightningDataModule):
                 "train.windows=all gives each process a different number of windows (and of steps); "
                 "use it with one training process"
             )
-        if self.recent_after is not None and world_size > 1:
-            raise ConfigError("train.warm.replay trains on a different subset of users on each process; use one process")
         if 0 < self.valid_rows.size < world_size:
             raise ConfigError(f"{self.valid_rows.size} validation users cannot be split over {world_size} processes")
         buckets = self.model_cfg.time_gap_buckets
@@ -209,16 +196,7 @@ class SequenceDataModule(L.LightningDataModule):
         def gaps_of(examples: pl.DataFrame) -> FlatSequences | None:
             return FlatSequences.from_series(examples.get_column(HISTORY_TIME_GAPS)) if buckets else None
 
-        own_rows = train_part(self.train_rows, rank, world_size)
-        train = split(own_rows, "train")
-        if self.recent_after is not None:
-            last = read_sequence_rows(self.prepared_dir, own_rows, [TIMESTAMP], self.prepare_id).get_column(TIMESTAMP)
-            self.train_recent = (last.list.max() > self.recent_after).to_numpy()  # (U_r,) bool
-            assert self.train_recent.size == train.height, "fit_split dropped a training row"
-            recent = int(self.train_recent.sum())
-            replayed = min(round((self.replay or 0.0) * recent), self.train_recent.size - recent)
-            log.info("train.warm.replay: each epoch trains on %d users with events since the parent's data and %d "
-                     "of the other %d", recent, replayed, self.train_recent.size - recent)  # fmt: skip
+        train = split(train_part(self.train_rows, rank, world_size), "train")
         self.train_histories = FlatSequences.from_series(train.get_column("history"))
         self.train_gaps = gaps_of(train)
         valid = split(valid_part(self.valid_rows, rank, world_size), "valid")
@@ -265,7 +243,6 @@ class SequenceDataModule(L.LightningDataModule):
         if self.rank is None:
             self.load()
         dataset = NextItemWindows(self.train_histories, max_len, self.train_cfg.windows, gaps=self.train_gaps)
-        subset = self.epoch_samples(dataset)  # None: every sample
         collate = (
             partial(collate_packed_next_item, row_len=max_len)
             if self.train_cfg.packing
@@ -276,22 +253,11 @@ class SequenceDataModule(L.LightningDataModule):
                        pin_memory=torch.cuda.is_available())  # fmt: skip
         if self.train_cfg.batch_tokens is not None:  # similar lengths together, a padded-token budget per batch
             lengths = dataset.ends - dataset.starts  # several ranks: as many batches on each (each step all-reduces)
-            if subset is not None:  # one process (load() refuses more)
-                buckets = LengthBuckets(lengths[subset], self.train_cfg.batch_tokens, self.per_rank_batch_size(), self.seed)
-                return DataLoader(dataset, batch_sampler=MappedBatches(buckets, subset), **loading)
             buckets = rank_buckets(lengths, self.train_fit, max_len, self.rank, self.world_size,
                                    self.train_cfg.batch_tokens, self.per_rank_batch_size(), self.seed)  # fmt: skip
             return DataLoader(dataset, batch_sampler=buckets, **loading)
-        sampler = EpochShuffle(len(dataset), self.seed) if subset is None else SubsetShuffle(subset, self.seed)
+        sampler = EpochShuffle(len(dataset), self.seed)
         return DataLoader(dataset, batch_size=self.per_rank_batch_size(), sampler=sampler, **loading)
-
-    def epoch_samples(self, dataset: NextItemWindows) -> np.ndarray | None:
-        """(S,) int64 indices of ``dataset`` this epoch trains on under :meth:`focus_recent`, else None."""
-        if self.recent_after is None or self.train_recent is None:
-            return None
-        epoch = self.trainer.current_epoch if self.trainer is not None else 0
-        users = epoch_users(self.train_recent, self.replay or 0.0, self.seed, epoch)
-        return np.flatnonzero(np.isin(dataset.users, users))
 
     def val_dataloader(self) -> DataLoader:
         if self.rank is None:

@@ -124,8 +124,7 @@ def fit_ranker(
         deterministic=False,
         use_distributed_sampler=False,  # each rank already reads only its own users
         # train.context_schedule: each epoch's loader is built with that epoch's window (also after a resume)
-        # train.warm.replay: each epoch draws its own users (SequenceDataModule.focus_recent)
-        reload_dataloaders_every_n_epochs=1 if train.context_schedule or datamodule.recent_after is not None else 0,
+        reload_dataloaders_every_n_epochs=1 if train.context_schedule else 0,
     )
     started = time.perf_counter()
     with _process_group_released(), warnings.catch_warnings():

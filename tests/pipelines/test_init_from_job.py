@@ -137,22 +137,3 @@ def test_the_default_warm_start_shrinks_and_perturbs_the_blocks_only(tmp_path, m
     assert torch.equal(state[ITEM_TABLE_KEY], old[ITEM_TABLE_KEY])
     plain = load_config(None, [*TINY, f"train.init_from={uri}", "train.warm.shrink=1", "train.warm.perturb=0"])
     assert all(torch.equal(load_warm_start(plain, day1, uri).state[k], old[k]) for k in old)  # 1 and 0: a copy
-
-
-def test_warm_replay_trains_on_the_users_with_events_after_the_parent(tmp_path, mlflow_store, caplog):
-    """Every run is tagged with its data's last timestamp; ``train.warm.replay`` on the child then trains each
-    epoch on the users with a later event (4 returning + 12 new) and as many of the other 26."""
-    day1 = _walks(tmp_path / "day1", 30, 10)  # times 0..7
-    rows = (day1.with_suffix(".csv")).read_text().splitlines()
-    later = [f"u{u},i{u % 10},{20 + t}" for u in (1, 5, 9, 13) for t in range(2)]
-    later += [f"n{u},i{(u + t) % 10},{30 + t}" for u in range(12) for t in range(4)]
-    (tmp_path / "day2.csv").write_text("\n".join(rows + later) + "\n")
-    prepare(DataConfig(min_events_per_user=1, min_events_per_item=1), tmp_path / "day2.csv", tmp_path / "day2")
-    assert main(_train(day1, tmp_path / "job")) == 0
-    (parent,) = _runs()
-    assert parent.data.tags["recsys_alibi.data.last_timestamp"] == "7"
-    caplog.set_level("INFO")
-    uri = f"runs:/{parent.info.run_id}/model"
-    assert main(_train(tmp_path / "day2", tmp_path / "job", f"train.init_from={uri}", "train.warm.replay=1")) == 0
-    assert _runs()[-1].data.tags["recsys_alibi.data.last_timestamp"] == "33"
-    assert "train.warm.replay: each epoch trains on 16 users with events since the parent's data and 16 of the other 26" in caplog.text
