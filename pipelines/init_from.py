@@ -158,6 +158,8 @@ def load_warm_start(config: JobConfig, prepared_dir: Path, uri: str) -> WarmStar
     warm = config.train.warm
     state = warm_state_dict(loaded.model.state_dict(), rows, loaded.model.cfg, config.model, config.seed, source=uri,
                             features=features)  # fmt: skip
+    if warm.new_item_rows == "context" and remap is not None and features is None:
+        state = imprint_new_rows(state, loaded.model, config, prepared_dir, rows)
     if (warm.shrink, warm.perturb) != (1.0, 0.0):  # shrink-and-perturb of the blocks (docs/scheduling.md)
         state = shrink_perturb(state, fresh_state(loaded.model.cfg, items.height, config.seed), warm.shrink, warm.perturb)
     kept = items.height - unknown
@@ -171,6 +173,52 @@ def load_warm_start(config: JobConfig, prepared_dir: Path, uri: str) -> WarmStar
         uri=uri, parent_run_id=loaded.run_id, kept_items=kept, new_items=unknown,
         dropped_items=loaded.items.height - kept, new_users=new_users, new_events=new_events, state=state,
     )  # fmt: skip
+
+
+def imprint_new_rows(state: dict, parent, config: JobConfig, prepared_dir: Path, rows: np.ndarray) -> dict:
+    """``state`` with each new item that occurs in the training part of ``prepared_dir`` (under
+    ``evaluate.protocol``, validation and test events excluded) imprinted from the parent's hidden states
+    before its occurrences (``train.warm.new_item_rows: context``, :mod:`recsys_alibi.training.context_rows`);
+    the others keep their rows. ``rows``: (N + 1,) new item_idx -> the parent's, 0 for a new item."""
+    import polars as pl
+
+    from recsys_alibi.data.loader import FlatSequences
+    from recsys_alibi.data.partition import read_fit_cutoff
+    from recsys_alibi.data.sequences import read_sequences
+    from recsys_alibi.data.schema import ITEM_IDX, TIMESTAMP
+    from recsys_alibi.data.splits import fit_length
+    from recsys_alibi.training.context_rows import context_means, imprinted_rows, occurrence_contexts
+    from recsys_alibi.training.warm_start import ITEM_TABLE_KEY
+
+    protocol = config.evaluate.protocol
+    cutoff = read_fit_cutoff(prepared_dir, protocol, config.evaluate.temporal_cutoff)
+    seqs = read_sequences(prepared_dir).with_columns(fit_length(protocol, cutoff).alias("_m"))
+    train = seqs.select(  # each history's training part: the fit prefix without its validation target
+        pl.col(ITEM_IDX).list.head(pl.col("_m") - 1), pl.col(TIMESTAMP).list.head(pl.col("_m") - 1)
+    )  # fmt: skip
+    new = np.asarray(rows) == 0
+    new[0] = False
+    parent_len = parent.cfg.max_len if isinstance(parent.cfg.max_len, int) else config.model.max_len
+    contexts, times, targets = occurrence_contexts(
+        FlatSequences.from_series(train.get_column(ITEM_IDX)), FlatSequences.from_series(train.get_column(TIMESTAMP)),
+        np.asarray(rows, dtype=np.int64), new, int(parent_len),
+    )  # fmt: skip
+    if targets.size == 0:
+        return state
+    means, counts, overall = context_means(parent, contexts, times, targets, len(rows))
+    table = state[ITEM_TABLE_KEY].clone()
+    seen = torch_from(counts > 0)
+    table[seen] = imprinted_rows(table[torch_from(~new)][1:], means[seen], overall)
+    log.info("train.warm.new_item_rows=context: %d of %d new items imprinted from %d contexts", int(seen.sum()),
+             int(new.sum()), targets.size)  # fmt: skip
+    return {**state, ITEM_TABLE_KEY: table}
+
+
+def torch_from(mask: np.ndarray):
+    """A numpy bool mask as a torch bool tensor."""
+    import torch
+
+    return torch.from_numpy(np.ascontiguousarray(mask))
 
 
 def fresh_state(model_cfg, n_items: int, seed: int) -> dict:

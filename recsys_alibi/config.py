@@ -284,6 +284,9 @@ class WarmConfig(_Section):
     patience: int | None = Field(None, ge=1)
     shrink: float = Field(0.5, gt=0, le=1)  # chosen on the ML-100K replay's validation (docs/scheduling.md)
     perturb: float = Field(0.1, ge=0)
+    # a new item's first row: "noise" (mean + std * z of the trained rows) or "context" (imprinted from the
+    # parent's hidden states before its occurrences, recsys_alibi.training.context_rows)
+    new_item_rows: Literal["noise", "context"] = "noise"
 
 
 INIT_FROM = re.compile(r"champion|runs:/[^/\s]+/.+|models:/[^/@\s]+(/\d+|@[A-Za-z0-9_\-]+)")

@@ -137,3 +137,36 @@ def test_the_default_warm_start_shrinks_and_perturbs_the_blocks_only(tmp_path, m
     assert torch.equal(state[ITEM_TABLE_KEY], old[ITEM_TABLE_KEY])
     plain = load_config(None, [*TINY, f"train.init_from={uri}", "train.warm.shrink=1", "train.warm.perturb=0"])
     assert all(torch.equal(load_warm_start(plain, day1, uri).state[k], old[k]) for k in old)  # 1 and 0: a copy
+
+
+def test_context_rows_imprint_every_new_item_that_occurs_in_training(tmp_path, mlflow_store, caplog):
+    """``train.warm.new_item_rows: context``: each new item seen in the training part gets the row
+    ``mu + s * unit(m_j - m)`` (recsys_alibi.training.context_rows), every kept row is copied."""
+    import torch
+
+    from pipelines.init_from import load_warm_start
+    from recsys_alibi.config import load_config
+    from recsys_alibi.tracking import load_ranker
+    from recsys_alibi.training.warm_start import ITEM_TABLE_KEY
+
+    day1, day2 = _walks(tmp_path / "day1", 30, 10), _walks(tmp_path / "day2", 42, 13)  # 3 new items
+    assert main(_train(day1, tmp_path / "job")) == 0
+    (parent,) = _runs()
+    uri = f"runs:/{parent.info.run_id}/model"
+    old = load_ranker(uri).model.state_dict()[ITEM_TABLE_KEY]
+    base = [*TINY, f"train.init_from={uri}", "train.warm.shrink=1", "train.warm.perturb=0"]
+    caplog.set_level("INFO")
+    noise = load_warm_start(load_config(None, base), day2, uri).state[ITEM_TABLE_KEY]
+    context = load_warm_start(load_config(None, [*base, "train.warm.new_item_rows=context"]), day2, uri).state[ITEM_TABLE_KEY]
+    assert "train.warm.new_item_rows=context: 3 of 3 new items imprinted from" in caplog.text
+    from recsys_alibi.data.prepare import read_items
+    from serving.inputs import vocabulary_remap
+
+    remap, _ = vocabulary_remap(read_items(day2), load_ranker(uri).items)
+    new = torch.from_numpy(remap == 0)
+    new[0] = False
+    assert int(new.sum()) == 3 and torch.equal(context[~new], noise[~new])  # kept rows (and padding) copied
+    torch.testing.assert_close(context[torch.from_numpy(remap[1:] > 0).nonzero()[:, 0] + 1], old[remap[remap > 0]])
+    mu, spread = old[1:].mean(0), (old[1:] - old[1:].mean(0)).norm(dim=1).mean()
+    assert not torch.allclose(context[new], noise[new])
+    torch.testing.assert_close((context[new] - mu).norm(dim=1), spread.expand(3))  # a typical distance from the mean
