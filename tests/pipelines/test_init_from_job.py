@@ -156,8 +156,10 @@ def test_context_rows_imprint_every_new_item_that_occurs_in_training(tmp_path, m
     old = load_ranker(uri).model.state_dict()[ITEM_TABLE_KEY]
     base = [*TINY, f"train.init_from={uri}", "train.warm.shrink=1", "train.warm.perturb=0"]
     caplog.set_level("INFO")
-    noise = load_warm_start(load_config(None, base), day2, uri).state[ITEM_TABLE_KEY]
-    context = load_warm_start(load_config(None, [*base, "train.warm.new_item_rows=context"]), day2, uri).state[ITEM_TABLE_KEY]
+    noise = load_warm_start(load_config(None, [*base, "train.warm.new_item_rows=noise"]), day2, uri).state[ITEM_TABLE_KEY]
+    config = load_config(None, base)
+    assert config.train.warm.new_item_rows == "context"  # the default
+    context = load_warm_start(config, day2, uri).state[ITEM_TABLE_KEY]
     assert "train.warm.new_item_rows=context: 3 of 3 new items imprinted from" in caplog.text
     from recsys_alibi.data.prepare import read_items
     from serving.inputs import vocabulary_remap
