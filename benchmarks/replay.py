@@ -47,6 +47,12 @@ seeds: the trend), ``train_seconds`` per arm, ``warm_over_scratch_train_time`` a
 ``by_target_kind`` pooled. The per-user values are in ``<output>.per_user.json``; ``--plot`` (default
 the JSON path with ``.png``) draws each arm per step.
 
+``--reuse scratch=OLD.json`` (repeatable, any arm outside the warm chain) takes that arm of every step
+from an earlier replay of the same log and periods (its ``.per_user.json``) instead of training and
+scoring it again: after a change of ``train.warm`` only, the scratch arm is the same, and it is most of
+the replay's time. The earlier replay must have scored the same test users at every step (else one line,
+exit 1).
+
 Resuming: finished steps are read back from the JSON (and its per-user file), the prepared
 directory is rebuilt up to them, finished arms of the step in progress are kept, and an arm killed
 mid-way continues from its last epoch checkpoint (``train.resume`` in its folder
@@ -210,12 +216,18 @@ def rebuild(config, files: list[Path], prepared: Path, upto: int) -> None:
 
 
 def replay_seed(config, events: pl.DataFrame, bounds: list[int], workdir: Path, arms: list[str], last: int,
-                state: dict, save) -> None:  # fmt: skip
+                state: dict, save, reused: dict[str, list[dict]] | None = None) -> None:  # fmt: skip
     """Every step of one seed (module doc), continuing after the steps already in ``state``.
 
     ``state`` (this seed's part of the JSON): ``step0`` (the first model), ``steps`` (finished steps) and
     ``partial`` (the arms of the step in progress); ``save()`` is called after every trained arm and step.
+    ``reused``: arm -> the steps (with ``per_user``) of an earlier replay of this seed whose records of that
+    arm are taken as they are, neither trained nor scored again (``--reuse``).
+
+    Raises:
+        SystemExit: a reused replay lacks a step, or scored other test users at it (one line).
     """
+    reused = reused or {}
     from recsys_alibi.tracking import load_ranker
     from replay_scoring import entry_steps, score_model
 
@@ -255,7 +267,7 @@ def replay_seed(config, events: pl.DataFrame, bounds: list[int], workdir: Path, 
         partial = state.get("partial") or {}
         if partial.get("step") != k:
             partial = state["partial"] = {"step": k, "arms": {}}
-        for arm in (a for a in TRAINED_ARMS if a in arms):
+        for arm in (a for a in TRAINED_ARMS if a in arms and a not in reused):
             if arm not in partial["arms"]:
                 budget = partial["arms"].get("warm", {}).get("epochs")
                 cfg = arm_config(config, arm, workdir / f"step-{k:03d}-{arm}", parents.get(arm), budget)
@@ -278,6 +290,12 @@ def replay_seed(config, events: pl.DataFrame, bounds: list[int], workdir: Path, 
             if arm in WARM_ARMS:
                 record["arms"][arm]["moved"] = movement(arm_config(config, arm, workdir, parents[arm]), prepared,
                                                         parents[arm], uri)  # fmt: skip
+        for arm, earlier in reused.items():
+            found = [st for st in earlier if st["step"] == k]
+            if not found or set(found[0]["per_user"][arm]) != set(per_user["warm"]):
+                why = "has no step" if not found else "scored other test users at step"
+                raise SystemExit(f"--reuse {arm}: the earlier replay of seed {config.seed} {why} {k}")
+            record["arms"][arm], per_user[arm] = found[0]["arms"][arm], found[0]["per_user"][arm]
         record["test_users"] = len(per_user["warm"])
         record["differences"] = step_differences(per_user)
         record["per_user"] = per_user
@@ -413,6 +431,21 @@ def plot(doc: dict, path: Path, title: str) -> None:
     plt.close(fig)
 
 
+def reused_runs(items: list[str], arms: list[str], parser) -> dict[str, dict]:
+    """``--reuse ARM=JSON`` -> {arm: the runs of that replay's ``.per_user.json``}; refused (one line, exit 2)
+    for an arm not in ``--arms``, the warm chain, or a file that is not there."""
+    out = {}
+    for item in items:
+        arm, _, path = item.partition("=")
+        per_user = Path(path).with_suffix(".per_user.json")
+        if arm not in arms or arm in WARM_ARMS or arm == "stale":
+            parser.error(f"--reuse {item}: only an arm of --arms that does not follow the warm chain (e.g. scratch)")
+        if not per_user.is_file():
+            parser.error(f"--reuse {item}: {per_user} does not exist")
+        out[arm] = json.loads(per_user.read_text())
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", required=True)
@@ -427,6 +460,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--workdir", type=Path, default=Path("runs/replay"))
     parser.add_argument("--output", type=Path, required=True, help="JSON path")
     parser.add_argument("--plot", type=Path, help="PNG path (default: the JSON path with .png)")
+    parser.add_argument("--reuse", action="append", default=[], metavar="ARM=JSON",
+                        help="take ARM of every step from an earlier replay's JSON (its .per_user.json), e.g. "
+                             "scratch=docs/results/replay-ml100k.json after a change of train.warm only")
     args = parser.parse_args(argv)
     if "warm" not in args.arms:
         parser.error("--arms must include warm (the chain every other arm is compared with)")
@@ -472,10 +508,12 @@ def main(argv: list[str] | None = None) -> None:
     per_user_path = args.output.with_suffix(".per_user.json")
     if doc["runs"] and per_user_path.exists():
         doc["runs"] = json.loads(per_user_path.read_text())  # the steps with their per-user values
+    earlier = reused_runs(args.reuse, args.arms, parser)
     for seed in seeds:
         state = doc["runs"].setdefault(str(seed), {})
+        reused = {arm: runs.get(str(seed), {}).get("steps", []) for arm, runs in earlier.items()}
         replay_seed(with_overrides(config, seed=seed), events, bounds, args.workdir / f"seed-{seed}", args.arms, last,
-                    state, save)  # fmt: skip
+                    state, save, reused)  # fmt: skip
     save()
     print(f"wrote {args.output}")
 

@@ -317,3 +317,20 @@ def test_replay_tables_follow_the_arms_and_comparisons_of_the_json():
     assert rows[2].endswith("| 0.0500 | 0.0875 | +0.0375 [+0.0000, +0.0750] | 9 / 9 | 12 / 12 |")
     assert tables.pooled_line(doc) == ("Pooled over seeds 1 (3 (seed, step, user) pairs): scratch_features - scratch "
                                        "NDCG@10 +0.0375 [+0.0000, +0.0750], HR@10 +0.0375 [+0.0000, +0.0750].")  # fmt: skip
+
+
+def test_a_reused_arm_is_taken_from_the_earlier_replay_without_training(replay_dir, monkeypatch):
+    """``--reuse scratch=OLD.json``: after a change of train.warm only, the scratch arm of every step is the
+    earlier replay's record (not trained, not scored); the comparisons are computed with it."""
+    calls, stop = _stop_at(monkeypatch, "never")
+    replay.main(_args(1, ["scratch", "warm", "stale"], output="old.json"))
+    assert "step-001-scratch" in calls
+    calls.clear()
+    replay.main([*_args(1, ["scratch", "warm", "stale"], output="new.json"), "--reuse", "scratch=old.json"])
+    assert "step-001-scratch" not in calls and "step-001-warm" in calls
+    old = json.loads((replay_dir / "old.per_user.json").read_text())["42"]["steps"][0]
+    new = json.loads((replay_dir / "new.per_user.json").read_text())["42"]["steps"][0]
+    assert new["arms"]["scratch"] == old["arms"]["scratch"] and new["per_user"]["scratch"] == old["per_user"]["scratch"]
+    assert "warm_minus_scratch" in new["differences"]
+    with pytest.raises(SystemExit):  # the warm chain cannot be reused
+        replay.main([*_args(1, ["scratch", "warm", "stale"], output="x.json"), "--reuse", "warm=old.json"])
