@@ -27,10 +27,16 @@ from recsys_alibi.data.loader import FlatSequences
 from recsys_alibi.data.time_gaps import gap_buckets
 
 
+MAX_CONTEXTS = 64  # contexts per new item: a mean of 64 states is settled; bounds the cost on large logs
+
+
 def occurrence_contexts(
-    items: FlatSequences, timestamps: FlatSequences | None, remap: np.ndarray, new: np.ndarray, max_len: int
+    items: FlatSequences, timestamps: FlatSequences | None, remap: np.ndarray, new: np.ndarray, max_len: int,
+    max_per_item: int = MAX_CONTEXTS,
 ) -> tuple[list[np.ndarray], list[np.ndarray] | None, np.ndarray]:
-    """The parent's input before every occurrence of a new item (after at least one known item).
+    """The parent's input before the occurrences of each new item (after at least one known item), at most
+    ``max_per_item`` per item (the first ones in user order), so the cost is bounded by
+    ``max_per_item x new items`` forward passes of at most ``max_len`` items.
 
     Args:
         items: U training histories in the new vocabulary (int item_idx, time order).
@@ -44,6 +50,7 @@ def occurrence_contexts(
         (None without ``timestamps``), and (C,) int64 the new item_idx each context precedes.
     """
     contexts, times, targets = [], [] if timestamps is not None else None, []
+    taken = np.zeros(new.size, dtype=np.int64)  # contexts so far per item
     for u in range(len(items)):
         row = np.asarray(items.get(u), dtype=np.int64)
         hits = np.flatnonzero(new[row])
@@ -53,8 +60,9 @@ def occurrence_contexts(
         seconds = np.asarray(timestamps.get(u), dtype=np.int64) if timestamps is not None else None
         for p in hits:
             before = np.flatnonzero(known[:p])[-max_len:]
-            if before.size == 0:
+            if before.size == 0 or taken[row[p]] >= max_per_item:
                 continue
+            taken[row[p]] += 1
             contexts.append(remap[row[before]])
             if times is not None:
                 times.append(seconds[before])

@@ -31,6 +31,8 @@ def test_contexts_are_the_known_items_before_each_occurrence():
     assert [t.tolist() for t in ctimes] == [[10], [30, 40], [2, 3]]
     assert targets.tolist() == [5, 5, 6]
     assert occurrence_contexts(items, None, REMAP, NEW, max_len=2)[1] is None
+    capped = occurrence_contexts(items, None, REMAP, NEW, max_len=2, max_per_item=1)
+    assert [c.tolist() for c in capped[0]] == [[4], [2, 1]] and capped[2].tolist() == [5, 6]  # the first of each
 
 
 def test_means_are_the_parents_last_hidden_states_averaged_per_item():
