@@ -181,6 +181,7 @@ def imprint_new_rows(state: dict, parent, config: JobConfig, prepared_dir: Path,
     before its occurrences (``train.warm.new_item_rows: context``, :mod:`recsys_alibi.training.context_rows`);
     the others keep their rows. ``rows``: (N + 1,) new item_idx -> the parent's, 0 for a new item."""
     import polars as pl
+    import torch
 
     from recsys_alibi.data.loader import FlatSequences
     from recsys_alibi.data.partition import read_fit_cutoff
@@ -198,27 +199,19 @@ def imprint_new_rows(state: dict, parent, config: JobConfig, prepared_dir: Path,
     )  # fmt: skip
     new = np.asarray(rows) == 0
     new[0] = False
-    parent_len = parent.cfg.max_len if isinstance(parent.cfg.max_len, int) else config.model.max_len
     contexts, times, targets = occurrence_contexts(
         FlatSequences.from_series(train.get_column(ITEM_IDX)), FlatSequences.from_series(train.get_column(TIMESTAMP)),
-        np.asarray(rows, dtype=np.int64), new, int(parent_len),
+        np.asarray(rows, dtype=np.int64), new, int(parent.cfg.max_len),  # a logged model's max_len is resolved
     )  # fmt: skip
     if targets.size == 0:
         return state
     means, counts, overall = context_means(parent, contexts, times, targets, len(rows))
     table = state[ITEM_TABLE_KEY].clone()
-    seen = torch_from(counts > 0)
-    table[seen] = imprinted_rows(table[torch_from(~new)][1:], means[seen], overall)
+    seen = torch.from_numpy(counts > 0)
+    table[seen] = imprinted_rows(table[torch.from_numpy(~new)][1:], means[seen], overall)
     log.info("train.warm.new_item_rows=context: %d of %d new items imprinted from %d contexts", int(seen.sum()),
              int(new.sum()), targets.size)  # fmt: skip
     return {**state, ITEM_TABLE_KEY: table}
-
-
-def torch_from(mask: np.ndarray):
-    """A numpy bool mask as a torch bool tensor."""
-    import torch
-
-    return torch.from_numpy(np.ascontiguousarray(mask))
 
 
 def fresh_state(model_cfg, n_items: int, seed: int) -> dict:

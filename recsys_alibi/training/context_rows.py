@@ -87,19 +87,23 @@ def context_means(
         (N + 1,) int64 contexts per row, and (D,) float32 the mean over all C contexts.
     """
     buckets = getattr(model.items, "time_gap_buckets", 0)
+    sizes = np.array([c.size for c in contexts], dtype=np.int64)
+    gaps_of = (  # every context's gap buckets at once: (C,) sequences with the offsets of ``contexts``
+        gap_buckets(FlatSequences(values=np.concatenate(times), offsets=np.r_[0, np.cumsum(sizes)]), buckets)
+        if buckets and contexts else None
+    )  # fmt: skip
     sums = torch.zeros(n_rows, model.cfg.d_model)
     was_training = model.training
     model.eval()
     for first in range(0, len(contexts), batch_size):
         chunk = contexts[first : first + batch_size]
-        lengths = torch.tensor([c.size for c in chunk], dtype=torch.int64)
+        lengths = torch.from_numpy(sizes[first : first + batch_size])
         padded = torch.zeros(len(chunk), int(lengths.max()), dtype=torch.int64)
-        gaps = torch.zeros_like(padded) if buckets else None
+        gaps = torch.zeros_like(padded) if gaps_of is not None else None
         for r, c in enumerate(chunk):
             padded[r, : c.size] = torch.from_numpy(c)
             if gaps is not None:
-                flat = gap_buckets(FlatSequences(values=times[first + r], offsets=np.array([0, c.size])), buckets)
-                gaps[r, : c.size] = torch.from_numpy(flat.values)
+                gaps[r, : c.size] = torch.from_numpy(np.asarray(gaps_of.get(first + r)))
         hidden = model.last_hidden(padded, lengths, gaps=gaps).float()  # (b, D)
         sums.index_add_(0, torch.from_numpy(targets[first : first + batch_size]), hidden)
     model.train(was_training)
