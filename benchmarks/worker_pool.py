@@ -3,7 +3,9 @@
 A ``ProcessPoolExecutor`` outlives its parent: when a benchmark is killed (``kill``, a scheduler's
 SIGTERM) or fails, its workers keep training, hold the cores and write into the output folders
 that a re-run uses. :func:`training_pool` turns SIGTERM into ``SystemExit`` and, when the block
-ends with any exception, terminates the workers before it returns.
+ends with any exception, terminates the workers before it returns. A benchmark killed with SIGKILL
+runs no handler, so each worker also watches its parent and exits within
+:data:`PARENT_CHECK_SECONDS` once the parent is gone (it is then re-parented).
 """
 
 from __future__ import annotations
@@ -12,8 +14,12 @@ import contextlib
 import multiprocessing
 import os
 import signal
+import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
+
+PARENT_CHECK_SECONDS = 2.0
 
 
 @contextlib.contextmanager
@@ -28,7 +34,7 @@ def training_pool(jobs: int) -> Iterator[tuple[ProcessPoolExecutor, int]]:
     """
     threads = max(1, (os.cpu_count() or 1) // jobs)
     context = multiprocessing.get_context("spawn")
-    pool = ProcessPoolExecutor(jobs, mp_context=context, initializer=set_threads, initargs=(threads,))
+    pool = ProcessPoolExecutor(jobs, mp_context=context, initializer=start_worker, initargs=(threads, os.getpid()))
     previous = signal.getsignal(signal.SIGTERM)
 
     def _stop(signum: int, _frame: object) -> None:
@@ -48,12 +54,21 @@ def training_pool(jobs: int) -> Iterator[tuple[ProcessPoolExecutor, int]]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def set_threads(threads: int) -> None:
-    """Worker initializer: ``threads`` torch threads per training run (runs share the cores), and the
-    CLI's logging (``pipelines.cli.configure_logging``: no Lightning banners, tips or known warnings)."""
+def start_worker(threads: int, parent_pid: int) -> None:
+    """Worker initializer: ``threads`` torch threads per training run (runs share the cores), the
+    CLI's logging (``pipelines.cli.configure_logging``: no Lightning banners, tips or known warnings),
+    and a daemon thread that ends the worker (exit code 1) when ``parent_pid`` is no longer its
+    parent, checked every :data:`PARENT_CHECK_SECONDS` seconds."""
     import torch
 
     from pipelines.cli import configure_logging
 
     torch.set_num_threads(threads)
     configure_logging()
+    threading.Thread(target=_exit_with_parent, args=(parent_pid,), daemon=True).start()
+
+
+def _exit_with_parent(parent_pid: int) -> None:
+    while os.getppid() == parent_pid:
+        time.sleep(PARENT_CHECK_SECONDS)
+    os._exit(1)  # the benchmark was killed without a chance to stop its workers

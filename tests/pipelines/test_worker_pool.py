@@ -40,7 +40,8 @@ def _alive(pid: int) -> bool:
     return not (stat.exists() and stat.read_text().split()[2] == "Z")  # a zombie is gone
 
 
-def test_sigterm_to_the_benchmark_terminates_its_workers(tmp_path):
+def _start_benchmark(tmp_path) -> tuple[subprocess.Popen, int]:
+    """The benchmark above, started; returns it and its worker's pid once the worker runs."""
     script = tmp_path / "bench.py"
     script.write_text(PARENT.format(benchmarks=str(REPO / "benchmarks")))
     pid_file = tmp_path / "worker.pid"
@@ -50,12 +51,28 @@ def test_sigterm_to_the_benchmark_terminates_its_workers(tmp_path):
         time.sleep(0.2)
     worker = int(pid_file.read_text())
     assert _alive(worker)
+    return parent, worker
+
+
+def _gone_within(pid: int, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return not _alive(pid)
+
+
+def test_sigterm_to_the_benchmark_terminates_its_workers(tmp_path):
+    parent, worker = _start_benchmark(tmp_path)
     parent.send_signal(signal.SIGTERM)
     assert parent.wait(timeout=30) == 128 + signal.SIGTERM
-    deadline = time.monotonic() + 10
-    while _alive(worker) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not _alive(worker)  # without training_pool the worker sleeps on for a minute
+    assert _gone_within(worker, 10)  # without training_pool the worker sleeps on for a minute
+
+
+def test_sigkill_to_the_benchmark_ends_its_workers(tmp_path):
+    parent, worker = _start_benchmark(tmp_path)
+    parent.kill()  # no handler runs: the worker notices that its parent is gone
+    assert parent.wait(timeout=30) == -signal.SIGKILL
+    assert _gone_within(worker, 15)  # without the watch the worker sleeps on for a minute
 
 
 NOISY = textwrap.dedent(
