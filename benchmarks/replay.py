@@ -51,7 +51,7 @@ the JSON path with ``.png``) draws each arm per step.
 from an earlier replay of the same log and periods (its ``.per_user.json``) instead of training and
 scoring it again: after a change of ``train.warm`` only, the scratch arm is the same, and it is most of
 the replay's time. The earlier replay must have scored the same test users at every step (else one line,
-exit 1).
+exit 1); a seed it does not hold trains and scores the arm as usual.
 
 Resuming: finished steps are read back from the JSON (and its per-user file), the prepared
 directory is rebuilt up to them, finished arms of the step in progress are kept, and an arm killed
@@ -511,7 +511,8 @@ def main(argv: list[str] | None = None) -> None:
     earlier = reused_runs(args.reuse, args.arms, parser)
     for seed in seeds:
         state = doc["runs"].setdefault(str(seed), {})
-        reused = {arm: runs.get(str(seed), {}).get("steps", []) for arm, runs in earlier.items()}
+        # a seed the earlier replay lacks trains the arm (more seeds after a change of train.warm)
+        reused = {arm: runs[str(seed)]["steps"] for arm, runs in earlier.items() if runs.get(str(seed), {}).get("steps")}
         replay_seed(with_overrides(config, seed=seed), events, bounds, args.workdir / f"seed-{seed}", args.arms, last,
                     state, save, reused)  # fmt: skip
     save()

@@ -334,3 +334,10 @@ def test_a_reused_arm_is_taken_from_the_earlier_replay_without_training(replay_d
     assert "warm_minus_scratch" in new["differences"]
     with pytest.raises(SystemExit):  # the warm chain cannot be reused
         replay.main([*_args(1, ["scratch", "warm", "stale"], output="x.json"), "--reuse", "warm=old.json"])
+    calls.clear()  # a seed the earlier replay lacks trains its scratch arm; seed 42 still takes the old one
+    replay.main([*_args(1, ["scratch", "warm", "stale"], output="more.json"), "--seeds", "42", "43",
+                 "--reuse", "scratch=old.json"])  # fmt: skip
+    assert calls.count("step-001-scratch") == 1 and calls.count("step-001-warm") == 2
+    more = json.loads((replay_dir / "more.per_user.json").read_text())
+    assert more["42"]["steps"][0]["per_user"]["scratch"] == old["per_user"]["scratch"]
+    assert set(more["43"]["steps"][0]["per_user"]["scratch"]) == set(more["43"]["steps"][0]["per_user"]["warm"])
