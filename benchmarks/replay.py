@@ -43,7 +43,9 @@ percentile-bootstrap 95 % intervals of the per-user paired difference
 (:func:`recsys_alibi.evaluation.paired.paired_difference`). Top level: ``seeds``,
 ``pooled_warm_minus_scratch`` and ``pooled_warm_minus_stale`` (``{"NDCG@10": {"difference", "ci95",
 "pairs"}, "HR@10": ...}`` over every (seed, step, user)), ``by_step`` (the same per step over the
-seeds: the trend), ``train_seconds`` per arm, ``warm_over_scratch_train_time`` and
+seeds), ``trend_warm_minus_scratch`` and the other ``trend_*`` (the least-squares slope per step of the
+pooled difference, ``{"NDCG@10": {"slope_per_step", "ci95", "pairs"}}``: a downward trend has its interval
+below 0), ``train_seconds`` per arm, ``warm_over_scratch_train_time`` and
 ``by_target_kind`` pooled. The per-user values are in ``<output>.per_user.json``; ``--plot`` (default
 the JSON path with ``.png``) draws each arm per step.
 
@@ -339,6 +341,20 @@ def _difference(a: list, b: list) -> dict:
     return out
 
 
+def _trend(steps: list[int], pairs: list) -> dict | None:
+    """Least-squares slope per step of the pairs' difference, per metric, with its bootstrap 95 % interval
+    (:func:`recsys_alibi.evaluation.paired.paired_trend`); None with a single step."""
+    from recsys_alibi.evaluation.paired import paired_trend
+
+    if len(set(steps)) < 2:
+        return None
+    out = {}
+    for i, metric in enumerate(METRICS):
+        slope, ci = paired_trend(np.array(steps), np.array([p[0][i] for p in pairs]), np.array([p[1][i] for p in pairs]))
+        out[metric] = {"slope_per_step": slope, "ci95": list(ci), "pairs": len(pairs)}
+    return out
+
+
 def comparisons(arms) -> list[tuple[str, str]]:
     """The pairs compared (:data:`COMPARED`) whose two arms are both present."""
     return [(a, b) for a, b in COMPARED if a in arms and b in arms]
@@ -364,6 +380,7 @@ def pooled(runs: dict) -> dict:
     for a, b in comparisons(arms):
         pairs = [(s["per_user"][a][u], s["per_user"][b][u]) for s in steps for u in sorted(s["per_user"][a])]
         out[f"pooled_{a}_minus_{b}"] = _difference([p[0] for p in pairs], [p[1] for p in pairs])
+        out[f"trend_{a}_minus_{b}"] = _trend([s["step"] for s in steps for _ in s["per_user"][a]], pairs)
     by_step = {}
     for k in sorted({s["step"] for s in steps}):
         at_k = [s for s in steps if s["step"] == k]

@@ -70,6 +70,11 @@ def pooled_line(doc: dict) -> str:
     seeds = [seed for seed, run in doc["runs"].items() if run.get("steps")]
     ratio = doc.get("warm_over_scratch_train_time")
     timing = "" if ratio is None else f"; warm / scratch training time {ratio:.2f}"
+    trend = doc.get(first.replace("pooled_", "trend_", 1))
+    if trend:  # replays written before the trend was computed lack it
+        t = trend["NDCG@10"]
+        timing += f"; trend of {_headline(doc).replace('_minus_', ' - ')} NDCG@10 {t['slope_per_step']:+.4f} per step " \
+                  f"[{t['ci95'][0]:+.4f}, {t['ci95'][1]:+.4f}]"  # fmt: skip
     return f"Pooled over seeds {', '.join(seeds)} ({pairs} (seed, step, user) pairs): " + "; ".join(parts) + timing + "."
 
 

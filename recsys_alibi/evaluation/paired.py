@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["N_RESAMPLES", "PairedDifference", "paired_difference"]
+__all__ = ["N_RESAMPLES", "PairedDifference", "paired_difference", "paired_trend"]
 
 N_RESAMPLES = 2000  # bootstrap resamples of the users
 LEVEL = 0.95
@@ -96,3 +96,45 @@ def paired_difference(
         ci = (float(res.confidence_interval.low), float(res.confidence_interval.high))
     base = float(b.mean())
     return PairedDifference(int(a.size), base, float(a.mean()), mean, ci, float(a.mean()) / base if base else None)
+
+
+def paired_trend(
+    steps: np.ndarray, candidate: np.ndarray, baseline: np.ndarray, *, n_resamples: int = N_RESAMPLES, seed: int = 0
+) -> tuple[float, tuple[float, float]]:
+    """Trend of a paired difference over steps: the least-squares slope of ``candidate - baseline``
+    against ``steps``, with a percentile-bootstrap 95 % CI that resamples the (step, user) pairs.
+
+    A replay asks whether the warm start falls behind retraining as the chain grows: a slope whose
+    interval lies below 0 is a downward trend.
+
+    Args:
+        steps: (P,) step number of each pair (e.g. 1..8); candidate, baseline: (P,) float per-pair
+            metric values (e.g. NDCG@10), in the same order.
+        n_resamples, seed: as in :func:`paired_difference`.
+
+    Returns:
+        (slope in metric units per step, (low, high)).
+
+    Raises:
+        ValueError: shapes differ, an input is empty or holds NaN, or every pair has the same step.
+    """
+    from scipy.stats import bootstrap
+
+    x = np.asarray(steps, dtype=np.float64)
+    d = np.asarray(candidate, dtype=np.float64) - np.asarray(baseline, dtype=np.float64)
+    if x.shape != d.shape or x.ndim != 1 or x.size == 0:
+        raise ValueError(f"a trend needs (P,) steps and values of the same pairs, got {x.shape} and {d.shape}")
+    if np.isnan(x).any() or np.isnan(d).any():
+        raise ValueError("trend values hold NaN")
+    if np.all(x == x[0]):
+        raise ValueError("a trend needs pairs from at least two steps")
+
+    def slope(xs: np.ndarray, ds: np.ndarray, axis: int = -1) -> np.ndarray:
+        xc = xs - xs.mean(axis=axis, keepdims=True)
+        var = (xc * xc).sum(axis=axis)
+        return np.where(var > 0, (xc * (ds - ds.mean(axis=axis, keepdims=True))).sum(axis=axis) / np.where(var > 0, var, 1), 0.0)
+
+    point = float(slope(x, d))
+    res = bootstrap((x, d), slope, paired=True, vectorized=True, n_resamples=n_resamples, confidence_level=LEVEL,
+                    method="percentile", rng=np.random.default_rng(seed))  # fmt: skip
+    return point, (float(res.confidence_interval.low), float(res.confidence_interval.high))

@@ -11,7 +11,7 @@ import torch
 
 from recsys_alibi.config import EvaluateConfig
 from recsys_alibi.evaluation.evaluator import EvaluationResult, evaluate
-from recsys_alibi.evaluation.paired import PairedDifference, paired_difference
+from recsys_alibi.evaluation.paired import PairedDifference, paired_difference, paired_trend
 
 
 def test_paired_difference_hand_computed_means_and_a_constant_difference():
@@ -80,3 +80,21 @@ def test_evaluator_reports_heavy_user_slices_and_whole_history_against_a_short_c
     assert r.history_lengths.tolist() == [2, 2, 4, 5]
     doc = r.to_json()
     assert EvaluationResult.from_json(doc).to_json() == doc
+
+
+def test_paired_trend_is_the_least_squares_slope_of_the_differences():
+    # differences .1 .2 | .3 .2 | .5 .4 at steps 1 | 2 | 3: x - mean(x) = -1, 0, 1; sum of (x - 2)(d - mean d) = 0.6
+    # over sum of (x - 2)^2 = 4 -> 0.15 per step
+    steps = np.array([1, 1, 2, 2, 3, 3])
+    slope, (low, high) = paired_trend(steps, np.array([0.6, 0.7, 0.8, 0.7, 1.0, 0.9]), np.full(6, 0.5))
+    assert slope == pytest.approx(0.15)
+    assert low <= slope <= high and low > 0  # no resample of these pairs slopes downward
+    flat, ci = paired_trend(steps, np.array([0.1, 0.3, 0.3, 0.1, 0.2, 0.2]), np.zeros(6))
+    assert flat == pytest.approx(0.0) and ci[0] < 0 < ci[1]
+
+
+def test_paired_trend_refuses_a_single_step_and_bad_shapes():
+    with pytest.raises(ValueError, match="two steps"):
+        paired_trend(np.array([2, 2]), np.array([0.1, 0.2]), np.zeros(2))
+    with pytest.raises(ValueError, match="same pairs"):
+        paired_trend(np.array([1, 2]), np.array([0.1, 0.2, 0.3]), np.zeros(3))

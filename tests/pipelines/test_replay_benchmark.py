@@ -193,6 +193,14 @@ def test_a_stopped_replay_resumes_without_training_a_finished_arm_again(replay_d
     assert [s["step"] for s in done["steps"]] == [1, 2] and done["partial"] is None
     assert done["steps"][0] == first["steps"][0] and done["step0"] == first["step0"]
     assert done["steps"][1]["arms"]["scratch"]["uri"] == first["partial"]["arms"]["scratch"]["uri"]
+    # the trend over the 2 steps: the least-squares slope of the per-user warm - scratch NDCG@10 on the step
+    x, d = [], []
+    for st in json.loads((replay_dir / "replay.per_user.json").read_text())["42"]["steps"]:
+        for user, (ndcg, _hr) in st["per_user"]["warm"].items():
+            x.append(st["step"])
+            d.append(ndcg - st["per_user"]["scratch"][user][0])
+    trend = json.loads((replay_dir / "replay.json").read_text())["trend_warm_minus_scratch"]["NDCG@10"]
+    assert trend["slope_per_step"] == pytest.approx(np.polyfit(x, d, 1)[0]) and trend["pairs"] == len(x)
 
 
 def test_a_replay_whose_tracking_store_is_gone_starts_the_seed_over(replay_dir, monkeypatch, capsys):
@@ -274,6 +282,8 @@ def test_replay_tables_quote_the_json():
                                         "| -0.0125 [-0.0500, +0.0250] | 9 / 9 | 12 / 12 |")  # fmt: skip
     assert tables.pooled_line(doc).startswith("Pooled over seeds 1 (3 (seed, step, user) pairs): warm - scratch NDCG@10 -0.0125")
     assert tables.pooled_line(doc).endswith("warm / scratch training time 0.28.")
+    doc["trend_warm_minus_scratch"] = {"NDCG@10": {"slope_per_step": -0.00125, "ci95": [-0.004, 0.0015], "pairs": 3}}
+    assert tables.pooled_line(doc).endswith("0.28; trend of warm - scratch NDCG@10 -0.0013 per step [-0.0040, +0.0015].")
     rows = tables.kind_rows(doc)
     assert rows[2] == "| new_this_period | 0 / - | 0 / - | 0 / - |"
     assert rows[3] == "| new_earlier | 2 / 0.500 / 0.2500 | 2 / 0.500 / 0.2500 | 2 / 0.500 / 0.2500 |"
