@@ -43,7 +43,7 @@ percentile-bootstrap 95 % intervals of the per-user paired difference
 (:func:`recsys_alibi.evaluation.paired.paired_difference`). Top level: ``seeds``,
 ``pooled_warm_minus_scratch`` and ``pooled_warm_minus_stale`` (``{"NDCG@10": {"difference", "ci95",
 "pairs"}, "HR@10": ...}`` over every (seed, step, user)), ``by_step`` (the same per step over the
-seeds), ``trend_warm_minus_scratch`` and the other ``trend_*`` (the least-squares slope per step of the
+seeds), ``warm_over_scratch_epochs`` (the time ratio in epochs, free of the load), ``trend_warm_minus_scratch`` and the other ``trend_*`` (the least-squares slope per step of the
 pooled difference, ``{"NDCG@10": {"slope_per_step", "ci95", "pairs"}}``: a downward trend has its interval
 below 0), ``train_seconds`` per arm, ``warm_over_scratch_train_time`` and
 ``by_target_kind`` pooled. The per-user values are in ``<output>.per_user.json``; ``--plot`` (default
@@ -391,6 +391,10 @@ def pooled(runs: dict) -> dict:
     out["train_seconds"] = {a: round(sum(s["arms"][a]["train_seconds"] for s in steps), 1) for a in arms}
     scratch = out["train_seconds"].get("scratch")
     out["warm_over_scratch_train_time"] = out["train_seconds"]["warm"] / scratch if scratch else None
+    # the same ratio in epochs (a warm and a scratch epoch cover the same data): free of the machine's load,
+    # which differs when an arm is reused from an earlier replay
+    epochs = {a: sum(s["arms"][a].get("epochs") or 0 for s in steps) for a in ("warm", "scratch") if a in arms}
+    out["warm_over_scratch_epochs"] = epochs["warm"] / epochs["scratch"] if epochs.get("scratch") else None
     kinds: dict = {}
     for a in arms:
         kinds[a] = {}

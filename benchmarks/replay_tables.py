@@ -70,6 +70,8 @@ def pooled_line(doc: dict) -> str:
     seeds = [seed for seed, run in doc["runs"].items() if run.get("steps")]
     ratio = doc.get("warm_over_scratch_train_time")
     timing = "" if ratio is None else f"; warm / scratch training time {ratio:.2f}"
+    if doc.get("warm_over_scratch_epochs") is not None:
+        timing += f" (in epochs {doc['warm_over_scratch_epochs']:.2f})"
     trend = doc.get(first.replace("pooled_", "trend_", 1))
     if trend:  # replays written before the trend was computed lack it
         t = trend["NDCG@10"]

@@ -156,6 +156,7 @@ def test_tiny_replay_writes_every_field(replay_dir, monkeypatch):
     assert run["step0_features"]["uri"] != run["step0"]["uri"]  # the feature chain starts from its own model
     assert result["warm_over_scratch_train_time"] == pytest.approx(
         result["train_seconds"]["warm"] / result["train_seconds"]["scratch"])
+    assert result["warm_over_scratch_epochs"] == pytest.approx(step["arms"]["warm"]["epochs"] / step["arms"]["scratch"]["epochs"])
 
 
 class Stopped(Exception):
@@ -283,7 +284,9 @@ def test_replay_tables_quote_the_json():
     assert tables.pooled_line(doc).startswith("Pooled over seeds 1 (3 (seed, step, user) pairs): warm - scratch NDCG@10 -0.0125")
     assert tables.pooled_line(doc).endswith("warm / scratch training time 0.28.")
     doc["trend_warm_minus_scratch"] = {"NDCG@10": {"slope_per_step": -0.00125, "ci95": [-0.004, 0.0015], "pairs": 3}}
-    assert tables.pooled_line(doc).endswith("0.28; trend of warm - scratch NDCG@10 -0.0013 per step [-0.0040, +0.0015].")
+    doc["warm_over_scratch_epochs"] = 0.2631
+    assert tables.pooled_line(doc).endswith("0.28 (in epochs 0.26); trend of warm - scratch NDCG@10 -0.0013 per step "
+                                            "[-0.0040, +0.0015].")  # fmt: skip
     rows = tables.kind_rows(doc)
     assert rows[2] == "| new_this_period | 0 / - | 0 / - | 0 / - |"
     assert rows[3] == "| new_earlier | 2 / 0.500 / 0.2500 | 2 / 0.500 / 0.2500 | 2 / 0.500 / 0.2500 |"
