@@ -147,7 +147,7 @@ def load_warm_start(config: JobConfig, prepared_dir: Path, uri: str) -> WarmStar
     """
     from recsys_alibi.tracking import load_ranker
     from recsys_alibi.training.warm_features import warm_features
-    from recsys_alibi.training.warm_start import shrink_perturb, warm_state_dict
+    from recsys_alibi.training.warm_start import warm_state_dict
     from serving.inputs import vocabulary_remap
 
     loaded = load_ranker(uri)
@@ -160,8 +160,6 @@ def load_warm_start(config: JobConfig, prepared_dir: Path, uri: str) -> WarmStar
                             features=features)  # fmt: skip
     if warm.new_item_rows == "context" and remap is not None and features is None:
         state = imprint_new_rows(state, loaded.model, config, prepared_dir, rows)
-    if (warm.shrink, warm.perturb) != (1.0, 0.0):  # shrink-and-perturb of the blocks (docs/scheduling.md)
-        state = shrink_perturb(state, fresh_state(loaded.model.cfg, items.height, config.seed), warm.shrink, warm.perturb)
     kept = items.height - unknown
     new_users = new_events = None
     if loaded.run_id is not None:
@@ -212,19 +210,6 @@ def imprint_new_rows(state: dict, parent, config: JobConfig, prepared_dir: Path,
     log.info("train.warm.new_item_rows=context: %d of %d new items imprinted from %d contexts", int(seen.sum()),
              int(new.sum()), targets.size)  # fmt: skip
     return {**state, ITEM_TABLE_KEY: table}
-
-
-def fresh_state(model_cfg, n_items: int, seed: int) -> dict:
-    """The state dict of a new, randomly initialised ``AlibiRanker(model_cfg, n_items)`` (torch seeded by
-    ``seed``, the global RNG left as it was): the fresh weights of shrink-and-perturb (the blocks' shapes
-    are those of any model :func:`check_same_shape` accepts)."""
-    import torch
-
-    from recsys_alibi.model.transformer import AlibiRanker
-
-    with torch.random.fork_rng():
-        torch.manual_seed(seed)
-        return AlibiRanker(model_cfg, n_items).state_dict()
 
 
 def _parent_counts(run_id: str) -> tuple[int, int] | None:

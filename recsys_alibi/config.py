@@ -274,18 +274,16 @@ class WarmConfig(_Section):
 
     None: the rule of :func:`pipelines.init_from.warm_schedule` (a quarter of the epochs, the cold run's
     learning rate and warm-up: re-warmed), measured by the ML-100K replay (docs/scheduling.md).
-    ``shrink``/``perturb``: shrink-and-perturb of the transformer blocks before training,
-    ``w <- shrink * w + perturb * w_fresh`` (Ash & Adams 2020, arXiv 1910.08475; 1 and 0: plain copy).
     ``new_item_rows``: how a new item's row starts (:mod:`recsys_alibi.training.context_rows`; items that
     never occur in the training part, and every new item under ``"noise"``, get mean + std * noise).
+    Every other weight is the parent's: shrink-and-perturb of the blocks (``shrink``/``perturb``, the
+    default until 2026-12-05) was deleted after the raw ML-1M replay's validation (docs/scheduling.md).
     """
 
     max_epochs: int | None = Field(None, ge=1)
     lr: float | None = Field(None, gt=0)
     warmup_steps: int | None = Field(None, ge=0)
     patience: int | None = Field(None, ge=1)
-    shrink: float = Field(0.5, gt=0, le=1)  # chosen on the ML-100K replay's validation (docs/scheduling.md)
-    perturb: float = Field(0.1, ge=0)
     # a new item's first row: "context" (imprinted from the parent's hidden states before its occurrences in
     # the training part, recsys_alibi.training.context_rows; chosen on the ML-100K replay's validation,
     # docs/scheduling.md) or "noise" (mean + std * z of the trained rows, for every new item)

@@ -52,7 +52,6 @@ from recsys_alibi.model.embeddings import ITEM_TABLE
 log = logging.getLogger(__name__)
 
 ITEM_TABLE_KEY = f"items.collection.embeddings.{ITEM_TABLE}.weight"  # (N + 1, D), both backends
-BLOCKS_PREFIX = "blocks."  # the transformer blocks' weights (shrink-and-perturb)
 # model.* settings that define the weights or the fixed attention bias: they must be equal
 SHAPE_KEYS = (
     "d_model", "n_layers", "n_heads", "ffn_mult", "position", "slopes", "max_bias", "long_context", "free_heads",
@@ -85,36 +84,6 @@ def check_same_shape(old: ModelConfig, new: ModelConfig, source: str = "the mode
             f"cannot warm-start from {source}: it is another model ({', '.join(differ)}); set the same model.* "
             "values or leave train.init_from unset to train from scratch"
         )
-
-
-def shrink_perturb(
-    state: Mapping[str, torch.Tensor], fresh: Mapping[str, torch.Tensor], shrink: float, perturb: float,
-    prefix: str = BLOCKS_PREFIX,
-) -> dict[str, torch.Tensor]:
-    """Shrink-and-perturb (Ash & Adams, "On Warm-Starting Neural Network Training", NeurIPS 2020,
-    arXiv 1910.08475): every floating tensor whose key starts with ``prefix`` (the transformer
-    blocks) becomes ``shrink * w + perturb * w_fresh``, ``w_fresh`` the same tensor of a freshly
-    initialised model of the same shape; every other tensor is copied unchanged.
-
-    Args:
-        state: the warm state dict; fresh: a new model's ``state_dict()`` (same keys and shapes).
-        shrink: lambda in (0, 1]; perturb: the scale p >= 0 of the fresh weights.
-
-    Returns:
-        A new dict (tensors never shared with ``state``).
-
-    Raises:
-        WarmStartError: ``fresh`` lacks a key of ``state`` under ``prefix`` or has another shape there.
-    """
-    out = {}
-    for key, value in state.items():
-        if key.startswith(prefix) and value.is_floating_point():
-            if key not in fresh or fresh[key].shape != value.shape:
-                raise WarmStartError(f"shrink-and-perturb: the fresh model has no weight {key} of shape {tuple(value.shape)}")
-            out[key] = (shrink * value.float() + perturb * fresh[key].float()).to(value.dtype)
-        else:
-            out[key] = value.detach().clone()
-    return out
 
 
 def new_item_rows(trained: torch.Tensor, count: int, seed: int) -> torch.Tensor:

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import mlflow
 import numpy as np
+import pytest
 
 from pipelines.cli import main
 from recsys_alibi.config import DataConfig
@@ -112,31 +113,24 @@ def test_unset_warm_keys_follow_the_measured_rule():
     assert warm_schedule(load_config(None, [*cold, "train.max_epochs=5", "train.warmup_steps=2"])).train.max_epochs == 2
 
 
-def test_the_default_warm_start_shrinks_and_perturbs_the_blocks_only(tmp_path, mlflow_store):
-    """train.warm's default initial weights: blocks 0.5 * parent + 0.1 * a fresh model seeded by the run's
-    seed (shrink-and-perturb), item rows of kept items and everything outside the blocks copied."""
+def test_the_default_warm_start_copies_every_weight_of_the_parent(tmp_path, mlflow_store):
+    """train.warm's default initial weights on the same vocabulary: the parent's, bit for bit (the blocks are not
+    shrunk: shrink-and-perturb was deleted, docs/scheduling.md), and a leftover ``train.warm.shrink`` is refused."""
     import torch
 
-    from pipelines.init_from import fresh_state, load_warm_start
-    from recsys_alibi.config import load_config
+    from pipelines.init_from import load_warm_start
+    from recsys_alibi.config import ConfigError, load_config
     from recsys_alibi.tracking import load_ranker
-    from recsys_alibi.training.warm_start import ITEM_TABLE_KEY
 
     day1 = _walks(tmp_path / "day1", 30, 10)
     assert main(_train(day1, tmp_path / "job")) == 0
     (parent,) = _runs()
     uri = f"runs:/{parent.info.run_id}/model"
     old = load_ranker(uri).model.state_dict()
-    config = load_config(None, [*TINY, f"train.init_from={uri}"])
-    assert (config.train.warm.shrink, config.train.warm.perturb) == (0.5, 0.1)
-    state = load_warm_start(config, day1, uri).state
-    fresh = fresh_state(config.model, 10, config.seed)
-    blocks = [key for key in old if key.startswith("blocks.")]
-    assert blocks and all(torch.allclose(state[k], 0.5 * old[k] + 0.1 * fresh[k]) for k in blocks)
-    assert all(torch.equal(state[k], old[k]) for k in old if not k.startswith("blocks."))  # same vocabulary
-    assert torch.equal(state[ITEM_TABLE_KEY], old[ITEM_TABLE_KEY])
-    plain = load_config(None, [*TINY, f"train.init_from={uri}", "train.warm.shrink=1", "train.warm.perturb=0"])
-    assert all(torch.equal(load_warm_start(plain, day1, uri).state[k], old[k]) for k in old)  # 1 and 0: a copy
+    state = load_warm_start(load_config(None, [*TINY, f"train.init_from={uri}"]), day1, uri).state
+    assert state.keys() == old.keys() and all(torch.equal(state[k], old[k]) for k in old)
+    with pytest.raises(ConfigError, match="shrink"):
+        load_config(None, [*TINY, f"train.init_from={uri}", "train.warm.shrink=0.5"])
 
 
 def test_context_rows_imprint_every_new_item_that_occurs_in_training(tmp_path, mlflow_store, caplog):
@@ -154,7 +148,7 @@ def test_context_rows_imprint_every_new_item_that_occurs_in_training(tmp_path, m
     (parent,) = _runs()
     uri = f"runs:/{parent.info.run_id}/model"
     old = load_ranker(uri).model.state_dict()[ITEM_TABLE_KEY]
-    base = [*TINY, f"train.init_from={uri}", "train.warm.shrink=1", "train.warm.perturb=0"]
+    base = [*TINY, f"train.init_from={uri}"]
     caplog.set_level("INFO")
     noise = load_warm_start(load_config(None, [*base, "train.warm.new_item_rows=noise"]), day2, uri).state[ITEM_TABLE_KEY]
     config = load_config(None, base)

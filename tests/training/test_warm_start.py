@@ -21,7 +21,6 @@ from recsys_alibi.training.warm_start import (
     WarmStartError,
     check_same_shape,
     new_item_rows,
-    shrink_perturb,
     warm_state_dict,
 )
 from serving.inputs import vocabulary_remap
@@ -91,21 +90,6 @@ def test_new_rows_have_the_trained_rows_mean_and_spread():
     np.testing.assert_allclose(rows.std(0).numpy(), trained.std(0, correction=0).numpy(), rtol=0.03)
     assert torch.equal(rows, new_item_rows(trained, 20_000, seed=5))  # seeded
     assert new_item_rows(trained, 0, seed=5).shape == (0, 6)
-
-
-def test_shrink_and_perturb_moves_only_the_blocks_by_hand():
-    state = {"blocks.0.ffn.0.weight": torch.tensor([[1.0, -2.0]]), "blocks.0.attn_norm.weight": torch.tensor([1.0, 1.0]),
-             ITEM_TABLE_KEY: torch.tensor([[0.0, 0.0], [4.0, 4.0]]), "final_norm.bias": torch.tensor([0.5, 0.5])}  # fmt: skip
-    fresh = {"blocks.0.ffn.0.weight": torch.tensor([[10.0, 20.0]]), "blocks.0.attn_norm.weight": torch.tensor([1.0, 1.0]),
-             ITEM_TABLE_KEY: torch.tensor([[9.0, 9.0], [9.0, 9.0]]), "final_norm.bias": torch.tensor([9.0, 9.0])}  # fmt: skip
-    out = shrink_perturb(state, fresh, shrink=0.5, perturb=0.1)
-    assert torch.allclose(out["blocks.0.ffn.0.weight"], torch.tensor([[1.5, 1.0]]))  # 0.5 * w + 0.1 * fresh
-    assert torch.allclose(out["blocks.0.attn_norm.weight"], torch.tensor([0.6, 0.6]))
-    assert torch.equal(out[ITEM_TABLE_KEY], state[ITEM_TABLE_KEY])  # the item table and the rest: unchanged
-    assert torch.equal(out["final_norm.bias"], state["final_norm.bias"])
-    assert out[ITEM_TABLE_KEY] is not state[ITEM_TABLE_KEY]  # copies, never shared
-    with pytest.raises(WarmStartError, match="blocks.0.ffn.0.weight"):
-        shrink_perturb(state, {k: v for k, v in fresh.items() if k != "blocks.0.ffn.0.weight"}, 0.5, 0.1)
 
 
 def test_same_vocabulary_is_an_exact_copy():
