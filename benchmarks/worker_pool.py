@@ -20,11 +20,16 @@ from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 
 PARENT_CHECK_SECONDS = 2.0
+STOP_GRACE_SECONDS = 30.0  # from SIGTERM to SIGKILL for a worker that does not stop
 
 
 @contextlib.contextmanager
-def training_pool(jobs: int) -> Iterator[tuple[ProcessPoolExecutor, int]]:
+def training_pool(jobs: int, grace_seconds: float = STOP_GRACE_SECONDS) -> Iterator[tuple[ProcessPoolExecutor, int]]:
     """``jobs`` spawned workers with ``cores // jobs`` torch threads each (at least 1).
+
+    On the way out with an exception the workers get SIGTERM, then SIGKILL after ``grace_seconds``:
+    Lightning turns SIGTERM into a stop at the next batch, after which a worker would take the next
+    queued run (each run resumes from its last epoch checkpoint, so nothing finished is lost).
 
     Yields:
         (the pool, torch threads per worker).
@@ -44,9 +49,15 @@ def training_pool(jobs: int) -> Iterator[tuple[ProcessPoolExecutor, int]]:
     try:
         yield pool, threads
     except BaseException:
-        for process in list((pool._processes or {}).values()):  # noqa: SLF001 (no public handle)
-            process.terminate()
+        processes = list((pool._processes or {}).values())  # noqa: SLF001 (no public handle)
         pool.shutdown(wait=False, cancel_futures=True)
+        for process in processes:
+            process.terminate()
+        deadline = time.monotonic() + grace_seconds
+        for process in processes:
+            process.join(max(0.0, deadline - time.monotonic()))
+            if process.is_alive():
+                process.kill()
         raise
     else:
         pool.shutdown(wait=True)

@@ -18,14 +18,17 @@ PARENT = textwrap.dedent(
     sys.path.insert(0, {benchmarks!r})
     from worker_pool import training_pool
 
-    def train(pid_file):  # stands for a training run: writes its pid, then works for a minute
+    def train(pid_file, ignore_sigterm):  # stands for a training run: writes its pid, then works for a minute
+        if ignore_sigterm:  # as Lightning does: SIGTERM only asks the run to stop at its next batch
+            import signal
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
         with open(pid_file, "w") as fh:
             fh.write(str(os.getpid()))
         time.sleep(60)
 
     if __name__ == "__main__":
-        with training_pool(1) as (pool, threads):
-            future = pool.submit(train, sys.argv[1])
+        with training_pool(1, grace_seconds=2) as (pool, threads):
+            future = pool.submit(train, sys.argv[1], sys.argv[2] == "ignore")
             future.result()
     """
 )
@@ -40,12 +43,12 @@ def _alive(pid: int) -> bool:
     return not (stat.exists() and stat.read_text().split()[2] == "Z")  # a zombie is gone
 
 
-def _start_benchmark(tmp_path) -> tuple[subprocess.Popen, int]:
+def _start_benchmark(tmp_path, sigterm: str = "obey") -> tuple[subprocess.Popen, int]:
     """The benchmark above, started; returns it and its worker's pid once the worker runs."""
     script = tmp_path / "bench.py"
     script.write_text(PARENT.format(benchmarks=str(REPO / "benchmarks")))
     pid_file = tmp_path / "worker.pid"
-    parent = subprocess.Popen([sys.executable, str(script), str(pid_file)])
+    parent = subprocess.Popen([sys.executable, str(script), str(pid_file), sigterm])
     deadline = time.monotonic() + 60
     while not (pid_file.exists() and pid_file.read_text()) and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -66,6 +69,13 @@ def test_sigterm_to_the_benchmark_terminates_its_workers(tmp_path):
     parent.send_signal(signal.SIGTERM)
     assert parent.wait(timeout=30) == 128 + signal.SIGTERM
     assert _gone_within(worker, 10)  # without training_pool the worker sleeps on for a minute
+
+
+def test_a_worker_that_ignores_sigterm_is_killed_after_the_grace(tmp_path):
+    parent, worker = _start_benchmark(tmp_path, "ignore")
+    parent.send_signal(signal.SIGTERM)
+    assert parent.wait(timeout=30) == 128 + signal.SIGTERM  # without the kill the benchmark waits for the worker
+    assert _gone_within(worker, 10)
 
 
 def test_sigkill_to_the_benchmark_ends_its_workers(tmp_path):
