@@ -43,9 +43,10 @@ percentile-bootstrap 95 % intervals of the per-user paired difference
 (:func:`recsys_alibi.evaluation.paired.paired_difference`). Top level: ``seeds``,
 ``pooled_warm_minus_scratch`` and ``pooled_warm_minus_stale`` (``{"NDCG@10": {"difference", "ci95",
 "pairs"}, "HR@10": ...}`` over every (seed, step, user)), ``by_step`` (the same per step over the
-seeds), ``warm_over_scratch_epochs`` (the time ratio in epochs, free of the load), ``trend_warm_minus_scratch`` and the other ``trend_*`` (the least-squares slope per step of the
-pooled difference, ``{"NDCG@10": {"slope_per_step", "ci95", "pairs"}}``: a downward trend has its interval
-below 0), ``train_seconds`` per arm, ``warm_over_scratch_train_time`` and
+seeds), ``warm_over_scratch_epochs`` (the time ratio in epochs, free of the load),
+``trend_warm_minus_scratch`` and the other ``trend_*`` (the least-squares slope per step of the pooled
+difference, ``{"NDCG@10": {"slope_per_step", "ci95", "pairs"}}``: a downward trend has its interval below
+0), ``train_seconds`` per arm, ``warm_over_scratch_train_time`` and
 ``by_target_kind`` pooled. The per-user values are in ``<output>.per_user.json``; ``--plot`` (default
 the JSON path with ``.png``) draws each arm per step.
 
