@@ -342,17 +342,19 @@ def _difference(a: list, b: list) -> dict:
     return out
 
 
-def _trend(steps: list[int], pairs: list) -> dict | None:
-    """Least-squares slope per step of the pairs' difference, per metric, with its bootstrap 95 % interval
-    (:func:`recsys_alibi.evaluation.paired.paired_trend`); None with a single step."""
+def _trend(rows: list) -> dict | None:
+    """Least-squares slope per step of a - b, per metric, with its bootstrap 95 % interval
+    (:func:`recsys_alibi.evaluation.paired.paired_trend`); ``rows``: (step, a's values, b's values) per
+    (seed, step, user); None with a single step."""
     from recsys_alibi.evaluation.paired import paired_trend
 
-    if len(set(steps)) < 2:
+    steps = np.array([r[0] for r in rows])
+    if np.unique(steps).size < 2:
         return None
     out = {}
     for i, metric in enumerate(METRICS):
-        slope, ci = paired_trend(np.array(steps), np.array([p[0][i] for p in pairs]), np.array([p[1][i] for p in pairs]))
-        out[metric] = {"slope_per_step": slope, "ci95": list(ci), "pairs": len(pairs)}
+        slope, ci = paired_trend(steps, np.array([r[1][i] for r in rows]), np.array([r[2][i] for r in rows]))
+        out[metric] = {"slope_per_step": slope, "ci95": list(ci), "pairs": len(rows)}
     return out
 
 
@@ -379,9 +381,9 @@ def pooled(runs: dict) -> dict:
     arms = list(steps[0]["arms"])
     out: dict = {}
     for a, b in comparisons(arms):
-        pairs = [(s["per_user"][a][u], s["per_user"][b][u]) for s in steps for u in sorted(s["per_user"][a])]
-        out[f"pooled_{a}_minus_{b}"] = _difference([p[0] for p in pairs], [p[1] for p in pairs])
-        out[f"trend_{a}_minus_{b}"] = _trend([s["step"] for s in steps for _ in s["per_user"][a]], pairs)
+        rows = [(s["step"], s["per_user"][a][u], s["per_user"][b][u]) for s in steps for u in sorted(s["per_user"][a])]
+        out[f"pooled_{a}_minus_{b}"] = _difference([r[1] for r in rows], [r[2] for r in rows])
+        out[f"trend_{a}_minus_{b}"] = _trend(rows)
     by_step = {}
     for k in sorted({s["step"] for s in steps}):
         at_k = [s for s in steps if s["step"] == k]

@@ -129,10 +129,10 @@ def paired_trend(
     if np.all(x == x[0]):
         raise ValueError("a trend needs pairs from at least two steps")
 
-    def slope(xs: np.ndarray, ds: np.ndarray, axis: int = -1) -> np.ndarray:
+    def slope(xs: np.ndarray, ds: np.ndarray, axis: int = -1) -> np.ndarray:  # 0 for a resample of one step
         xc = xs - xs.mean(axis=axis, keepdims=True)
-        var = (xc * xc).sum(axis=axis)
-        return np.where(var > 0, (xc * (ds - ds.mean(axis=axis, keepdims=True))).sum(axis=axis) / np.where(var > 0, var, 1), 0.0)
+        var, cov = (xc * xc).sum(axis=axis), (xc * ds).sum(axis=axis)
+        return np.divide(cov, var, out=np.zeros_like(var), where=var > 0)
 
     point = float(slope(x, d))
     res = bootstrap((x, d), slope, paired=True, vectorized=True, n_resamples=n_resamples, confidence_level=LEVEL,
