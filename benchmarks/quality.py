@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
 
     from pipelines.cli import configure_logging
-    from pipelines.data_steps import run_generate, run_prepare
+    from pipelines.data_steps import reading_generated_table, run_generate, run_prepare
     from pipelines.evaluate import run_evaluate
     from recsys_alibi.atomic import write_json_atomic
     from recsys_alibi.config import load_config, sasrec_overrides
@@ -168,6 +168,7 @@ def main(argv: list[str] | None = None) -> None:
         generated = run_generate(base, workdir / "events.parquet")
         print(generated.summary(), flush=True)
         input_path = str(generated.path)
+        base = reading_generated_table(base, generated)
     print(run_prepare(base, input_path, prepared).summary(), flush=True)
     # create the tracking store and experiment once: parallel workers migrating a new SQLite store race
     setup_tracking(base.tracking)

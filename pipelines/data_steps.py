@@ -8,7 +8,7 @@ from pathlib import Path
 
 from recsys_alibi.atomic import atomic_path
 from pipelines.collisions import Output, check_apart
-from recsys_alibi.config import JobConfig
+from recsys_alibi.config import JobConfig, with_overrides
 from recsys_alibi.data.synthetic_items import write_daily_item_tables, write_item_table
 from recsys_alibi.staging import remove_stale_temps, stale_temps
 
@@ -30,6 +30,25 @@ class GenerateJobResult:
         return f"generated {self.events} events of {self.users} users on {self.items} items -> {self.path}{table}"
 
 
+def declares_generated_table(config: JobConfig) -> bool:
+    """``data.item_features`` declared and no ``data.items``: the declared columns are those of the item table
+    ``generate`` writes (``configs/default.yaml``), so ``generate`` writes it whatever ``generate.item_table`` says."""
+    return config.data.items is None and bool(config.data.item_features.columns)
+
+
+def _generate_section(config: JobConfig):
+    """``config.generate``, with ``item_table`` on when the config declares the generated table's columns."""
+    return config.generate.model_copy(update={"item_table": True}) if declares_generated_table(config) else config.generate
+
+
+def reading_generated_table(config: JobConfig, generated: GenerateJobResult) -> JobConfig:
+    """``config`` with ``data.items`` = the item table ``generated`` wrote, when the config declares its columns
+    (what ``pipeline`` and ``benchmarks/quality.py`` prepare with); ``config`` itself otherwise."""
+    if declares_generated_table(config) and generated.item_table is not None:
+        return with_overrides(config, data={"items": str(generated.item_table)})
+    return config
+
+
 def run_generate(config: JobConfig, output: str | Path) -> GenerateJobResult:
     """Write the seeded synthetic behaviour log of ``config.generate`` to ``output`` (Parquet, atomic;
     temporary files a killed run left beside ``output`` are removed first)."""
@@ -46,7 +65,7 @@ def run_generate(config: JobConfig, output: str | Path) -> GenerateJobResult:
         events=events.height,
         users=events.get_column("user_id").n_unique(),
         items=events.get_column("item_id").n_unique(),
-        item_table=write_item_table(config.generate, config.seed, output),
+        item_table=write_item_table(_generate_section(config), config.seed, output),
     )
 
 
@@ -79,7 +98,7 @@ def run_generate_days(config: JobConfig, directory: str | Path) -> GenerateDaysR
     left removed first, and ``day-*.parquet`` files of an earlier run with more days removed."""
     from recsys_alibi.data.synthetic import generate_events, split_days
 
-    cfg = config.generate
+    cfg = _generate_section(config)
     days = split_days(generate_events(cfg, config.seed), cfg.days, cfg.items, config.seed)
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)

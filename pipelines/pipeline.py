@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipelines.collisions import check_pipeline_paths
-from pipelines.data_steps import run_generate, run_prepare
+from pipelines.data_steps import reading_generated_table, run_generate, run_prepare
 from pipelines.evaluate import (
     EvaluateJobResult,
     baseline_scorer,
@@ -131,13 +131,10 @@ def run_pipeline(config: JobConfig, *, progress: bool = True) -> PipelineResult:
         if config.generate.days is not None:
             raise ValueError("generate.days writes daily files with `recsys-alibi generate --days N`; a pipeline reads "
                              "one day: set data.input to a day file and generate.enabled=false (docs/scheduling.md)")
-        declared = config.data.items is None and bool(config.data.item_features.columns)  # data.items: the generated table
-        generated = run_generate(with_overrides(config, generate={"item_table": True}) if declared else config,
-                                 out / "events.parquet")  # fmt: skip
+        generated = run_generate(config, out / "events.parquet")
         log.info(generated.summary())
         input_path = str(generated.path)
-        if declared and generated.item_table is not None:
-            config = with_overrides(config, data={"items": str(generated.item_table)})
+        config = reading_generated_table(config, generated)
     prepared_dir = out / "prepared"
     prepared = run_prepare(config, input_path, prepared_dir)
 

@@ -558,7 +558,7 @@ class JobConfig(_Section):
         if declared and self.data.items is None and not self.generate.enabled and not self.data.append:
             raise ValueError(
                 "data.item_features takes effect only with data.items (prepare --items PATH): set data.items, "
-                "or drop data.item_features"
+                "or drop data.item_features (--set 'data.item_features={}' --set model.item_features.enabled=false)"
             )
         return self
 

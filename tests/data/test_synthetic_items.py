@@ -71,3 +71,25 @@ def test_generate_days_brings_new_items_with_features(tmp_path):
         seen_before = pl.concat([pl.read_parquet(f) for f in result.files[: result.files.index(day)]])
         assert not set(table.get_column("item_id")) & set(seen_before.get_column("item_id"))
         assert set(table.get_column("item_id")) <= set(pl.read_parquet(day).get_column("item_id"))
+
+
+def test_a_config_declaring_the_table_s_columns_gets_the_table_and_reads_it(tmp_path):
+    """configs/default.yaml declares topic, tags and popularity with no data.items: generate writes the table
+    (generate.item_table left off), and the pipeline's and quality.py's config reads it; '{}' drops it."""
+    from pathlib import Path
+
+    from pipelines.data_steps import reading_generated_table
+    from recsys_alibi.config import load_config
+
+    default = Path(__file__).resolve().parents[2] / "configs" / "default.yaml"
+    small = ["generate.users=5", "generate.items=20", "generate.max_events=30"]
+    config = load_config(default, small)
+    assert config.generate.item_table is False and config.data.item_features.columns == ["topic", "tags", "popularity"]
+    result = run_generate(config, tmp_path / "a" / "events.parquet")
+    assert result.item_table == tmp_path / "a" / "items.parquet" and pl.read_parquet(result.item_table).height == 20
+    assert reading_generated_table(config, result).data.items == str(result.item_table)
+    days = run_generate_days(load_config(default, [*small, "generate.days=2"]), tmp_path / "days")
+    assert [p.name for p in days.item_tables] == ["day-001.parquet", "day-002.parquet"]
+    plain = load_config(default, [*small, "data.item_features={}", "model.item_features.enabled=false"])
+    bare = run_generate(plain, tmp_path / "b" / "events.parquet")
+    assert bare.item_table is None and reading_generated_table(plain, bare) is plain

@@ -29,7 +29,9 @@ def _load(name: str, path: Path):
 
 
 long_histories = _load("long_histories_benchmark", REPO / "benchmarks" / "long_histories.py")
-write_walks = _load("walk_fixtures", REPO / "tests" / "training" / "training_fixtures.py").write_walks
+_walk_fixtures = _load("walk_fixtures", REPO / "tests" / "training" / "training_fixtures.py")
+write_walks = _walk_fixtures.write_walks
+NO_TABLE = [arg for item in _walk_fixtures.NO_ITEM_TABLE for arg in ("--set", item)]  # default.yaml's item table
 
 OFFSET = {"200": 0.0, "16": 0.05}  # per-user NDCG@10 above the reference; a schedule: +0.1
 
@@ -68,7 +70,7 @@ def test_schedules_and_seeds_are_recorded_paired_to_200_of_the_same_seed_and_res
     out = tmp_path / "converged.json"
     argv = ["--config", str(REPO / "configs" / "default.yaml"), "--prepared", str(prepared),
             "--max-lens", "200", "16", "--schedules", "[[0, 4], [1, whole]]", "--seeds", "1", "2",
-            "--threads", "1", "--set", "train.max_epochs=2", "--json", str(out)]  # fmt: skip
+            "--threads", "1", "--set", "train.max_epochs=2", *NO_TABLE, "--json", str(out)]  # fmt: skip
     assert long_histories.main(argv) == 0
     schedule = [[0, 4], [1, whole]]
     assert sorted(calls) == sorted((s, n) for s in (1, 2) for n in ("200", "16", f"schedule {schedule}"))
@@ -103,7 +105,7 @@ def test_runs_recorded_before_seeds_keep_their_keys():
 def test_an_invalid_schedule_is_one_error_line(tmp_path, capsys):
     prepared = write_walks(tmp_path / "prepared", n_users=40)
     argv = ["--config", str(REPO / "configs" / "default.yaml"), "--prepared", str(prepared),
-            "--schedules", "[[3, 200]]", "--json", str(tmp_path / "x.json")]  # fmt: skip
+            "--schedules", "[[3, 200]]", *NO_TABLE, "--json", str(tmp_path / "x.json")]  # fmt: skip
     assert long_histories.main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ") and "must start at epoch 0" in err[0]
@@ -121,7 +123,7 @@ def test_a_run_killed_mid_way_resumes_from_its_checkpoint_and_equals_an_uninterr
     prepared = write_walks(tmp_path / "prepared", n_users=60)
     monkeypatch.setitem(sys.modules, "worker_pool", types.SimpleNamespace(training_pool=_threads_pool))
     real_callbacks = pipelines.train.training_callbacks
-    tiny = [f"--set={o}" for o in fixtures.TINY] + ["--set=train.max_epochs=4", "--set=evaluate.batch_size=32"]
+    tiny = [f"--set={o}" for o in [*fixtures.TINY, *fixtures.NO_ITEM_TABLE]] + ["--set=train.max_epochs=4", "--set=evaluate.batch_size=32"]
 
     def argv(name: str) -> list[str]:
         return ["--config", str(REPO / "configs" / "default.yaml"), "--prepared", str(prepared), "--max-lens", "16",

@@ -34,6 +34,7 @@ TINY = [
     "model.d_model=8", "model.n_heads=2", "model.n_layers=1", "model.max_len=8", "model.attention_backend=sdpa",
     "train.max_epochs=1", "train.batch_size=16", "train.warmup_steps=1", "train.attention_health=false",
     "train.warm.max_epochs=1", "data.min_events_per_user=1", "data.min_events_per_item=1", "evaluate.batch_size=64",
+    "data.item_features={}",  # configs/default.yaml declares the synthetic item table's columns; this log has none
 ]  # fmt: skip
 
 

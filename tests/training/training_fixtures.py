@@ -54,6 +54,8 @@ TINY = [
     "model.attention_backend=sdpa", "train.max_epochs=3", "train.batch_size=32", "train.warmup_steps=2",
     "train.lr=0.01", "train.val_batch_size=64", "train.patience=10", "train.attention_health=false",
 ]  # fmt: skip
+# configs/default.yaml reads the synthetic item table (data.item_features, model.item_features); data without one
+NO_ITEM_TABLE = ["data.item_features={}", "model.item_features.enabled=false"]
 
 
 def tiny_config(output: Path, *overrides: str) -> JobConfig:
