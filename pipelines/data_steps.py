@@ -128,7 +128,8 @@ def run_prepare(config: JobConfig, input_path: str | Path | None, output_dir: st
     (:func:`recsys_alibi.data.append.append`).
 
     Raises:
-        DataError: no input given, or the input cannot be read (one line naming the fix); with
+        DataError: no input given, or the input cannot be read, or ``data.item_features`` declared with no
+            item table and no ``data.append`` (one line naming the fix); with
             ``data.append``, no prepared directory at ``output_dir`` or other settings than its own.
         OutputPathError: ``output_dir`` is or is inside the input (or ``data.items``), holds it at a name
             it writes, or holds another kind of output (:func:`pipelines.collisions.check_apart`).
@@ -140,6 +141,10 @@ def run_prepare(config: JobConfig, input_path: str | Path | None, output_dir: st
     if input_path is None:
         raise DataError("prepare needs an input: pass --input PATH or set data.input in the config")
     check_apart([Output("--output", Path(output_dir), "prepared")], {"--input": input_path, "data.items": config.data.items})
+    if declares_generated_table(config) and not config.data.append:  # the declaration would be ignored
+        raise DataError(f"data.item_features declares {', '.join(config.data.item_features.columns)} but prepare has "
+                        "no item table: pass --items PATH (generate writes items.parquet beside the events), or "
+                        "--set 'data.item_features={}' --set model.item_features.enabled=false")
     fmt = None if config.data.format == "auto" else config.data.format
     if config.data.append:
         from recsys_alibi.data.append import append

@@ -93,3 +93,23 @@ def test_a_config_declaring_the_table_s_columns_gets_the_table_and_reads_it(tmp_
     plain = load_config(default, [*small, "data.item_features={}", "model.item_features.enabled=false"])
     bare = run_generate(plain, tmp_path / "b" / "events.parquet")
     assert bare.item_table is None and reading_generated_table(plain, bare) is plain
+
+
+def test_prepare_refuses_a_declared_table_it_was_not_given(tmp_path, capsys):
+    """configs/default.yaml on generated events without --items: one line (exit 2), not a silent id-only prepare."""
+    from pathlib import Path
+
+    from pipelines.cli import main
+
+    default = str(Path(__file__).resolve().parents[2] / "configs" / "default.yaml")
+    small = ["--set", "generate.users=5", "--set", "generate.items=20", "--set", "generate.max_events=30"]
+    assert main(["generate", "--config", default, *small, "--output", str(tmp_path / "e.parquet")]) == 0
+    capsys.readouterr()
+    assert main(["prepare", "--config", default, *small, "--input", str(tmp_path / "e.parquet"),
+                 "--output", str(tmp_path / "p")]) == 2  # fmt: skip
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "declares topic, tags, popularity but prepare has no item table" in err[0]
+    assert not (tmp_path / "p").exists()
+    assert main(["prepare", "--config", default, *small, "--input", str(tmp_path / "e.parquet"),
+                 "--items", str(tmp_path / "items.parquet"), "--output", str(tmp_path / "p")]) == 0  # fmt: skip
+    assert (tmp_path / "p" / "item_features.parquet").exists()
