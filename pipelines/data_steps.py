@@ -38,7 +38,8 @@ def declares_generated_table(config: JobConfig) -> bool:
 
 def _generate_section(config: JobConfig):
     """``config.generate``, with ``item_table`` on when the config declares the generated table's columns."""
-    return config.generate.model_copy(update={"item_table": True}) if declares_generated_table(config) else config.generate
+    declared = declares_generated_table(config)
+    return config.generate.model_copy(update={"item_table": True}) if declared else config.generate
 
 
 def reading_generated_table(config: JobConfig, generated: GenerateJobResult) -> JobConfig:

@@ -12,14 +12,15 @@ checked by ``train`` after the prepare.
 
 from __future__ import annotations
 
-from recsys_alibi.config import JobConfig, check_warm_schedule
+from recsys_alibi.config import ConfigError, JobConfig, check_warm_schedule
 
 
 def check_before_data(config: JobConfig) -> None:
     """Every pipeline check that needs no data, run before generate/prepare write anything.
 
     Raises:
-        ConfigError: the warm schedule never reaches the context schedule's last switch, a sharded
+        ConfigError: the warm schedule never reaches the context schedule's last switch, the feature encoder
+            with no item table to prepare, a sharded
             table with the full softmax, an accelerator this machine lacks.
         ModelUriError: ``train.init_from`` names no model in the tracking store, or a deleted run.
     """
@@ -27,10 +28,24 @@ def check_before_data(config: JobConfig) -> None:
     from recsys_alibi.training.launch import check_accelerator
 
     check_warm_schedule(config)
+    check_feature_table(config)
     check_sharding(config)
     check_accelerator(config.train)
     if config.train.init_from not in (None, "champion"):
         check_model_uri(config, config.train.init_from)
+
+
+def check_feature_table(config: JobConfig) -> None:
+    """Refuse the item-feature encoder when the pipeline's prepare will store no item table: no declared columns
+    and no ``data.append`` (an append keeps the table the prepared directory already has).
+
+    Raises:
+        ConfigError: ``model.item_features.enabled`` with no ``data.item_features`` columns, outside an append.
+    """
+    if config.model.item_features.enabled and not config.data.item_features.columns and not config.data.append:
+        raise ConfigError("model.item_features.enabled=true reads an item table, and this run prepares none "
+                          "(data.item_features declares no column): declare the table's columns and data.items, "
+                          "or set model.item_features.enabled=false")
 
 
 def check_model_uri(config: JobConfig, uri: str) -> None:

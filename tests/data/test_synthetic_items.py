@@ -113,3 +113,31 @@ def test_prepare_refuses_a_declared_table_it_was_not_given(tmp_path, capsys):
     assert main(["prepare", "--config", default, *small, "--input", str(tmp_path / "e.parquet"),
                  "--items", str(tmp_path / "items.parquet"), "--output", str(tmp_path / "p")]) == 0  # fmt: skip
     assert (tmp_path / "p" / "item_features.parquet").exists()
+
+
+def test_a_table_of_another_catalog_is_refused_and_so_is_an_encoder_with_no_table(tmp_path, capsys):
+    """Ids that match no event item (or an empty table) would train a 'feature' model on nothing: one line, exit 2;
+    so does a pipeline whose encoder is on while it prepares no table, before it writes anything."""
+    from pathlib import Path
+
+    from pipelines.cli import main
+
+    default = str(Path(__file__).resolve().parents[2] / "configs" / "default.yaml")
+    small = ["--set", "generate.users=5", "--set", "generate.items=20", "--set", "generate.max_events=30"]
+    assert main(["generate", "--config", default, *small, "--output", str(tmp_path / "e.parquet")]) == 0
+    table = pl.read_parquet(tmp_path / "items.parquet")
+    table.with_columns(pl.col("item_id") + 1000).write_parquet(tmp_path / "other.parquet")
+    table.head(0).write_parquet(tmp_path / "empty.parquet")
+    capsys.readouterr()
+    for name, accepted in (("other", 20), ("empty", 0)):
+        assert main(["prepare", "--config", default, *small, "--input", str(tmp_path / "e.parquet"),
+                     "--items", str(tmp_path / f"{name}.parquet"), "--output", str(tmp_path / name)]) == 2  # fmt: skip
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"none of its {accepted} accepted rows" in err[0] and not (tmp_path / name).exists()
+    pl.read_parquet(tmp_path / "e.parquet").write_csv(tmp_path / "e.csv")
+    argv = ["pipeline", "--config", default, *small, "--set", "generate.enabled=false",
+            "--set", f"data.input={tmp_path / 'e.csv'}", "--set", "data.item_features={}", "--output", str(tmp_path / "run")]  # fmt: skip
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "model.item_features.enabled=true reads an item table" in err[0]
+    assert not (tmp_path / "run").exists()

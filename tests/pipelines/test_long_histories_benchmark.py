@@ -123,7 +123,7 @@ def test_a_run_killed_mid_way_resumes_from_its_checkpoint_and_equals_an_uninterr
     prepared = write_walks(tmp_path / "prepared", n_users=60)
     monkeypatch.setitem(sys.modules, "worker_pool", types.SimpleNamespace(training_pool=_threads_pool))
     real_callbacks = pipelines.train.training_callbacks
-    tiny = [f"--set={o}" for o in [*fixtures.TINY, *fixtures.NO_ITEM_TABLE]] + ["--set=train.max_epochs=4", "--set=evaluate.batch_size=32"]
+    tiny = [f"--set={o}" for o in [*fixtures.TINY, *fixtures.NO_ITEM_TABLE, "train.max_epochs=4", "evaluate.batch_size=32"]]
 
     def argv(name: str) -> list[str]:
         return ["--config", str(REPO / "configs" / "default.yaml"), "--prepared", str(prepared), "--max-lens", "16",

@@ -71,7 +71,8 @@ def test_the_gpu_fit_benchmark_resolves_the_recipe_rule(tmp_path):
     gpu_fit = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(gpu_fit)
     prepared = write_walks(tmp_path / "prepared")
-    sets = [arg for item in [*TINY, *NO_ITEM_TABLE, "model.max_len=auto", "train.max_epochs=1"] for arg in ("--set", item)]
+    overrides = [*TINY, *NO_ITEM_TABLE, "model.max_len=auto", "train.max_epochs=1"]
+    sets = [arg for item in overrides for arg in ("--set", item)]
     out = tmp_path / "fit.json"
     gpu_fit.main(["--config", str(repo / "configs" / "default.yaml"), "--prepared", str(prepared),
                   "--output", str(tmp_path / "fit"), "--json", str(out), *sets])  # fmt: skip
