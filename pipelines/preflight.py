@@ -4,7 +4,8 @@ The pipeline generates or prepares (with ``data.append``: merges the day into th
 directory) before it trains. A setting that would refuse training but needs none of the new data
 is checked here first, so a refused run leaves the data as it was: the warm schedule against
 ``train.context_schedule``, a sharded table with the full softmax, an accelerator this machine
-lacks, and ``train.init_from`` (the model must exist and its run must not be deleted; ``champion``
+lacks, the item-feature encoder with no table to prepare, and ``train.init_from`` (the model must exist
+and its run must not be deleted, and read item features exactly when the new model does; ``champion``
 with no champion yet is a cold start, as in ``train``). What needs the data (``model.max_len:
 auto``, the architecture of a warm start against the data's vocabulary, the time protocol) is
 checked by ``train`` after the prepare.
@@ -20,7 +21,7 @@ def check_before_data(config: JobConfig) -> None:
 
     Raises:
         ConfigError: the warm schedule never reaches the context schedule's last switch, the feature encoder
-            with no item table to prepare, a sharded
+            with no item table to prepare, a warm start across item features and none, a sharded
             table with the full softmax, an accelerator this machine lacks.
         ModelUriError: ``train.init_from`` names no model in the tracking store, or a deleted run.
     """
@@ -33,6 +34,7 @@ def check_before_data(config: JobConfig) -> None:
     check_accelerator(config.train)
     if config.train.init_from not in (None, "champion"):
         check_model_uri(config, config.train.init_from)
+    check_warm_features(config)
 
 
 def check_feature_table(config: JobConfig) -> None:
@@ -46,6 +48,37 @@ def check_feature_table(config: JobConfig) -> None:
         raise ConfigError("model.item_features.enabled=true reads an item table, and this run prepares none "
                           "(data.item_features declares no column): declare the table's columns and data.items, "
                           "or set model.item_features.enabled=false")
+
+
+def check_warm_features(config: JobConfig) -> None:
+    """Refuse a warm start between a model that reads item features and one that does not before the day is
+    appended (``train`` refuses it after the prepare): the parent's run logged ``model.item_features.enabled``.
+    No parent (``champion`` with no champion yet) or a run without that param: nothing to check here.
+
+    Raises:
+        ConfigError: one line naming the parent and the setting to match.
+    """
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    from recsys_alibi.tracking import model_run_id, setup_tracking
+
+    source = config.train.init_from
+    if source is None:
+        return
+    setup_tracking(config.tracking)
+    if source == "champion":
+        source = f"models:/{config.tracking.registered_model}@{config.tracking.champion_alias}"
+    try:
+        logged = mlflow.MlflowClient().get_run(model_run_id(source)).data.params.get("model.item_features.enabled")
+    except MlflowException:  # champion not held yet: a cold start
+        return
+    enabled = config.model.item_features.enabled
+    if logged is not None and (logged == "True") != enabled:
+        raise ConfigError(
+            f"cannot warm-start from {source}: it {'reads' if logged == 'True' else 'reads no'} item features and "
+            f"model.item_features.enabled={str(enabled).lower()} now; set the same, or leave train.init_from unset"
+        )
 
 
 def check_model_uri(config: JobConfig, uri: str) -> None:

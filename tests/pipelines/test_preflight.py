@@ -104,6 +104,20 @@ def test_an_init_from_that_names_no_model_is_refused_before_appending(tmp_path, 
     assert _files(out / "prepared") == before
 
 
+def test_a_warm_start_across_item_features_is_refused_before_appending(tmp_path, mlflow_store, capsys, one_torch_thread):
+    run_id = _logged_run(tmp_path)
+    with mlflow.start_run(run_id=run_id):
+        mlflow.log_param("model.item_features.enabled", True)  # as run_train logs a feature model's config
+    out, day2, before = _appended_setup(tmp_path)
+    capsys.readouterr()
+    assert main(_pipeline_args(out, day2, f"train.init_from=runs:/{run_id}/model")) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"error: cannot warm-start from runs:/{run_id}/model: it reads item features and "
+        "model.item_features.enabled=false now; set the same, or leave train.init_from unset"
+    )
+    assert _files(out / "prepared") == before  # the day was not appended
+
+
 def test_loading_and_logging_a_model_print_no_download_bars(tmp_path, mlflow_store, capfd, monkeypatch,
                                                              one_torch_thread):  # fmt: skip
     monkeypatch.delenv("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", raising=False)  # as in a job that is not the CLI
