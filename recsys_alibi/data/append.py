@@ -44,6 +44,7 @@ import polars as pl
 
 from recsys_alibi.config import DataConfig
 from recsys_alibi.data.ingest import DataError, QuotedLinesError, Source, scan_source
+from recsys_alibi.data.item_features import STATS_KEY as ITEM_TABLE_KEY
 from recsys_alibi.data.prepare import PrepareResult, prepare_in_work_dir
 from recsys_alibi.data.prepare_state import STATE_KEY, Base, file_sha256, settings
 from recsys_alibi.data.prepared import check_file, clean_stale, prepare_lock, read_consistent, read_manifest, roll_forward
@@ -94,6 +95,9 @@ def append(cfg: DataConfig, input_path: str | Path, output_dir: str | Path, *, f
         fresh = [(p, d) for p, d in zip(source.paths, digests) if d not in known]
         if not fresh:
             log.info("every file of %s is already prepared into %s: nothing to append", input_path, out)
+            if cfg.items is not None and str(cfg.items) not in base.stats.get(ITEM_TABLE_KEY, {}).get("sources", []):
+                log.warning("item table %s was not read: an append merges a table with new events, and every file of "
+                            "%s is already prepared (its rows are not in %s)", cfg.items, input_path, out)  # fmt: skip
             return PrepareResult(output_dir=out, counts=_counts(base.stats), stats=base.stats, appended=False)
         if len(fresh) < len(source.paths):
             log.info("%d of %d files are already prepared into %s: appending the others", len(source.paths) - len(fresh), len(source.paths), out)

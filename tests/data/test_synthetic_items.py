@@ -141,3 +141,20 @@ def test_a_table_of_another_catalog_is_refused_and_so_is_an_encoder_with_no_tabl
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "model.item_features.enabled=true reads an item table" in err[0]
     assert not (tmp_path / "run").exists()
+
+
+def test_an_item_table_given_with_events_already_prepared_is_said_to_be_unread(tmp_path, caplog):
+    """Re-running a day to add a forgotten table appends no events and so reads no table: said in a warning."""
+    import logging
+
+    from recsys_alibi.data.append import append
+
+    config = _config(tmp_path, days=2)
+    result = run_generate_days(config, tmp_path / "days")
+    declared = DataConfig(item_features=DECLARATION, min_events_per_user=1, min_events_per_item=1)
+    prepare(declared.model_copy(update={"items": str(result.item_tables[0])}), result.files[0], tmp_path / "p")
+    append(declared, result.files[1], tmp_path / "p")  # the day's table forgotten
+    with caplog.at_level(logging.WARNING):
+        again = append(declared.model_copy(update={"items": str(result.item_tables[1])}), result.files[1], tmp_path / "p")
+    assert again.appended is False
+    assert any("was not read: an append merges a table with new events" in r.getMessage() for r in caplog.records)
