@@ -50,7 +50,8 @@ def not_a_file(path: Path, what: str = "input", flag: str = "--input", takes: st
     why = ("a pipe can be read only once, and an input is read more than once (its format is sniffed, then it is "
            "read in passes): write it to a file first") if kind.startswith("FIFO") else \
         "only regular files are read as input"  # fmt: skip
-    return DataError(f"{what} '{describe_path(path)}' is a {kind}, not a regular file or directory: {why} ({flag})")
+    accepted = "regular file or directory" if "directory" in takes else "regular file"  # an item table: a file
+    return DataError(f"{what} '{describe_path(path)}' is a {kind}, not a {accepted}: {why} ({flag})")
 
 
 def _regular(paths: list[Path], what: str, flag: str) -> list[Path]:

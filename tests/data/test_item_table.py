@@ -149,3 +149,14 @@ def test_real_movies_csv(shared_data, tmp_path):
     _, vocab, _ = read_item_features(tmp_path / "prep")
     assert vocab.head(1).select("value", "value_idx").rows() == [("Drama", 1)]
     assert stats["values"]["genres"] == vocab.height == 20  # 19 genres + "(no genres listed)"
+
+
+def test_a_directory_given_as_the_item_table_is_named_as_such(tmp_path):
+    """An item table is one file: the refusal of a directory does not say directories are read."""
+    from recsys_alibi.data.errors import DataError
+    from recsys_alibi.data.item_table import read_item_table
+
+    (tmp_path / "tables").mkdir()
+    with pytest.raises(DataError) as err:
+        read_item_table(tmp_path / "tables")
+    assert "is a directory, not a regular file: only regular files are read" in str(err.value)
