@@ -111,7 +111,7 @@ def write_item_table(cfg: GenerateConfig, seed: int, events_path: str | Path) ->
 def write_daily_item_tables(cfg: GenerateConfig, seed: int, directory: str | Path, days: list[pl.DataFrame],
                             names: list[str]) -> list[Path]:  # fmt: skip
     """Write each day's new items (module doc) as ``directory/_items/<name>``, atomically, when ``cfg.item_table``
-    ([] otherwise).
+    ([] otherwise); an earlier run's tables that these days do not replace are removed (they describe other days).
 
     Args:
         days: the daily event frames, in order; names: the daily file names (``day-001.parquet`` ...).
@@ -119,13 +119,14 @@ def write_daily_item_tables(cfg: GenerateConfig, seed: int, directory: str | Pat
     from recsys_alibi.atomic import atomic_path
 
     table = generate_item_table(cfg, seed) if cfg.item_table else None
+    folder = Path(directory) / DAILY_ITEMS_DIR
+    paths = [folder / name for name in names] if table is not None else []
+    if folder.is_dir():  # an earlier run's tables: with more days, or of other days when none is written now
+        for stale in sorted(set(folder.glob("day-*.parquet")) - set(paths)):
+            stale.unlink()
     if table is None:
         return []
-    folder = Path(directory) / DAILY_ITEMS_DIR
     folder.mkdir(exist_ok=True)
-    paths = [folder / name for name in names]
-    for stale in sorted(set(folder.glob("day-*.parquet")) - set(paths)):  # an earlier run with more days
-        stale.unlink()
     for path, rows in zip(paths, daily_item_tables(table, days)):
         with atomic_path(path) as tmp:
             rows.write_parquet(tmp)

@@ -158,3 +158,10 @@ def test_an_item_table_given_with_events_already_prepared_is_said_to_be_unread(t
         again = append(declared.model_copy(update={"items": str(result.item_tables[1])}), result.files[1], tmp_path / "p")
     assert again.appended is False
     assert any("was not read: an append merges a table with new events" in r.getMessage() for r in caplog.records)
+
+
+def test_days_generated_again_without_tables_leave_no_table_of_the_earlier_days(tmp_path):
+    run_generate_days(_config(tmp_path, days=2), tmp_path / "days")
+    assert sorted(p.name for p in (tmp_path / "days" / "_items").iterdir()) == ["day-001.parquet", "day-002.parquet"]
+    again = run_generate_days(_config(tmp_path, days=2, item_table=False), tmp_path / "days")
+    assert again.item_tables == () and list((tmp_path / "days" / "_items").iterdir()) == []
