@@ -104,6 +104,7 @@ class ScoreJobResult:
     carried_users: int = 0
     new_items: int = 0  # items the model never saw, ranked from their features alone (score.items)
     new_items_source: str = ""
+    new_items_rejected: int = 0  # rows of that item table rejected by prepare's rules (bad id, number, duplicate id)
 
     @property
     def users_per_second(self) -> float:
@@ -129,7 +130,8 @@ class ScoreJobResult:
         ]
         lines += [rules_summary(self.rules)] if self.rules else []
         lines += [f"new items ranked from their features alone (not in the model's vocabulary): {self.new_items} "
-                  f"from {self.new_items_source}"] if self.new_items_source else []  # fmt: skip
+                  f"from {self.new_items_source}; its rows rejected: {self.new_items_rejected}"
+                  ] if self.new_items_source else []  # fmt: skip
         lines += [f"carried over (history unchanged since the previous output): {self.carried_users} users; "
                   f"ranked again: {self.users - self.carried_users}"] if self.carried_users else []  # fmt: skip
         return "\n".join(lines)
@@ -371,6 +373,7 @@ class _ScoreJob:
             world_size=self.world.size, carried_users=totals["carried_users"], rules={key: int(v) for key, v in m.input_stats.items() if key.startswith(RULE_KINDS)},
             new_items=self.ranker.new_items.count if self.ranker.new_items else 0,
             new_items_source=self.ranker.new_items.source if self.ranker.new_items else "",
+            new_items_rejected=self.ranker.new_items.rejected if self.ranker.new_items else 0,
         )  # fmt: skip
 
 

@@ -54,7 +54,8 @@ def test_unseen_items_are_ranked_for_users_of_their_category(tmp_path, mlflow_st
     # default: the prepared input's item table; 30, 31, 32 are in it without events (not in the vocabulary)
     assert main(["score", "--quiet", "--model-uri", uri, "--input", str(prepared), "--output", str(tmp_path / "r1"),
                  "--k", "3"]) == 0  # fmt: skip
-    assert f"new items ranked from their features alone (not in the model's vocabulary): 3 from {prepared}" in capsys.readouterr().out
+    assert (f"new items ranked from their features alone (not in the model's vocabulary): 3 from {prepared}; "
+            "its rows rejected: 0") in capsys.readouterr().out
     rankings = pl.read_parquet(tmp_path / "r1" / "part-*.parquet")
     reached = rankings.filter(pl.col("item_id") >= 30).group_by("item_id").agg(_genre_of(pl.col("user_id")).unique().sort())
     assert sorted(reached.rows()) == [(30, [0]), (31, [1]), (32, [2])]  # each only to users of its genre
@@ -66,6 +67,7 @@ def test_unseen_items_are_ranked_for_users_of_their_category(tmp_path, mlflow_st
                  "--k", "3", "--items", str(tmp_path / "today.csv")]) == 0  # fmt: skip
     out = capsys.readouterr().out
     assert "new items ranked from their features alone (not in the model's vocabulary): 2 from" in out
+    assert "today.csv; its rows rejected: 2" in out  # both rows of the duplicate 40
     today = pl.read_parquet(tmp_path / "r2" / "part-*.parquet").filter(pl.col("item_id") == 41)
     assert today.height == 30 and today.select(_genre_of(pl.col("user_id")).unique()).item() == 1
 
