@@ -133,8 +133,12 @@ def extended_vocabulary(items: pl.DataFrame, extra: NewItems) -> pl.DataFrame:
 
 
 def with_default_items(config: JobConfig, model, input_path: str | Path) -> JobConfig:
-    """``config`` with ``score.items`` set to the prepared ``input_path`` when it is unset, the model reads
-    item features and the input directory holds an item table (the contract's ``score --items`` default)."""
-    if config.score.items is not None or getattr(model, "features", None) is None or not has_item_features(input_path):
+    """``config`` with ``score.items`` set, when it is unset and the model reads item features, to the prepared
+    ``input_path`` that holds an item table (the contract's ``score --items`` default), else to ``data.items``
+    (raw events given with their item table: the table the staged prepare reads)."""
+    if config.score.items is not None or getattr(model, "features", None) is None:
         return config
-    return config.model_copy(update={"score": config.score.model_copy(update={"items": str(input_path)})})
+    table = str(input_path) if has_item_features(input_path) else config.data.items
+    if table is None:
+        return config
+    return config.model_copy(update={"score": config.score.model_copy(update={"items": str(table)})})

@@ -71,6 +71,13 @@ def test_unseen_items_are_ranked_for_users_of_their_category(tmp_path, mlflow_st
     today = pl.read_parquet(tmp_path / "r2" / "part-*.parquet").filter(pl.col("item_id") == 41)
     assert today.height == 30 and today.select(_genre_of(pl.col("user_id")).unique()).item() == 1
 
+    # raw events given with the day's table (data.items): the table the staged prepare reads is ranked too
+    assert main(["score", "--quiet", "--model-uri", uri, "--input", str(tmp_path / "events.csv"), "--output",
+                 str(tmp_path / "r3"), "--k", "3", "--set", f"data.items={tmp_path / 'today.csv'}", *FEATURES,
+                 *_sets(["data.min_events_per_user=1", "data.min_events_per_item=1"])]) == 0  # fmt: skip
+    assert f"not in the model's vocabulary): 2 from {tmp_path / 'today.csv'}; its rows rejected: 2" in capsys.readouterr().out
+    assert pl.read_parquet(tmp_path / "r3" / "part-*.parquet").filter(pl.col("item_id") == 41).height == 30
+
     # the pyfunc, given the table when loaded, ranks it the same way
     pyfunc = mlflow.pyfunc.load_model(uri, model_config={"items": str(tmp_path / "today.csv")})
     histories = pl.read_parquet(prepared / "events.parquet").group_by("user_id").agg("item_id")
