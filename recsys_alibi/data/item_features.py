@@ -144,7 +144,7 @@ def write_item_features(
 
     Raises:
         DataError: the table cannot be read or does not match its declaration; an append with
-            another declaration than the directory's; no accepted row is an item of the events.
+            another declaration than the directory's (no accepted row that is an item of the events: a warning).
     """
     earlier = _earlier(base_dir)
     if cfg.items is None and earlier is None:
@@ -176,12 +176,12 @@ def write_item_features(
         rejects.write_parquet(work / ITEM_REJECTS_FILE, metadata=tag)
     by_reason = {r: int(n) for r, n in rejects.group_by(REJECT_REASON).len().sort(REJECT_REASON).iter_rows()}
     with_row = rows.get_column(ITEM_IDX).drop_nulls().len()
-    if with_row == 0 and items.height:  # an empty table, every row rejected, or ids of another catalog
-        raise DataError(
-            f"item table {cfg.items or base_dir}: none of its {rows.height} accepted rows ({read_rows} read, "
-            f"{rejects.height} rejected) is an item of the events: check its id column "
-            f"(data.item_features.id_column={feats.id_column}) against the events' item_id"
-        )
+    if with_row == 0 and items.height:  # an empty table, every row rejected, ids of another catalog, or only
+        log.warning(  # items still without events (score's staged prepare of a day's new items): train refuses it
+            "item table %s: none of its %d accepted rows (%d read, %d rejected) is an item of the events; if that is "
+            "not meant, check its id column (data.item_features.id_column=%s) against the events' item_id",
+            cfg.items or base_dir, rows.height, read_rows, rejects.height, feats.id_column,
+        )  # fmt: skip
     stats = {
         "declaration": declaration(feats),
         "sources": sources[-20:],

@@ -160,13 +160,22 @@ def catalog_of(config: JobConfig, datamodule: SequenceDataModule):
     of the data module, same prepare), else None.
 
     Raises:
-        DataError: the prepared directory has no item table (prepare it with ``--items``).
+        DataError: the prepared directory has no item table (prepare it with ``--items``), or its table has no
+            row for any item of the events (the encoder would read nothing).
     """
     if not config.model.item_features.enabled:
         return None
+    from recsys_alibi.data.errors import DataError
     from recsys_alibi.data.feature_rows import catalog_features
 
-    return catalog_features(datamodule.prepared_dir, datamodule.n_items, datamodule.prepare_id)
+    catalog = catalog_features(datamodule.prepared_dir, datamodule.n_items, datamodule.prepare_id)
+    if not catalog.with_row[1:].any():  # (N + 1,): row 0 is padding
+        raise DataError(
+            f"{datamodule.prepared_dir}: its item table has no row for any of the {datamodule.n_items} items of the "
+            "events, so the feature encoder would read nothing: check the table's ids (data.item_features.id_column) "
+            "against the events', or set model.item_features.enabled=false"
+        )
+    return catalog
 
 
 class EpochLines(L.Callback):
