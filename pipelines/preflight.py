@@ -62,6 +62,7 @@ def check_warm_features(config: JobConfig) -> None:
     from mlflow.exceptions import MlflowException
 
     from recsys_alibi.tracking import model_run_id, setup_tracking
+    from recsys_alibi.training.warm_features import feature_mismatch
 
     source = config.train.init_from
     if source is None:
@@ -73,12 +74,8 @@ def check_warm_features(config: JobConfig) -> None:
         logged = mlflow.MlflowClient().get_run(model_run_id(source)).data.params.get("model.item_features.enabled")
     except MlflowException:  # champion not held yet: a cold start
         return
-    enabled = config.model.item_features.enabled
-    if logged is not None and (logged == "True") != enabled:
-        raise ConfigError(
-            f"cannot warm-start from {source}: it {'reads' if logged == 'True' else 'reads no'} item features and "
-            f"model.item_features.enabled={str(enabled).lower()} now; set the same, or leave train.init_from unset"
-        )
+    if logged is not None and (mismatch := feature_mismatch(source, logged == "True", config.model.item_features.enabled)):
+        raise ConfigError(mismatch)
 
 
 def check_model_uri(config: JobConfig, uri: str) -> None:

@@ -78,6 +78,15 @@ class WarmFeatures:
         return state
 
 
+def feature_mismatch(source: str, parent_reads: bool, enabled: bool) -> str | None:
+    """The one-line refusal of a warm start between a model that reads item features and one that does not
+    (``train`` and the daily pipeline's check before the append); None when both agree."""
+    if parent_reads == enabled:
+        return None
+    return (f"cannot warm-start from {source}: it {'reads' if parent_reads else 'reads no'} item features and "
+            f"model.item_features.enabled={str(enabled).lower()} now; set the same, or leave train.init_from unset")  # fmt: skip
+
+
 def warm_features(old_model, config: JobConfig, prepared_dir: str | Path, n_items: int,
                   source: str = "the model") -> WarmFeatures | None:  # fmt: skip
     """The :class:`WarmFeatures` of a warm start from ``old_model`` on ``prepared_dir`` (None: neither model
@@ -91,11 +100,8 @@ def warm_features(old_model, config: JobConfig, prepared_dir: str | Path, n_item
     enabled = config.model.item_features.enabled
     if old is None and not enabled:
         return None
-    if (old is None) != (not enabled):
-        raise WarmStartError(
-            f"cannot warm-start from {source}: it {'reads no' if old is None else 'reads'} item features and "
-            f"model.item_features.enabled={str(enabled).lower()} now; set the same, or leave train.init_from unset"
-        )
+    if mismatch := feature_mismatch(source, old is not None, enabled):
+        raise WarmStartError(mismatch)
     from recsys_alibi.data.feature_rows import catalog_features
 
     catalog = catalog_features(prepared_dir, n_items)

@@ -3,6 +3,8 @@ beside the events and per day by ``generate --days``, prepared without a reject.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import polars as pl
 
@@ -12,6 +14,8 @@ from recsys_alibi.data.item_features import read_item_features
 from recsys_alibi.data.prepare import prepare
 from recsys_alibi.data.synthetic import TASTE_DIM, latent_items
 from recsys_alibi.data.synthetic_items import DECLARATION, item_table
+
+DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "default.yaml"  # declares the synthetic table
 
 
 def test_table_by_hand():
@@ -76,12 +80,10 @@ def test_generate_days_brings_new_items_with_features(tmp_path):
 def test_a_config_declaring_the_table_s_columns_gets_the_table_and_reads_it(tmp_path):
     """configs/default.yaml declares topic, tags and popularity with no data.items: generate writes the table
     (generate.item_table left off), and the pipeline's and quality.py's config reads it; '{}' drops it."""
-    from pathlib import Path
-
     from pipelines.data_steps import reading_generated_table
     from recsys_alibi.config import load_config
 
-    default = Path(__file__).resolve().parents[2] / "configs" / "default.yaml"
+    default = DEFAULT_CONFIG
     small = ["generate.users=5", "generate.items=20", "generate.max_events=30"]
     config = load_config(default, small)
     assert config.generate.item_table is False and config.data.item_features.columns == ["topic", "tags", "popularity"]
@@ -97,11 +99,9 @@ def test_a_config_declaring_the_table_s_columns_gets_the_table_and_reads_it(tmp_
 
 def test_prepare_refuses_a_declared_table_it_was_not_given(tmp_path, capsys):
     """configs/default.yaml on generated events without --items: one line (exit 2), not a silent id-only prepare."""
-    from pathlib import Path
-
     from pipelines.cli import main
 
-    default = str(Path(__file__).resolve().parents[2] / "configs" / "default.yaml")
+    default = str(DEFAULT_CONFIG)
     small = ["--set", "generate.users=5", "--set", "generate.items=20", "--set", "generate.max_events=30"]
     assert main(["generate", "--config", default, *small, "--output", str(tmp_path / "e.parquet")]) == 0
     capsys.readouterr()
@@ -120,11 +120,9 @@ def test_a_table_of_another_catalog_is_refused_and_so_is_an_encoder_with_no_tabl
     events is such a table), train refuses a feature model that would read nothing (one line, exit 2); a pipeline
     whose encoder is on while it prepares no table is refused before it writes anything."""
     import logging
-    from pathlib import Path
-
     from pipelines.cli import main
 
-    default = str(Path(__file__).resolve().parents[2] / "configs" / "default.yaml")
+    default = str(DEFAULT_CONFIG)
     small = ["--set", "generate.users=5", "--set", "generate.items=20", "--set", "generate.max_events=30"]
     assert main(["generate", "--config", default, *small, "--output", str(tmp_path / "e.parquet")]) == 0
     table = pl.read_parquet(tmp_path / "items.parquet")
