@@ -21,7 +21,8 @@ Protocol (leave-one-out on the SASRec ML-1M file, ``../shared/data/ml-1m/ml-1m.t
 * metrics: HR@10 over the users whose target is a held-out item, NDCG@10 over all users, both with
   the paired bootstrap CI of features - id-only (:mod:`recsys_alibi.evaluation.paired`);
 * settings: the training recipe is ``configs/movielens-1m-6ep.yaml`` for both models; the feature
-  model's ``model.item_features.id_min_events`` is chosen among :data:`ID_MIN_EVENTS` on validation
+  model's ``model.item_features.id_min_events`` among :data:`ID_MIN_EVENTS` or its
+  ``model.item_features.id_dropout`` among :data:`ID_DROPOUT` is chosen on validation
   only (the highest validation HR@10 on held-out targets among the settings whose validation NDCG@10
   is not below the id-only model's; else the highest validation NDCG@10); test is read once.
 
@@ -48,6 +49,7 @@ DATA = REPO.parent / "shared" / "data" / "ml-1m"
 RECIPE = REPO / "configs" / "movielens-1m-6ep.yaml"
 HELD_SHARE = 0.10
 ID_MIN_EVENTS = (0, 20)  # the feature model's candidates, chosen on validation
+ID_DROPOUT = (0.5,)  # ... and with every id row kept, a share of them dropped in each training step (DropoutNet)
 TINY = ["model.d_model=16", "model.n_heads=2", "model.n_layers=1", "model.max_len=50", "train.max_epochs=1",
         "train.batch_size=64", "train.warmup_steps=5", "train.val_users=100"]  # fmt: skip
 K = 10
@@ -163,6 +165,36 @@ def per_user(model, vectors: torch.Tensor, column: dict, seqs: pl.DataFrame, bac
     return {"hr": metrics[f"HR@{K}"], "ndcg": metrics[f"NDCG@{K}"], "held": np.array(targets) > n_known}
 
 
+def setting_figures(name: str, sets: list[str], prepared: Path, vocab: pl.DataFrame, held: np.ndarray,
+                    table: pl.DataFrame, seqs: pl.DataFrame, args) -> tuple[dict, dict, dict]:  # fmt: skip
+    """Train one setting and rank validation and test: (validation per user, test per user, its record).
+
+    Kept in ``<workdir>/<name>/figures.npz`` and ``record.json`` once done: a run stopped between settings
+    starts again with the same command and trains only those not done with the same overrides.
+    """
+    import json
+
+    from recsys_alibi.atomic import write_json_atomic
+    from recsys_alibi.config import load_config
+
+    folder = args.workdir / name
+    saved, record = folder / "figures.npz", folder / "record.json"
+    if saved.is_file() and record.is_file() and json.loads(record.read_text())["overrides"] == sets:
+        with np.load(saved) as f:
+            return ({k: f[f"validation_{k}"] for k in ("hr", "ndcg", "held")},
+                    {k: f[f"test_{k}"] for k in ("hr", "ndcg", "held")}, json.loads(record.read_text()))  # fmt: skip
+    model, seconds, epochs = train(load_config(RECIPE, sets), prepared, folder)
+    vectors, column = catalog_vectors(model, vocab, held, table, args.seed)
+    validation = per_user(model, vectors, column, seqs, 2, vocab.height)
+    test = per_user(model, vectors, column, seqs, 1, vocab.height)
+    done = {"overrides": sets, "train_seconds": round(seconds, 1), "epochs": epochs, "validation": summarise(validation)}
+    tmp = folder / "figures.tmp.npz"
+    np.savez(tmp, **{f"validation_{k}": v for k, v in validation.items()}, **{f"test_{k}": v for k, v in test.items()})
+    tmp.replace(saved)
+    write_json_atomic(record, done)
+    return validation, test, done
+
+
 def summarise(user: dict[str, np.ndarray]) -> dict[str, float]:
     held = user["held"]
     return {"users": int(held.size), "held_targets": int(held.sum()), f"HR@{K} held-out targets": float(user["hr"][held].mean()),
@@ -187,7 +219,6 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--data", type=Path, default=DATA)
     parser.add_argument("--seed", type=int, default=42)
     args = parser.parse_args(argv)
-    from recsys_alibi.config import load_config
     from recsys_alibi.evaluation.paired import paired_difference
 
     torch.set_num_threads(1)
@@ -201,15 +232,11 @@ def main(argv: list[str] | None = None) -> dict:
     settings = {"id_only": overrides}
     settings |= {f"features_id_min_events_{m}": [*overrides, "model.item_features.enabled=true",
                  f"model.item_features.id_min_events={m}"] for m in ID_MIN_EVENTS}  # fmt: skip
+    settings |= {f"features_id_dropout_{p}": [*overrides, "model.item_features.enabled=true",
+                 f"model.item_features.id_dropout={p}"] for p in ID_DROPOUT}  # fmt: skip
     validation, test, runs = {}, {}, {}
     for name, sets in settings.items():
-        config = load_config(RECIPE, sets)
-        model, seconds, epochs = train(config, prepared, args.workdir / name)
-        vectors, column = catalog_vectors(model, vocab, held, table, args.seed)
-        validation[name] = per_user(model, vectors, column, seqs, 2, vocab.height)
-        test[name] = per_user(model, vectors, column, seqs, 1, vocab.height)
-        runs[name] = {"overrides": sets, "train_seconds": round(seconds, 1), "epochs": epochs,
-                      "validation": summarise(validation[name])}  # fmt: skip
+        validation[name], test[name], runs[name] = setting_figures(name, sets, prepared, vocab, held, table, seqs, args)
         log.info("%s: %s", name, runs[name]["validation"])
     chosen = choose({n: r["validation"] for n, r in runs.items()})
     base, cand = test["id_only"], test[chosen]

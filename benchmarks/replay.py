@@ -470,7 +470,8 @@ def reused_runs(items: list[str], arms: list[str], parser) -> dict[str, dict]:
     return out
 
 
-def main(argv: list[str] | None = None) -> None:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (module doc); ``benchmarks/replay_cold.py`` reads a finished replay's ``command`` with it."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", required=True)
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
@@ -487,6 +488,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--reuse", action="append", default=[], metavar="ARM=JSON",
                         help="take ARM of every step from an earlier replay's JSON (its .per_user.json), e.g. "
                              "scratch=docs/results/replay-ml100k.json after a change of train.warm only")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = build_parser()
     args = parser.parse_args(argv)
     if "warm" not in args.arms:
         parser.error("--arms must include warm (the chain every other arm is compared with)")

@@ -33,13 +33,16 @@ def target_kind(entry: int, step: int) -> str:
     return KINDS[0] if entry == step else KINDS[1] if entry > 0 else KINDS[2]
 
 
-def rank_examples(loaded, examples: pl.DataFrame) -> tuple[np.ndarray, list[list]]:
+def rank_examples(loaded, examples: pl.DataFrame, extra=None) -> tuple[np.ndarray, list[list]]:
     """Ranks of each example's target and its top 10 raw item ids, seen items excluded, whole history.
 
     Args:
         loaded: a ``LoadedRanker`` (model and its vocabulary).
         examples: ``history``, ``targets`` (one item) and, for a time-gap model, ``history_time_gaps``,
             all in the model's numbering.
+        extra: optional ``serving.new_items.NewItems``: items the model never saw, ranked from their feature
+            vectors (M, D) beside its catalog at indices N + 1 .. N + M (what ``score --items`` does); a target
+            may be one of them.
 
     Returns:
         ranks (U,) int64 (``MISS_RANK`` for a masked target) and the top-10 raw ``item_id`` lists.
@@ -51,6 +54,8 @@ def rank_examples(loaded, examples: pl.DataFrame) -> tuple[np.ndarray, list[list
 
     scorer = RankerScorer(loaded.model, name="replay")
     raw = loaded.items.sort("item_idx")["item_id"].to_list()  # model item_idx i -> raw[i - 1]
+    if extra is not None:
+        raw += extra.ids.to_list()
     ranks, tops = [], []
     for start in range(0, examples.height, BATCH):
         part = examples.slice(start, BATCH)
@@ -58,7 +63,13 @@ def rank_examples(loaded, examples: pl.DataFrame) -> tuple[np.ndarray, list[list
         gaps = None
         if HISTORY_TIME_GAPS in part.columns and scorer.uses_time_gaps:
             gaps, _ = pad_right([np.asarray(g) for g in part[HISTORY_TIME_GAPS].to_list()])
-        scores = mask_seen(scorer.score(history, lengths, gaps), history)  # (B, N + 1)
+        if extra is None:
+            scores = scorer.score(history, lengths, gaps)  # (B, N + 1)
+        else:
+            with torch.inference_mode():
+                hidden = loaded.model.eval().last_hidden(history, lengths, gaps=gaps).float()  # (B, D)
+                scores = torch.cat([loaded.model.logits(hidden), hidden @ extra.vectors.float().T], dim=1)  # (B, N + M + 1)
+        scores = mask_seen(scores, history)
         targets = torch.tensor([t[0] for t in part[TARGETS].to_list()], dtype=torch.int64)  # (B,)
         ranks.append(target_ranks(scores, targets).numpy())
         _, columns = topk(scores, 10)  # (B, 10) item_idx

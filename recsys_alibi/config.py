@@ -186,15 +186,19 @@ class ItemFeatureModelConfig(_Section):
     """``model.item_features``: the item feature encoder (recsys_alibi.model.item_features).
 
     Each item's vector is its id row plus the encoding of its features from the prepared item table;
-    items with fewer than ``id_min_events`` training events get no id part (features only).
+    items with fewer than ``id_min_events`` training events get no id part (features only); in each
+    training step a share ``id_dropout`` of the items, drawn afresh, is scored by its features alone
+    (DropoutNet, Volkovs et al., NeurIPS 2017), so that the encoder learns to rank an item it never saw.
     """
 
     enabled: bool = False  # read the prepared directory's item table (prepare --items)
     id_min_events: int = Field(0, ge=0)  # 0: every item keeps its id row
+    id_dropout: float = Field(0.0, ge=0.0, lt=1.0)  # share of items without their id row in a training step
 
     @model_validator(mode="after")
     def _needs_enabled(self) -> "ItemFeatureModelConfig":
-        self._refuse_ignored("model.item_features", (("id_min_events", self.enabled, "model.item_features.enabled=true"),))
+        self._refuse_ignored("model.item_features", (("id_min_events", self.enabled, "model.item_features.enabled=true"),
+                                                     ("id_dropout", self.enabled, "model.item_features.enabled=true")))  # fmt: skip
         return self
 
 

@@ -176,12 +176,18 @@ class AlibiRanker(nn.Module):
         """(N + 1, D) float32 item vectors: the tied table of inputs and output scores.
 
         Id-only model: the item table itself. With item features: ``id_keep * id_row + f(features)``
-        (:mod:`recsys_alibi.model.item_features`); row 0 (padding) is zeros either way.
+        (:mod:`recsys_alibi.model.item_features`); row 0 (padding) is zeros either way. In training mode,
+        ``model.item_features.id_dropout`` > 0 also zeroes the id part of that share of the items, drawn
+        afresh at each call (one call per training step: the same items lose it in inputs and scores).
         """
         features = self.features
         if features is None:
             return self.items.weight
-        return self.items.weight * features.id_keep[:, None] + features.vectors()
+        keep = features.id_keep  # (N + 1,)
+        dropout = self.cfg.item_features.id_dropout if self.training else 0.0
+        if dropout > 0:
+            keep = keep * (torch.rand_like(keep) >= dropout).to(keep.dtype)
+        return self.items.weight * keep[:, None] + features.vectors()
 
     def feature_inputs(
         self, item_idx: torch.Tensor, lengths: torch.Tensor, gaps: torch.Tensor | None = None,

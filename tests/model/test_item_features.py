@@ -117,6 +117,32 @@ def test_id_part_dropped_for_rare_items():
     assert torch.equal(vectors[1], model.items.weight[1] + own[1])
 
 
+def test_id_dropout_scores_a_fresh_share_of_items_by_features_alone_in_training_only():
+    cfg = CFG.model_copy(update={"item_features": CFG.item_features.model_copy(update={"enabled": True, "id_dropout": 0.5})})
+    torch.manual_seed(0)
+    model = AlibiRanker(cfg, 4)
+    model.item_features = ItemFeatures(_catalog(), 8, "torch")
+    ids, own = model.items.weight, model.features.vectors()
+    model.train()
+    masks = []
+    for seed in (1, 2):
+        torch.manual_seed(seed)
+        kept = (torch.rand(5) >= 0.5).float()  # the draw item_vectors makes after the same seed
+        torch.manual_seed(seed)
+        assert torch.equal(model.item_vectors(), ids * kept[:, None] + own)
+        masks.append(kept.tolist())
+    assert masks[0] != masks[1]  # drawn afresh at each step
+    model.eval()  # scoring and validation: every id row
+    assert torch.equal(model.item_vectors(), ids + own)
+
+
+def test_id_dropout_needs_the_features_and_a_share_below_one():
+    with pytest.raises(ValueError, match="id_dropout"):
+        ModelConfig(item_features={"id_dropout": 0.25})
+    with pytest.raises(ValueError, match="id_dropout"):
+        ModelConfig(item_features={"enabled": True, "id_dropout": 1.0})
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_pickled_feature_model_scores_the_same(backend):
     torch.manual_seed(0)

@@ -34,11 +34,11 @@ def test_item_table_of_the_sasrec_ids(ml1m):
     assert toy_story[1:] == (["Animation", "Children's", "Comedy"], 1995.0)  # movies.dat line 1
 
 
-def test_tiny_run_writes_every_field(ml1m, tmp_path, one_torch_thread):
+def test_tiny_run_writes_every_field(ml1m, tmp_path, one_torch_thread, monkeypatch):
     result = cold.main(["--tiny", "--output", str(tmp_path / "cold.json"), "--workdir", str(tmp_path / "work")])
     assert json.loads((tmp_path / "cold.json").read_text()) == json.loads(json.dumps(result))
     assert result["held_out_items"] == round(0.1 * (result["items"])) and set(result["runs"]) == {
-        "id_only", "features_id_min_events_0", "features_id_min_events_20"}
+        "id_only", "features_id_min_events_0", "features_id_min_events_20", "features_id_dropout_0.5"}
     test = result["test"]
     assert test["id_only"]["users"] == test["features"]["users"] == 300
     held = test["HR@10 held-out targets"]
@@ -46,3 +46,7 @@ def test_tiny_run_writes_every_field(ml1m, tmp_path, one_torch_thread):
     assert held["ci95"][0] <= held["difference"] <= held["ci95"][1]
     assert result["chosen_on_validation"] in result["runs"] and "one torch thread" in result["machine"]
     assert np.isfinite(test["NDCG@10 all"]["difference"])
+    # started again with the same command: every setting is read back, none trained again
+    monkeypatch.setattr(cold, "train", lambda *a, **k: pytest.fail("a finished setting was trained again"))
+    again = cold.main(["--tiny", "--output", str(tmp_path / "again.json"), "--workdir", str(tmp_path / "work")])
+    assert again["runs"] == result["runs"] and again["test"] == result["test"]

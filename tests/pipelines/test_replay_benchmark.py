@@ -158,6 +158,42 @@ def test_tiny_replay_writes_every_field(replay_dir, monkeypatch):
     assert result["warm_over_scratch_train_time"] == pytest.approx(
         result["train_seconds"]["warm"] / result["train_seconds"]["scratch"])
     assert result["warm_over_scratch_epochs"] == pytest.approx(step["arms"]["warm"]["epochs"] / step["arms"]["scratch"]["epochs"])
+    _check_cold_figures(replay_dir, monkeypatch, log, bounds, step)
+
+
+def _cold_users(log: pl.DataFrame, lo: int, hi: int) -> tuple[set, set]:
+    """Reference: (items whose first event is in [lo, hi), users with history before lo and an event on one)."""
+    rows = sorted(log.rows(), key=lambda r: r[2])
+    first: dict = {}
+    for _, item, ts in rows:
+        first.setdefault(item, ts)
+    fresh = {i for i, ts in first.items() if lo <= ts < hi}
+    history = {u for u, _, ts in rows if ts < lo}
+    return fresh, {u for u, i, ts in rows if lo <= ts < hi and i in fresh and u in history}
+
+
+def _check_cold_figures(replay_dir, monkeypatch, log, bounds, step) -> None:
+    """benchmarks/replay_cold.py on the finished tiny replay: its cold targets and figures."""
+    monkeypatch.setitem(sys.modules, "replay", replay)
+    cold = _load("replay_cold", REPO / "benchmarks" / "replay_cold.py")
+    cold.main(["replay.json"])
+    out = json.loads((replay_dir / "replay.cold.json").read_text())
+    fresh, users = _cold_users(log, bounds[1], bounds[2])
+    assert out["twins"] == {"warm_features": "warm", "scratch_features": "scratch"} and len(users) > 0
+    (got,) = out["steps"]
+    assert got["new_items"] == len(fresh) and got["cold_test_users"] == len(users)
+    for arm, twin in out["twins"].items():
+        figures = got["arms"][arm]
+        assert figures["cold"]["n"] == len(users) and figures["ranked_new_items"] == len(fresh)
+        assert 0 <= figures["cold"]["NDCG@10"] <= figures["cold"]["HR@10"] <= 1
+        assert 0 < figures["cold_median_rank_fraction"] <= 1
+        pooled = out[f"cold_{arm}"]["minus_id_only"]["HR@10"]  # the id-only twin cannot rank them: 0
+        assert pooled["difference"] == pytest.approx(figures["cold"]["HR@10"]) and pooled["pairs"] == len(users)
+        # more candidates can only push a target down: each user's NDCG@10 is at most the replay's
+        assert figures["with_new_items"]["n"] == step["test_users"]
+        assert figures["with_new_items"]["NDCG@10"] <= step["arms"][arm]["NDCG@10"] + 1e-12
+        d = out[f"{arm}_with_new_items_minus_{twin}"]["NDCG@10"]
+        assert d["difference"] == pytest.approx(figures["with_new_items"]["NDCG@10"] - step["arms"][twin]["NDCG@10"])
 
 
 class Stopped(Exception):

@@ -1,0 +1,95 @@
+"""benchmarks/replay_cold.py: cold targets by hand, items beside the catalog ranked from their vectors."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import types
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+import torch
+
+from recsys_alibi.config import DataConfig
+from recsys_alibi.data.prepare import prepare
+from serving.new_items import NewItems
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+scoring = _load("replay_scoring")
+
+
+@pytest.fixture
+def cold(monkeypatch):
+    """The script, with its neighbours importable by name as when it runs from benchmarks/."""
+    monkeypatch.setitem(sys.modules, "replay_scoring", scoring)
+    monkeypatch.setitem(sys.modules, "replay", _load("replay"))
+    return _load("replay_cold")
+
+
+def test_a_cold_target_is_the_first_next_period_event_on_an_item_new_that_period(tmp_path, cold):
+    events = pl.DataFrame(
+        {"user_id": [1, 1, 1, 1, 1, 2, 2, 2, 3, 4], "item_id": [10, 11, 12, 50, 51, 11, 51, 60, 50, 52],
+         "timestamp": [1, 2, 11, 12, 13, 3, 15, 25, 14, 30]}
+    )  # fmt: skip
+    events.filter(pl.col("timestamp") < 10).write_parquet(tmp_path / "h.parquet")
+    prepare(DataConfig(min_events_per_user=1, min_events_per_item=1), tmp_path / "h.parquet", tmp_path / "p")
+    idx = dict(pl.read_parquet(tmp_path / "p" / "items.parquet").select("item_id", "item_idx").iter_rows())
+    fresh = {50, 51}  # first events in [10, 20); 52 and 60 come later, 12 is in the catalog
+    out = cold.cold_examples(tmp_path / "p", events, 10, 20, fresh, model=None)
+    # user 1: 12 (a catalog item) is passed over, 50 is the first new one; user 2: 51; user 3: no history
+    # before 10; user 4: 52 is not new in this period
+    assert out.sort("user_id").rows() == [(1, [idx[10], idx[11]], 50), (2, [idx[11]], 51)]
+
+
+def test_a_target_among_the_new_items_gets_its_index_beside_the_catalog(cold):
+    extra = NewItems(pl.Series([50, 51]), torch.zeros(2, 4), "t")
+    examples = pl.DataFrame({"user_id": [1, 2, 3], "history": [[1], [2], [3]], "target_id": [51, 50, 77]})
+    out = cold.with_targets(examples, 6, extra)
+    assert out.columns == ["user_id", "history", "targets"]
+    assert out["targets"].to_list() == [[8], [7], [0]]  # N + 1 + j; 77 has no table row: padding, a miss
+
+
+class _Vectors(torch.nn.Module):
+    """A stand-in ranker: every user's state is (1, 0), item vectors fixed: item ``i`` scores ``table[i, 0]``."""
+
+    max_context = None
+    uses_time_gaps = False
+
+    def __init__(self, table: torch.Tensor) -> None:
+        super().__init__()
+        self.table = table  # (N + 1, 2)
+
+    def last_hidden(self, history, lengths, gaps=None):
+        return torch.tensor([[1.0, 0.0]]).expand(history.shape[0], -1)  # (B, 2)
+
+    def logits(self, hidden):
+        return hidden @ self.table.T  # (B, N + 1)
+
+    def score(self, history, lengths, gaps=None):
+        return self.logits(self.last_hidden(history, lengths))
+
+
+def test_items_beside_the_catalog_are_ranked_from_their_vectors():
+    table = torch.tensor([[0.0, 0.0], [3.0, 0.0], [1.0, 0.0], [2.0, 0.0]])  # padding; raw 10, 11, 12
+    items = pl.DataFrame({"item_idx": pl.Series([1, 2, 3], dtype=pl.Int32), "item_id": [10, 11, 12]})
+    loaded = types.SimpleNamespace(model=_Vectors(table), items=items)
+    extra = NewItems(pl.Series([50, 51]), torch.tensor([[2.5, 9.0], [0.5, 0.0]]), "t")  # indices 4, 5
+    examples = pl.DataFrame({"history": [[1], [1], [2]], "targets": [[5], [4], [1]]},
+                            schema={"history": pl.List(pl.Int32), "targets": pl.List(pl.Int32)})  # fmt: skip
+    ranks, tops = scoring.rank_examples(loaded, examples, extra)
+    # scores 10: 3, 11: 1, 12: 2, 50: 2.5, 51: 0.5; a seen item is excluded (ranked last, at -inf, in a
+    # catalog of fewer than 10 items)
+    assert ranks.tolist() == [4, 1, 1] and tops[0] == [50, 12, 11, 51, 10] and tops[2] == [10, 50, 12, 51, 11]
+    ranks, tops = scoring.rank_examples(loaded, examples.slice(2))  # without new items: the catalog alone
+    assert ranks.tolist() == [1] and tops == [[10, 12, 11]]
