@@ -174,7 +174,9 @@ def arm_config(config, arm: str, output: Path, init_from: str | None, budget_epo
     from recsys_alibi.config import with_overrides
 
     train: dict = {"resume": True, "init_from": init_from if arm in WARM_ARMS else None}
-    features = {"item_features": {"enabled": arm in FEATURE_ARMS}}
+    # a feature arm: the config's model.item_features (id_min_events, id_dropout) turned on; an id-only arm: none
+    features = {"item_features": {**config.model.item_features.model_dump(), "enabled": True} if arm in FEATURE_ARMS
+                else {"enabled": False, "id_min_events": 0, "id_dropout": 0.0}}  # fmt: skip
     if arm not in WARM_ARMS:
         train["warm"] = {}  # scratch: no warm schedule
     if arm == "warm_full":  # the warm initialisation with the scratch schedule

@@ -166,11 +166,13 @@ def main(argv: list[str] | None = None) -> None:
     import shlex
 
     import replay as replay_script
+    from pipelines.cli import configure_logging
     from recsys_alibi.atomic import write_json_atomic
     from recsys_alibi.config import load_config
     from recsys_alibi.tracking import load_ranker, setup_tracking
     from replay_scoring import entry_steps
 
+    configure_logging()  # the project's lines; third-party notices silenced
     doc = json.loads(args.replay.read_text())
     runs = json.loads(args.replay.with_suffix(".per_user.json").read_text())
     r = replay_script.build_parser().parse_args(shlex.split(doc["command"])[2:])

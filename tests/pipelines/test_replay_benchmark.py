@@ -391,3 +391,17 @@ def test_a_reused_arm_is_taken_from_the_earlier_replay_without_training(replay_d
     more = json.loads((replay_dir / "more.per_user.json").read_text())
     assert more["42"]["steps"][0]["per_user"]["scratch"] == old["per_user"]["scratch"]
     assert set(more["43"]["steps"][0]["per_user"]["scratch"]) == set(more["43"]["steps"][0]["per_user"]["warm"])
+
+
+def test_feature_arms_keep_the_configured_feature_settings_and_id_only_arms_drop_them(tmp_path):
+    from recsys_alibi.config import load_config
+
+    config = load_config(REPO / "configs" / "default.yaml", [
+        "model.item_features.enabled=true", "model.item_features.id_dropout=0.5", "model.item_features.id_min_events=3",
+        "train.init_from=champion"])  # fmt: skip
+    for arm in replay.ARMS:
+        got = replay.arm_config(config, arm, tmp_path / arm, "runs:/parent/model").model.item_features
+        if arm in replay.FEATURE_ARMS:
+            assert (got.enabled, got.id_dropout, got.id_min_events) == (True, 0.5, 3)
+        else:
+            assert (got.enabled, got.id_dropout, got.id_min_events) == (False, 0.0, 0)
