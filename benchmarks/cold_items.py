@@ -49,7 +49,7 @@ DATA = REPO.parent / "shared" / "data" / "ml-1m"
 RECIPE = REPO / "configs" / "movielens-1m-6ep.yaml"
 HELD_SHARE = 0.10
 ID_MIN_EVENTS = (0, 20)  # the feature model's candidates, chosen on validation
-ID_DROPOUT = (0.5,)  # ... and with every id row kept, a share of them dropped in each training step (DropoutNet)
+ID_DROPOUT = (0.1, 0.25, 0.5)  # ... and with every id row kept, a share of them dropped in each training step (DropoutNet)
 TINY = ["model.d_model=16", "model.n_heads=2", "model.n_layers=1", "model.max_len=50", "train.max_epochs=1",
         "train.batch_size=64", "train.warmup_steps=5", "train.val_users=100"]  # fmt: skip
 K = 10

@@ -38,7 +38,7 @@ def test_tiny_run_writes_every_field(ml1m, tmp_path, one_torch_thread, monkeypat
     result = cold.main(["--tiny", "--output", str(tmp_path / "cold.json"), "--workdir", str(tmp_path / "work")])
     assert json.loads((tmp_path / "cold.json").read_text()) == json.loads(json.dumps(result))
     assert result["held_out_items"] == round(0.1 * (result["items"])) and set(result["runs"]) == {
-        "id_only", "features_id_min_events_0", "features_id_min_events_20", "features_id_dropout_0.5"}
+        "id_only", "features_id_min_events_0", "features_id_min_events_20", "features_id_dropout_0.1", "features_id_dropout_0.25", "features_id_dropout_0.5"}
     test = result["test"]
     assert test["id_only"]["users"] == test["features"]["users"] == 300
     held = test["HR@10 held-out targets"]
