@@ -156,8 +156,33 @@ def pooled(steps: list[dict], replay_steps: dict) -> dict:
     return out
 
 
+def read_replay(path: Path, parser, replay_parser) -> tuple[dict, argparse.Namespace, dict]:
+    """(the replay's JSON, its recorded command parsed, its per-user runs); a file that is not a finished
+    replay of ``benchmarks/replay.py`` is refused with one line (``parser.error``, exit 2)."""
+    import shlex
+
+    try:
+        doc = json.loads(path.read_text())
+        runs = json.loads(path.with_suffix(".per_user.json").read_text())
+    except (OSError, ValueError) as err:
+        parser.error(f"{path}: not a finished replay (its JSON and .per_user.json beside it): {err}")
+    command = doc.get("command") if isinstance(doc, dict) else None
+
+    def refuse(message: str):
+        raise ValueError(message)
+
+    replay_parser.error = refuse  # a bad recorded command is this file's fault, not the user's options
+    try:
+        args = replay_parser.parse_args(shlex.split(command)[2:]) if isinstance(command, str) else None
+    except ValueError:
+        args = None
+    if args is None:
+        parser.error(f"{path}: its 'command' is not a benchmarks/replay.py command line")
+    return doc, args, runs
+
+
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="replay_cold.py", description=__doc__.splitlines()[0])
     parser.add_argument("replay", type=Path, help="a finished replay's JSON (its .per_user.json beside it)")
     parser.add_argument("--output", type=Path, help="default: <replay>.cold.json")
     args = parser.parse_args(argv)
@@ -169,16 +194,18 @@ def main(argv: list[str] | None = None) -> None:
     from pipelines.cli import configure_logging
     from recsys_alibi.atomic import write_json_atomic
     from recsys_alibi.config import load_config
-    from recsys_alibi.tracking import load_ranker, setup_tracking
+    from recsys_alibi.tracking import ModelUriError, load_ranker, setup_tracking
     from replay_scoring import entry_steps
 
     configure_logging()  # the project's lines; third-party notices silenced
-    doc = json.loads(args.replay.read_text())
-    runs = json.loads(args.replay.with_suffix(".per_user.json").read_text())
-    r = replay_script.build_parser().parse_args(shlex.split(doc["command"])[2:])
+    doc, r, runs = read_replay(args.replay, parser, replay_script.build_parser())
     features = [a for a in r.arms if a in TWINS and TWINS[a] in r.arms]
     if not features:
         parser.error(f"{args.replay}: no feature arm with its id-only twin in --arms {r.arms}")
+    gone = [s for s in runs if not any((r.workdir / f"seed-{s}" / "periods").glob("period-*.parquet"))]
+    if gone or ("MLFLOW_TRACKING_URI" not in os.environ and not (r.workdir / "mlflow.db").is_file()):
+        parser.error(f"{r.workdir} does not hold the replay's periods and models (seed {gone[0] if gone else '-'}): "
+                     "its workdir is gone; run benchmarks/replay.py again with its command")  # fmt: skip
     os.environ.setdefault("MLFLOW_TRACKING_URI", f"sqlite:///{r.workdir.resolve() / 'mlflow.db'}")
     config = load_config(r.config, [*r.overrides, "train.init_from=champion"])
     setup_tracking(config.tracking)
@@ -197,8 +224,11 @@ def main(argv: list[str] | None = None) -> None:
             replay_steps[(seed, k)] = record["per_user"]
             step = {"seed": seed, "step": k, "new_items": len(fresh), "arms": {}, "per_user": {}}
             for arm in features:
-                got = arm_figures(load_ranker(record["arms"][arm]["uri"]), prepared, events, bounds[k], bounds[k + 1],
-                                  fresh, config.data.items)  # fmt: skip
+                try:
+                    loaded = load_ranker(record["arms"][arm]["uri"])
+                except ModelUriError as err:
+                    raise SystemExit(f"replay_cold.py: seed {seed} step {k} {arm}: {err}") from None
+                got = arm_figures(loaded, prepared, events, bounds[k], bounds[k + 1], fresh, config.data.items)
                 step["per_user"][arm] = {"cold": got["cold"], "with_new_items": got["with_new_items"]}
                 fractions.setdefault(arm, []).extend(got["cold_rank_fraction"])
                 step["arms"][arm] = {"cold": _summary(got["cold"]), "with_new_items": _summary(got["with_new_items"]),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 import types
 from pathlib import Path
@@ -93,3 +94,22 @@ def test_items_beside_the_catalog_are_ranked_from_their_vectors():
     assert ranks.tolist() == [4, 1, 1] and tops[0] == [50, 12, 11, 51, 10] and tops[2] == [10, 50, 12, 51, 11]
     ranks, tops = scoring.rank_examples(loaded, examples.slice(2))  # without new items: the catalog alone
     assert ranks.tolist() == [1] and tops == [[10, 12, 11]]
+
+
+@pytest.mark.parametrize("case", ["missing", "not json", "no command", "not a replay command", "workdir gone"])
+def test_what_is_not_a_finished_replay_is_refused_with_one_line(tmp_path, monkeypatch, capsys, cold, case):
+    monkeypatch.chdir(tmp_path)
+    command = "python benchmarks/replay.py --config c.yaml --output r.json --workdir gone --arms warm warm_features"
+    text = {"missing": None, "not json": "xx", "no command": "{}", "not a replay command": '{"command": "python x.py"}',
+            "workdir gone": json.dumps({"command": command})}[case]  # fmt: skip
+    if text is not None:
+        (tmp_path / "r.json").write_text(text)
+        (tmp_path / "r.per_user.json").write_text('{"1": {"steps": []}}')
+    with pytest.raises(SystemExit) as stop:
+        cold.main(["r.json"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert stop.value.code == 2 and err[-1].startswith("replay_cold.py: error: ") and "Traceback" not in err
+    expected = {"missing": "not a finished replay", "not json": "not a finished replay", "no command": "is not a",
+                "not a replay command": "is not a", "workdir gone": "its workdir is gone"}[case]  # fmt: skip
+    assert expected in err[-1]
+    assert not (tmp_path / "gone").exists()  # nothing written where the replay's store was
