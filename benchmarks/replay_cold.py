@@ -202,7 +202,8 @@ def main(argv: list[str] | None = None) -> None:
     features = [a for a in r.arms if a in TWINS and TWINS[a] in r.arms]
     if not features:
         parser.error(f"{args.replay}: no feature arm with its id-only twin in --arms {r.arms}")
-    gone = [s for s in runs if not any((r.workdir / f"seed-{s}" / "periods").glob("period-*.parquet"))]
+    gone = [s for s, run in runs.items() if run.get("steps")
+            and not any((r.workdir / f"seed-{s}" / "periods").glob("period-*.parquet"))]  # fmt: skip
     if gone or ("MLFLOW_TRACKING_URI" not in os.environ and not (r.workdir / "mlflow.db").is_file()):
         parser.error(f"{r.workdir} does not hold the replay's periods and models (seed {gone[0] if gone else '-'}): "
                      "its workdir is gone; run benchmarks/replay.py again with its command")  # fmt: skip

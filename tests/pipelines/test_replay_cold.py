@@ -104,7 +104,7 @@ def test_what_is_not_a_finished_replay_is_refused_with_one_line(tmp_path, monkey
             "workdir gone": json.dumps({"command": command})}[case]  # fmt: skip
     if text is not None:
         (tmp_path / "r.json").write_text(text)
-        (tmp_path / "r.per_user.json").write_text('{"1": {"steps": []}}')
+        (tmp_path / "r.per_user.json").write_text('{"1": {"steps": [{"step": 1}]}}')
     with pytest.raises(SystemExit) as stop:
         cold.main(["r.json"])
     err = capsys.readouterr().err.strip().splitlines()
