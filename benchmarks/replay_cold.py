@@ -126,24 +126,16 @@ def _summary(per_user: dict) -> dict:
             "HR@10": float(rows[:, 1].mean()) if len(rows) else None}  # fmt: skip
 
 
-def _paired(a: list, b: list) -> dict:
-    from recsys_alibi.evaluation.paired import paired_difference
-
-    out = {}
-    for i, metric in enumerate(("NDCG@10", "HR@10")):
-        d = paired_difference(np.array([x[i] for x in a]), np.array([x[i] for x in b]))
-        out[metric] = {"difference": d.difference, "ci95": list(d.ci95), "pairs": len(a)}
-    return out
-
-
 def pooled(steps: list[dict], replay_steps: dict) -> dict:
     """Per feature arm, over (seed, step, user): its cold figures against the twin's misses, and its
-    with-new-items figures against the twin's replay figures (paired, bootstrap 95 %)."""
+    with-new-items figures against the twin's replay figures (paired, bootstrap 95 %: ``replay._difference``)."""
+    from replay import _difference
+
     out: dict = {}
     arms = sorted({a for s in steps for a in s["arms"]})
     for arm in arms:
         cold = [v for s in steps for v in s["per_user"][arm]["cold"].values()]
-        out[f"cold_{arm}"] = {**_summary(dict(enumerate(cold))), "minus_id_only": _paired(cold, [[0.0, 0.0]] * len(cold))
+        out[f"cold_{arm}"] = {**_summary(dict(enumerate(cold))), "minus_id_only": _difference(cold, [[0.0, 0.0]] * len(cold))
                               if cold else None}  # fmt: skip
         twin = TWINS[arm]
         a, b = [], []
@@ -152,7 +144,7 @@ def pooled(steps: list[dict], replay_steps: dict) -> dict:
             for u, v in s["per_user"][arm]["with_new_items"].items():
                 a.append(v)
                 b.append(twin_users[u])
-        out[f"{arm}_with_new_items_minus_{twin}"] = _paired(a, b) if a else None
+        out[f"{arm}_with_new_items_minus_{twin}"] = _difference(a, b) if a else None
     return out
 
 
