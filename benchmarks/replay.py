@@ -35,7 +35,9 @@ full catalog with the history's items excluded (``replay_scoring``).
 The JSON (written after every trained arm and step) holds, per seed (``runs``), ``step0`` and the
 steps: ``new_events``, ``new_items``, ``new_users``, ``test_users``, per arm ``NDCG@10``, ``HR@10``,
 ``train_seconds``, ``epochs``, ``val_NDCG@10`` (the step's own leave-one-out validation, what a
-recipe is chosen on), ``by_target_kind`` (targets whose item entered the catalog at this step, at
+recipe is chosen on), ``val_returning_NDCG@10`` (the same split on the users with an event in the step's own
+new period ``[b_(k-1), b_k)`` only: validation over all users hides a gap on them, which the next period
+shows; ``benchmarks/replay_validation.py`` gives paired intervals), ``by_target_kind`` (targets whose item entered the catalog at this step, at
 an earlier step, or at step 0), ``top10_share_new`` (share of the top-10 slots held by items that
 entered at this step), ``unservable`` and, for warm arms, ``moved`` (mean L2 distance the old and
 the new item rows moved from their initial values); and the differences ``warm_minus_<arm>`` with
@@ -234,7 +236,7 @@ def replay_seed(config, events: pl.DataFrame, bounds: list[int], workdir: Path, 
     """
     reused = reused or {}
     from recsys_alibi.tracking import load_ranker
-    from replay_scoring import entry_steps, score_model
+    from replay_scoring import entry_steps, returning_users, score_model, validation_per_user
 
     if len(state.get("steps", [])) < last and _lost_models(state):
         print(f"seed {config.seed}: the models its finished steps continue from are not in the tracking store "
@@ -286,12 +288,16 @@ def replay_seed(config, events: pl.DataFrame, bounds: list[int], workdir: Path, 
         }  # fmt: skip
         uris = {arm: partial["arms"][arm]["uri"] for arm in partial["arms"]} | ({"stale": parent} if "stale" in arms else {})
         per_user = {}
+        back = {str(u) for u in returning_users(events, bounds[k - 1], lo)}  # users with an event in this step's period
         for arm, uri in uris.items():
             loaded = load_ranker(uri)
             examples = next_period_examples(prepared, events, lo, hi, loaded.model)
             scored = score_model(loaded, prepared, examples, entry, k)
             per_user[arm], kinds = scored.pop("per_user"), scored.pop("target_kinds")
             record["arms"][arm] = {**partial["arms"].get(arm, {"train_seconds": 0.0, "uri": uri}), **scored}
+            if arm in partial["arms"]:  # trained at this step: its validation split, on the users who just came back
+                values = [v[0] for u, v in validation_per_user(loaded, prepared).items() if u in back]
+                record["arms"][arm]["val_returning_NDCG@10"] = float(np.mean(values)) if values else None
             if arm in WARM_ARMS:
                 record["arms"][arm]["moved"] = movement(arm_config(config, arm, workdir, parents[arm]), prepared,
                                                         parents[arm], uri)  # fmt: skip

@@ -122,6 +122,33 @@ def score_model(loaded, prepared: Path, examples: pl.DataFrame, entry: dict, ste
     }
 
 
+def returning_users(events: pl.DataFrame, lo: int, hi: int) -> set:
+    """Raw ids of the users with at least one event in ``[lo, hi)`` (seconds)."""
+    return set(events.filter((pl.col("timestamp") >= lo) & (pl.col("timestamp") < hi))["user_id"].unique().to_list())
+
+
+def validation_per_user(loaded, prepared: Path) -> dict[str, list[float]]:
+    """{str(user_id): [NDCG@10, HR@10]} of one model on the leave-one-out validation examples of ``prepared``.
+
+    Raises:
+        SystemExit: the model's vocabulary is not the step's catalog (not a model of this replay step).
+    """
+    from pipelines.promotion import validation_examples
+    from recsys_alibi.data.prepare import read_sequences
+    from recsys_alibi.data.sequences import read_items
+    from recsys_alibi.data.time_gaps import sequences_for
+    from recsys_alibi.evaluation.metrics import per_user_metrics
+    from serving.inputs import vocabulary_remap
+
+    remap, _ = vocabulary_remap(read_items(prepared), loaded.items)
+    if remap is not None:
+        raise SystemExit("a model's vocabulary is not its step's catalog: not a model of this replay")
+    examples = validation_examples(sequences_for(loaded.model, read_sequences(prepared)))
+    ranks, _ = rank_examples(loaded, examples)
+    m = per_user_metrics(ranks, [10])
+    return {str(u): [float(n), float(h)] for u, n, h in zip(examples["user_id"].to_list(), m["NDCG@10"], m["HR@10"])}
+
+
 def row_movement(parent_state: dict, init_state: dict, child_state: dict, new_rows: np.ndarray) -> dict:
     """How far a warm run moved the item rows: mean L2 distance from where they started.
 

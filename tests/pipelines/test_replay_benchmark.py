@@ -159,6 +159,7 @@ def test_tiny_replay_writes_every_field(replay_dir, monkeypatch):
         result["train_seconds"]["warm"] / result["train_seconds"]["scratch"])
     assert result["warm_over_scratch_epochs"] == pytest.approx(step["arms"]["warm"]["epochs"] / step["arms"]["scratch"]["epochs"])
     _check_cold_figures(replay_dir, monkeypatch, log, bounds, step)
+    _check_validation_figures(replay_dir, monkeypatch, log, bounds, step)
 
 
 def _cold_users(log: pl.DataFrame, lo: int, hi: int) -> tuple[set, set]:
@@ -194,6 +195,28 @@ def _check_cold_figures(replay_dir, monkeypatch, log, bounds, step) -> None:
         assert figures["with_new_items"]["NDCG@10"] <= step["arms"][arm]["NDCG@10"] + 1e-12
         d = out[f"{arm}_with_new_items_minus_{twin}"]["NDCG@10"]
         assert d["difference"] == pytest.approx(figures["with_new_items"]["NDCG@10"] - step["arms"][twin]["NDCG@10"])
+
+
+def _check_validation_figures(replay_dir, monkeypatch, log, bounds, step) -> None:
+    """benchmarks/replay_validation.py on the finished tiny replay: over all users it is each arm's own
+    validation figure (what training recorded), and the returning users are counted by hand."""
+    monkeypatch.setitem(sys.modules, "replay", replay)
+    monkeypatch.setitem(sys.modules, "replay_cold", _load("replay_cold", REPO / "benchmarks" / "replay_cold.py"))
+    validation = _load("replay_validation", REPO / "benchmarks" / "replay_validation.py")
+    validation.main(["--model", "warm=replay.json:warm", "--model", "scratch=replay.json:scratch", "--output", "v.json"])
+    out = json.loads((replay_dir / "v.json").read_text())
+    (row,) = out["steps"]
+    # validation users: at least 3 events before b_1 (a training prefix, the validation and the test event)
+    before = log.filter(pl.col("timestamp") < bounds[1]).group_by("user_id").len().filter(pl.col("len") >= 3)
+    back = set(log.filter((pl.col("timestamp") >= bounds[0]) & (pl.col("timestamp") < bounds[1]))["user_id"])
+    assert row["validation_users"] == before.height and row["returning_users"] == len(back & set(before["user_id"])) > 0
+    for arm in ("warm", "scratch"):
+        assert out["sets"]["all"][arm]["NDCG@10"] == pytest.approx(step["arms"][arm]["val_NDCG@10"], abs=1e-4)
+        assert out["sets"]["returning"][arm]["pairs"] == row["returning_users"]
+        assert row[f"{arm}_returning_NDCG@10"] == pytest.approx(step["arms"][arm]["val_returning_NDCG@10"])
+    d = out["sets"]["returning"]["scratch_minus_warm"]["NDCG@10"]
+    assert d["difference"] == pytest.approx(out["sets"]["returning"]["scratch"]["NDCG@10"]
+                                            - out["sets"]["returning"]["warm"]["NDCG@10"])  # fmt: skip
 
 
 class Stopped(Exception):
