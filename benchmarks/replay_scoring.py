@@ -33,8 +33,8 @@ def target_kind(entry: int, step: int) -> str:
     return KINDS[0] if entry == step else KINDS[1] if entry > 0 else KINDS[2]
 
 
-def rank_examples(loaded, examples: pl.DataFrame, extra=None) -> tuple[np.ndarray, list[list]]:
-    """Ranks of each example's target and its top 10 raw item ids, seen items excluded, whole history.
+def rank_examples(loaded, examples: pl.DataFrame, extra=None, window: int | None = None) -> tuple[np.ndarray, list[list]]:
+    """Ranks of each example's target and its top 10 raw item ids, every history item excluded.
 
     Args:
         loaded: a ``LoadedRanker`` (model and its vocabulary).
@@ -43,6 +43,8 @@ def rank_examples(loaded, examples: pl.DataFrame, extra=None) -> tuple[np.ndarra
         extra: optional ``serving.new_items.NewItems``: items the model never saw, ranked from their feature
             vectors (M, D) beside its catalog at indices N + 1 .. N + M (what ``score --items`` does); a target
             may be one of them.
+        window: the model reads only the last ``window`` items of each history (what training's validation
+            does: ``model.max_len``); None: the whole history. The whole history is excluded either way.
 
     Returns:
         ranks (U,) int64 (``MISS_RANK`` for a masked target) and the top-10 raw ``item_id`` lists.
@@ -59,17 +61,19 @@ def rank_examples(loaded, examples: pl.DataFrame, extra=None) -> tuple[np.ndarra
     ranks, tops = [], []
     for start in range(0, examples.height, BATCH):
         part = examples.slice(start, BATCH)
-        history, lengths = pad_right([np.asarray(h) for h in part[HISTORY].to_list()])  # (B, L), (B,)
+        whole = [np.asarray(h) for h in part[HISTORY].to_list()]
+        history, lengths = pad_right([h[-window:] for h in whole] if window else whole)  # (B, L), (B,)
+        seen = pad_right(whole)[0] if window else history  # (B, S): every history item is excluded
         gaps = None
         if HISTORY_TIME_GAPS in part.columns and scorer.uses_time_gaps:
-            gaps, _ = pad_right([np.asarray(g) for g in part[HISTORY_TIME_GAPS].to_list()])
+            gaps, _ = pad_right([np.asarray(g)[-window:] if window else np.asarray(g) for g in part[HISTORY_TIME_GAPS].to_list()])
         if extra is None:
             scores = scorer.score(history, lengths, gaps)  # (B, N + 1)
         else:
             with torch.inference_mode():
                 hidden = loaded.model.eval().last_hidden(history, lengths, gaps=gaps).float()  # (B, D)
                 scores = torch.cat([loaded.model.logits(hidden), hidden @ extra.vectors.float().T], dim=1)  # (B, N + M + 1)
-        scores = mask_seen(scores, history)
+        scores = mask_seen(scores, seen)
         targets = torch.tensor([t[0] for t in part[TARGETS].to_list()], dtype=torch.int64)  # (B,)
         ranks.append(target_ranks(scores, targets).numpy())
         _, columns = topk(scores, 10)  # (B, 10) item_idx
@@ -128,7 +132,9 @@ def returning_users(events: pl.DataFrame, lo: int, hi: int) -> set:
 
 
 def validation_per_user(loaded, prepared: Path) -> dict[str, list[float]]:
-    """{str(user_id): [NDCG@10, HR@10]} of one model on the leave-one-out validation examples of ``prepared``.
+    """{str(user_id): [NDCG@10, HR@10]} of one model on the leave-one-out validation examples of ``prepared``,
+    scored as training validates (the last ``model.max_len`` items read, the whole history excluded): over all
+    users it is the run's own ``val_NDCG@10``.
 
     Raises:
         SystemExit: the model's vocabulary is not the step's catalog (not a model of this replay step).
@@ -144,7 +150,7 @@ def validation_per_user(loaded, prepared: Path) -> dict[str, list[float]]:
     if remap is not None:
         raise SystemExit("a model's vocabulary is not its step's catalog: not a model of this replay")
     examples = validation_examples(sequences_for(loaded.model, read_sequences(prepared)))
-    ranks, _ = rank_examples(loaded, examples)
+    ranks, _ = rank_examples(loaded, examples, window=loaded.model.cfg.max_len)  # as training validates
     m = per_user_metrics(ranks, [10])
     return {str(u): [float(n), float(h)] for u, n, h in zip(examples["user_id"].to_list(), m["NDCG@10"], m["HR@10"])}
 

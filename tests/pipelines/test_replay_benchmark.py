@@ -262,6 +262,30 @@ def test_a_stopped_replay_resumes_without_training_a_finished_arm_again(replay_d
             d.append(ndcg - st["per_user"]["scratch"][user][0])
     trend = json.loads((replay_dir / "replay.json").read_text())["trend_warm_minus_scratch"]["NDCG@10"]
     assert trend["slope_per_step"] == pytest.approx(np.polyfit(x, d, 1)[0]) and trend["pairs"] == len(x)
+    _check_validation_over_steps(replay_dir, monkeypatch, done)
+
+
+def _check_validation_over_steps(replay_dir, monkeypatch, done) -> None:
+    """replay_validation.py on a 2-step replay whose step-2 histories outgrow model.max_len (8): each step's
+    figure over all users is the run's own val_NDCG@10 (the last max_len items read, as training validates);
+    what it cannot score is refused with one line, exit 2."""
+    monkeypatch.setitem(sys.modules, "replay", replay)
+    monkeypatch.setitem(sys.modules, "replay_cold", _load("replay_cold", REPO / "benchmarks" / "replay_cold.py"))
+    validation = _load("replay_validation", REPO / "benchmarks" / "replay_validation.py")
+    lengths = pl.read_parquet(replay_dir / "work" / "seed-42" / "prepared" / "sequences.parquet")["length"]
+    assert lengths.max() > 8 + 2  # a validation history longer than the window
+    validation.main(["--model", "warm=replay.json:warm", "--model", "scratch=replay.json:scratch", "--output", "v.json"])
+    rows = json.loads((replay_dir / "v.json").read_text())["steps"]
+    assert [r["step"] for r in rows] == [1, 2]
+    for row, step in zip(rows, done["steps"]):
+        for arm in ("warm", "scratch"):
+            assert row[f"{arm}_all_NDCG@10"] == pytest.approx(step["arms"][arm]["val_NDCG@10"], abs=1e-4)
+    base = ["--model", "warm=replay.json:warm", "--output", "v.json"]
+    for bad in (["--model", "stale=replay.json:stale"], ["--model", "s=replay.json:scratch", "--seeds", "7"],
+                ["--model", "s=replay.json:scratch", "--output", "nowhere/v.json"]):  # fmt: skip
+        with pytest.raises(SystemExit) as exit_:
+            validation.main(base + bad)
+        assert exit_.value.code == 2
 
 
 def test_a_replay_whose_tracking_store_is_gone_starts_the_seed_over(replay_dir, monkeypatch, capsys):
