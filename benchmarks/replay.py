@@ -37,8 +37,8 @@ steps: ``new_events``, ``new_items``, ``new_users``, ``test_users``, per arm ``N
 ``train_seconds``, ``epochs``, ``val_NDCG@10`` (the step's own leave-one-out validation, what a
 recipe is chosen on), ``val_returning_NDCG@10`` (the same split on the users with an event in the step's own
 new period ``[b_(k-1), b_k)`` only: validation over all users hides a gap on them, which the next period
-shows; ``benchmarks/replay_validation.py`` gives paired intervals), ``by_target_kind`` (targets whose item entered the catalog at this step, at
-an earlier step, or at step 0), ``top10_share_new`` (share of the top-10 slots held by items that
+shows; ``benchmarks/replay_validation.py`` gives paired intervals), ``by_target_kind`` (targets whose
+item entered the catalog at this step, at an earlier step, or at step 0), ``top10_share_new`` (share of the top-10 slots held by items that
 entered at this step), ``unservable`` and, for warm arms, ``moved`` (mean L2 distance the old and
 the new item rows moved from their initial values); and the differences ``warm_minus_<arm>`` with
 percentile-bootstrap 95 % intervals of the per-user paired difference
