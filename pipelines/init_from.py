@@ -160,14 +160,6 @@ def load_warm_start(config: JobConfig, prepared_dir: Path, uri: str) -> WarmStar
                             features=features)  # fmt: skip
     if warm.new_item_rows == "context" and remap is not None and features is None:
         state = imprint_new_rows(state, loaded.model, config, prepared_dir, rows)
-    if warm.fresh_blocks:  # SCREEN (issue 42)
-        import torch
-
-        from recsys_alibi.model.transformer import AlibiRanker
-
-        torch.manual_seed(config.seed)
-        fresh = AlibiRanker(config.model, items.height).state_dict()
-        state = {k: (fresh[k] if k.startswith("blocks.") else v) for k, v in state.items()}
     kept = items.height - unknown
     new_users = new_events = None
     if loaded.run_id is not None:
