@@ -25,7 +25,9 @@ Writes ``<replay>.cold.json`` (``--output``): per seed and step, ``new_items`` o
 median cold target's rank over the number of candidates: 0.5 is a random order), ``with_new_items``
 {NDCG@10, HR@10} and ``top10_share_new`` (share of top-10 slots on the replay's examples held by the new items); pooled
 over (seed, step, user) with percentile-bootstrap 95 % intervals: ``cold_<arm>`` (the arm's figures on
-the cold targets against the twin's 0) and ``<arm>_with_new_items_minus_<twin>``.
+the cold targets against the twin's 0) and ``<arm>_with_new_items_minus_<twin>``; and ``cold_among_new_items``
+per arm: the cold targets ranked among the period's new items alone (HR@1, HR@5 beside a random order's) and
+the median rank the best-scored new item takes over the unseen catalog (``replay_scoring.new_item_ranks``).
 """
 
 from __future__ import annotations
@@ -88,7 +90,7 @@ def arm_figures(loaded, prepared: Path, events: pl.DataFrame, lo: int, hi: int, 
     """One feature arm at one step: per-user [NDCG@10, HR@10] on the cold targets and on the replay's
     examples with the new items among the candidates, and the new items' share of top-10 slots there."""
     from replay import next_period_examples
-    from replay_scoring import rank_examples
+    from replay_scoring import new_item_ranks, rank_examples
     from recsys_alibi.evaluation.metrics import per_user_metrics
     from serving.inputs import vocabulary_remap
     from recsys_alibi.data.sequences import read_items
@@ -110,14 +112,30 @@ def arm_figures(loaded, prepared: Path, events: pl.DataFrame, lo: int, hi: int, 
         per_user = {str(u): [float(n), float(h)] for u, n, h in zip(examples["user_id"], m["NDCG@10"], m["HR@10"])}
         return per_user, tops, ranks
 
-    cold, _, ranks = values(with_targets(cold_examples(prepared, events, lo, hi, fresh, loaded.model), n_items, extra))
+    cold_targets = with_targets(cold_examples(prepared, events, lo, hi, fresh, loaded.model), n_items, extra)
+    cold, _, ranks = values(cold_targets)
+    within, best = new_item_ranks(loaded, cold_targets, extra) if cold_targets.height else (np.zeros(0), np.zeros(0))
     known, tops, _ = values(next_period_examples(prepared, events, lo, hi, loaded.model))
     slots = [i for top in tops for i in top]
     share = sum(i in fresh for i in slots) / len(slots) if slots else None
     # where the cold targets land: rank / candidates (0.5 for a random order; 1 - 1/C best ... 1/C)
     percentiles = np.minimum(ranks / (n_items + extra.count), 1.0).tolist()
     return {"cold": cold, "with_new_items": known, "top10_share_new": share, "ranked_new_items": extra.count,
-            "cold_rank_fraction": percentiles}  # fmt: skip
+            "cold_rank_fraction": percentiles, "among_new": [int(w) for w in within if w > 0],
+            "best_new_rank": [int(b) for b in best if b > 0]}  # fmt: skip
+
+
+def among_new_summary(among: list[int], best: list[int], counts: list[int]) -> dict:
+    """The cold targets among the period's new items alone: HR@1 / HR@5 there beside a random order's (the mean of
+    1/M and min(5, M)/M over the targets' periods), and the median rank the best-scored new item takes among the
+    catalog items a user has not seen (how far new items as a group stand from a top 10)."""
+    w, m, b = np.asarray(among), np.asarray(counts, dtype=np.float64), np.asarray(best)
+    if not len(w):
+        return {"n": 0}
+    return {"n": len(w), "HR@1": float(np.mean(w <= 1)), "HR@5": float(np.mean(w <= 5)),
+            "random_HR@1": float(np.mean(1 / m)), "random_HR@5": float(np.mean(np.minimum(5, m) / m)),
+            "median_rank": float(np.median(w)), "best_new_item_median_rank": float(np.median(b)),
+            "best_new_item_in_top10": float(np.mean(b <= 10))}  # fmt: skip
 
 
 def _summary(per_user: dict) -> dict:
@@ -205,7 +223,7 @@ def main(argv: list[str] | None = None) -> None:
     events = replay_script.read_log(config, r.input or config.data.input, r.format)
     bounds = replay_script.boundaries(events["timestamp"].to_numpy(), r.start, r.period_days)
     entry = entry_steps(events, bounds)
-    steps, replay_steps, fractions = [], {}, {}
+    steps, replay_steps, fractions, among = [], {}, {}, {}
     for seed, run in runs.items():
         workdir = r.workdir / f"seed-{seed}"
         files = sorted((workdir / "periods").glob("period-*.parquet"))
@@ -224,6 +242,9 @@ def main(argv: list[str] | None = None) -> None:
                 got = arm_figures(loaded, prepared, events, bounds[k], bounds[k + 1], fresh, config.data.items)
                 step["per_user"][arm] = {"cold": got["cold"], "with_new_items": got["with_new_items"]}
                 fractions.setdefault(arm, []).extend(got["cold_rank_fraction"])
+                for key, value in (("among", got["among_new"]), ("best", got["best_new_rank"]),
+                                   ("counts", [got["ranked_new_items"]] * len(got["among_new"]))):  # fmt: skip
+                    among.setdefault(arm, {}).setdefault(key, []).extend(value)
                 step["arms"][arm] = {"cold": _summary(got["cold"]), "with_new_items": _summary(got["with_new_items"]),
                                      "cold_median_rank_fraction": float(np.median(got["cold_rank_fraction"]))
                                      if got["cold_rank_fraction"] else None,
@@ -236,6 +257,7 @@ def main(argv: list[str] | None = None) -> None:
            "protocol": __doc__.split("\n\n")[2].replace("\n", " "), "twins": {a: TWINS[a] for a in features},
            **pooled(steps, replay_steps),
            "cold_median_rank_fraction": {a: float(np.median(f)) if f else None for a, f in fractions.items()},
+           "cold_among_new_items": {a: among_new_summary(v["among"], v["best"], v["counts"]) for a, v in among.items()},
            "steps": [{k: v for k, v in s.items() if k != "per_user"} for s in steps]}  # fmt: skip
     path = args.output or args.replay.with_suffix(".cold.json")
     write_json_atomic(path, out)

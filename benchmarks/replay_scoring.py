@@ -81,6 +81,44 @@ def rank_examples(loaded, examples: pl.DataFrame, extra=None, window: int | None
     return (np.concatenate(ranks) if ranks else np.zeros(0, dtype=np.int64)), tops
 
 
+def new_item_ranks(loaded, examples: pl.DataFrame, extra) -> tuple[np.ndarray, np.ndarray]:
+    """Where each cold target stands among the new items alone, and how far the best new item is from the top.
+
+    Args:
+        loaded: a ``LoadedRanker`` with item features.
+        examples: ``history`` (model numbering, whole history read) and ``targets`` [N + 1 + j] for new item ``j``
+            (:func:`replay_cold.with_targets`; [0], an item without a table row, gets rank 0 in both outputs).
+        extra: ``serving.new_items.NewItems``, vectors (M, D).
+
+    Returns:
+        (U,) int64 the target's rank among the M new items (1 = the best-scored new item) and (U,) int64 the rank
+        the best-scored new item takes among the catalog items the user has not seen (1 = above them all).
+    """
+    from recsys_alibi.data.loader import pad_right
+    from recsys_alibi.data.splits import HISTORY, HISTORY_TIME_GAPS, TARGETS
+    from recsys_alibi.evaluation.ranking import mask_seen
+
+    model, n = loaded.model.eval(), loaded.items.height
+    within, best = [], []
+    for start in range(0, examples.height, BATCH):
+        part = examples.slice(start, BATCH)
+        history, lengths = pad_right([np.asarray(h) for h in part[HISTORY].to_list()])  # (B, L), (B,)
+        gaps = None
+        if HISTORY_TIME_GAPS in part.columns and getattr(model, "uses_time_gaps", False):
+            gaps, _ = pad_right([np.asarray(g) for g in part[HISTORY_TIME_GAPS].to_list()])
+        with torch.inference_mode():
+            hidden = model.last_hidden(history, lengths, gaps=gaps).float()  # (B, D)
+            catalog = mask_seen(model.logits(hidden), history)  # (B, N + 1), seen items at -inf
+            new = hidden @ extra.vectors.float().T  # (B, M)
+        column = torch.tensor([t[0] for t in part[TARGETS].to_list()], dtype=torch.int64) - n - 1  # (B,)
+        valid = column >= 0
+        target = new.gather(1, column.clamp(min=0)[:, None])  # (B, 1)
+        within.append(torch.where(valid, (new > target).sum(1) + 1, 0).numpy())
+        best.append(torch.where(valid, (catalog > new.max(1, keepdim=True).values).sum(1) + 1, 0).numpy())
+    empty = np.zeros(0, dtype=np.int64)
+    return (np.concatenate(within) if within else empty), (np.concatenate(best) if best else empty)
+
+
 def score_model(loaded, prepared: Path, examples: pl.DataFrame, entry: dict, step: int) -> dict:
     """Next-period metrics of one model on ``examples`` (``replay.next_period_examples``, step numbering).
 

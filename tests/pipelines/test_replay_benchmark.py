@@ -188,6 +188,9 @@ def _check_cold_figures(replay_dir, monkeypatch, log, bounds, step) -> None:
         assert figures["cold"]["n"] == len(users) and figures["ranked_new_items"] == len(fresh)
         assert 0 <= figures["cold"]["NDCG@10"] <= figures["cold"]["HR@10"] <= 1
         assert 0 < figures["cold_median_rank_fraction"] <= 1
+        among = out["cold_among_new_items"][arm]  # every fresh item has a table row: every cold target ranked
+        assert among["n"] == len(users) and 0 <= among["HR@1"] <= among["HR@5"] <= 1
+        assert among["random_HR@1"] == pytest.approx(1 / len(fresh)) and among["best_new_item_median_rank"] >= 1
         pooled = out[f"cold_{arm}"]["minus_id_only"]["HR@10"]  # the id-only twin cannot rank them: 0
         assert pooled["difference"] == pytest.approx(figures["cold"]["HR@10"]) and pooled["pairs"] == len(users)
         # more candidates can only push a target down: each user's NDCG@10 is at most the replay's

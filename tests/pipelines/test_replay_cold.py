@@ -81,11 +81,16 @@ class _Vectors(torch.nn.Module):
         return self.logits(self.last_hidden(history, lengths))
 
 
-def test_items_beside_the_catalog_are_ranked_from_their_vectors():
+def _three_items_two_new():
+    """A catalog of raw 10, 11, 12 scoring 3, 1, 2 and new items 50, 51 (indices 4, 5) scoring 2.5, 0.5."""
     table = torch.tensor([[0.0, 0.0], [3.0, 0.0], [1.0, 0.0], [2.0, 0.0]])  # padding; raw 10, 11, 12
     items = pl.DataFrame({"item_idx": pl.Series([1, 2, 3], dtype=pl.Int32), "item_id": [10, 11, 12]})
     loaded = types.SimpleNamespace(model=_Vectors(table), items=items)
-    extra = NewItems(pl.Series([50, 51]), torch.tensor([[2.5, 9.0], [0.5, 0.0]]), "t")  # indices 4, 5
+    return loaded, NewItems(pl.Series([50, 51]), torch.tensor([[2.5, 9.0], [0.5, 0.0]]), "t")
+
+
+def test_items_beside_the_catalog_are_ranked_from_their_vectors():
+    loaded, extra = _three_items_two_new()
     examples = pl.DataFrame({"history": [[1], [1], [2]], "targets": [[5], [4], [1]]},
                             schema={"history": pl.List(pl.Int32), "targets": pl.List(pl.Int32)})  # fmt: skip
     ranks, tops = scoring.rank_examples(loaded, examples, extra)
@@ -94,6 +99,20 @@ def test_items_beside_the_catalog_are_ranked_from_their_vectors():
     assert ranks.tolist() == [4, 1, 1] and tops[0] == [50, 12, 11, 51, 10] and tops[2] == [10, 50, 12, 51, 11]
     ranks, tops = scoring.rank_examples(loaded, examples.slice(2))  # without new items: the catalog alone
     assert ranks.tolist() == [1] and tops == [[10, 12, 11]]
+
+
+def test_new_items_are_ranked_among_themselves_and_against_the_unseen_catalog(cold):
+    loaded, extra = _three_items_two_new()
+    examples = pl.DataFrame({"history": [[1], [2], [1]], "targets": [[5], [4], [0]]},
+                            schema={"history": pl.List(pl.Int32), "targets": pl.List(pl.Int32)})  # fmt: skip
+    within, best = scoring.new_item_ranks(loaded, examples, extra)
+    # new items score 50: 2.5, 51: 0.5. Row 0: target 51 is 2nd of the new items; the best new item (2.5) is above
+    # every unseen catalog item (11: 1, 12: 2; 10 seen). Row 1: target 50 is 1st; 10 (3) is above 2.5 (11 seen).
+    # Row 2: a target without a table row: 0 in both
+    assert within.tolist() == [2, 1, 0] and best.tolist() == [1, 2, 0]
+    summary = cold.among_new_summary([2, 1], [1, 2], [2, 2])
+    assert summary["HR@1"] == 0.5 and summary["HR@5"] == 1.0 and summary["random_HR@1"] == 0.5
+    assert summary["best_new_item_median_rank"] == 1.5 and summary["best_new_item_in_top10"] == 1.0
 
 
 @pytest.mark.parametrize("case", ["missing", "not json", "no command", "not a replay command", "workdir gone"])
