@@ -499,6 +499,31 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def read_replay(path: Path, parser) -> tuple[dict, argparse.Namespace, dict]:
+    """(the replay's JSON, its recorded command parsed with :func:`build_parser`, its per-user runs); a file
+    that is not a finished replay of this script is refused with one line (``parser.error`` of the caller's
+    parser, exit 2). Used by ``benchmarks/replay_cold.py`` and ``benchmarks/replay_validation.py``."""
+    try:
+        doc = json.loads(path.read_text())
+        runs = json.loads(path.with_suffix(".per_user.json").read_text())
+    except (OSError, ValueError) as err:
+        parser.error(f"{path}: not a finished replay (its JSON and .per_user.json beside it): {err}")
+    command = doc.get("command") if isinstance(doc, dict) else None
+
+    def refuse(message: str):
+        raise ValueError(message)
+
+    replay_parser = build_parser()
+    replay_parser.error = refuse  # a bad recorded command is this file's fault, not the user's options
+    try:
+        args = replay_parser.parse_args(shlex.split(command)[2:]) if isinstance(command, str) else None
+    except ValueError:
+        args = None
+    if args is None:
+        parser.error(f"{path}: its 'command' is not a benchmarks/replay.py command line")
+    return doc, args, runs
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = build_parser()
     args = parser.parse_args(argv)

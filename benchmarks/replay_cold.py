@@ -166,31 +166,6 @@ def pooled(steps: list[dict], replay_steps: dict) -> dict:
     return out
 
 
-def read_replay(path: Path, parser, replay_parser) -> tuple[dict, argparse.Namespace, dict]:
-    """(the replay's JSON, its recorded command parsed, its per-user runs); a file that is not a finished
-    replay of ``benchmarks/replay.py`` is refused with one line (``parser.error``, exit 2)."""
-    import shlex
-
-    try:
-        doc = json.loads(path.read_text())
-        runs = json.loads(path.with_suffix(".per_user.json").read_text())
-    except (OSError, ValueError) as err:
-        parser.error(f"{path}: not a finished replay (its JSON and .per_user.json beside it): {err}")
-    command = doc.get("command") if isinstance(doc, dict) else None
-
-    def refuse(message: str):
-        raise ValueError(message)
-
-    replay_parser.error = refuse  # a bad recorded command is this file's fault, not the user's options
-    try:
-        args = replay_parser.parse_args(shlex.split(command)[2:]) if isinstance(command, str) else None
-    except ValueError:
-        args = None
-    if args is None:
-        parser.error(f"{path}: its 'command' is not a benchmarks/replay.py command line")
-    return doc, args, runs
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="replay_cold.py", description=__doc__.splitlines()[0])
     parser.add_argument("replay", type=Path, help="a finished replay's JSON (its .per_user.json beside it)")
@@ -208,7 +183,7 @@ def main(argv: list[str] | None = None) -> None:
     from replay_scoring import entry_steps
 
     configure_logging()  # the project's lines; third-party notices silenced
-    doc, r, runs = read_replay(args.replay, parser, replay_script.build_parser())
+    doc, r, runs = replay_script.read_replay(args.replay, parser)
     features = [a for a in r.arms if a in TWINS and TWINS[a] in r.arms]
     if not features:
         parser.error(f"{args.replay}: no feature arm with its id-only twin in --arms {r.arms}")

@@ -33,8 +33,9 @@ def target_kind(entry: int, step: int) -> str:
     return KINDS[0] if entry == step else KINDS[1] if entry > 0 else KINDS[2]
 
 
-def rank_examples(loaded, examples: pl.DataFrame, extra=None, window: int | None = None) -> tuple[np.ndarray, list[list]]:
-    """Ranks of each example's target and its top 10 raw item ids, every history item excluded.
+def scored_batches(loaded, examples: pl.DataFrame, extra=None, window: int | None = None):
+    """Yield ``(part, scores)`` per batch of ``examples``: ``scores`` (B, N + 1) float, or (B, N + M + 1) with
+    ``extra`` beside the catalog, every history item and the padding column at -inf.
 
     Args:
         loaded: a ``LoadedRanker`` (model and its vocabulary).
@@ -45,20 +46,13 @@ def rank_examples(loaded, examples: pl.DataFrame, extra=None, window: int | None
             may be one of them.
         window: the model reads only the last ``window`` items of each history (what training's validation
             does: ``model.max_len``); None: the whole history. The whole history is excluded either way.
-
-    Returns:
-        ranks (U,) int64 (``MISS_RANK`` for a masked target) and the top-10 raw ``item_id`` lists.
     """
     from recsys_alibi.data.loader import pad_right
-    from recsys_alibi.data.splits import HISTORY, HISTORY_TIME_GAPS, TARGETS
-    from recsys_alibi.evaluation.ranking import mask_seen, target_ranks, topk
+    from recsys_alibi.data.splits import HISTORY, HISTORY_TIME_GAPS
+    from recsys_alibi.evaluation.ranking import mask_seen
     from recsys_alibi.model.scorer import RankerScorer
 
     scorer = RankerScorer(loaded.model, name="replay")
-    raw = loaded.items.sort("item_idx")["item_id"].to_list()  # model item_idx i -> raw[i - 1]
-    if extra is not None:
-        raw += extra.ids.to_list()
-    ranks, tops = [], []
     for start in range(0, examples.height, BATCH):
         part = examples.slice(start, BATCH)
         whole = [np.asarray(h) for h in part[HISTORY].to_list()]
@@ -73,7 +67,24 @@ def rank_examples(loaded, examples: pl.DataFrame, extra=None, window: int | None
             with torch.inference_mode():
                 hidden = loaded.model.eval().last_hidden(history, lengths, gaps=gaps).float()  # (B, D)
                 scores = torch.cat([loaded.model.logits(hidden), hidden @ extra.vectors.float().T], dim=1)  # (B, N + M + 1)
-        scores = mask_seen(scores, seen)
+        yield part, mask_seen(scores, seen)
+
+
+def rank_examples(loaded, examples: pl.DataFrame, extra=None, window: int | None = None) -> tuple[np.ndarray, list[list]]:
+    """Ranks of each example's target and its top 10 raw item ids, every history item excluded
+    (arguments: :func:`scored_batches`).
+
+    Returns:
+        ranks (U,) int64 (``MISS_RANK`` for a masked target) and the top-10 raw ``item_id`` lists.
+    """
+    from recsys_alibi.data.splits import TARGETS
+    from recsys_alibi.evaluation.ranking import target_ranks, topk
+
+    raw = loaded.items.sort("item_idx")["item_id"].to_list()  # model item_idx i -> raw[i - 1]
+    if extra is not None:
+        raw += extra.ids.to_list()
+    ranks, tops = [], []
+    for part, scores in scored_batches(loaded, examples, extra, window):
         targets = torch.tensor([t[0] for t in part[TARGETS].to_list()], dtype=torch.int64)  # (B,)
         ranks.append(target_ranks(scores, targets).numpy())
         _, columns = topk(scores, 10)  # (B, 10) item_idx
@@ -94,22 +105,12 @@ def new_item_ranks(loaded, examples: pl.DataFrame, extra) -> tuple[np.ndarray, n
         (U,) int64 the target's rank among the M new items (1 = the best-scored new item) and (U,) int64 the rank
         the best-scored new item takes among the catalog items the user has not seen (1 = above them all).
     """
-    from recsys_alibi.data.loader import pad_right
-    from recsys_alibi.data.splits import HISTORY, HISTORY_TIME_GAPS, TARGETS
-    from recsys_alibi.evaluation.ranking import mask_seen
+    from recsys_alibi.data.splits import TARGETS
 
-    model, n = loaded.model.eval(), loaded.items.height
+    n = loaded.items.height
     within, best = [], []
-    for start in range(0, examples.height, BATCH):
-        part = examples.slice(start, BATCH)
-        history, lengths = pad_right([np.asarray(h) for h in part[HISTORY].to_list()])  # (B, L), (B,)
-        gaps = None
-        if HISTORY_TIME_GAPS in part.columns and getattr(model, "uses_time_gaps", False):
-            gaps, _ = pad_right([np.asarray(g) for g in part[HISTORY_TIME_GAPS].to_list()])
-        with torch.inference_mode():
-            hidden = model.last_hidden(history, lengths, gaps=gaps).float()  # (B, D)
-            catalog = mask_seen(model.logits(hidden), history)  # (B, N + 1), seen items at -inf
-            new = hidden @ extra.vectors.float().T  # (B, M)
+    for part, scores in scored_batches(loaded, examples, extra):
+        catalog, new = scores[:, : n + 1], scores[:, n + 1 :]  # (B, N + 1) seen at -inf, (B, M) never seen
         column = torch.tensor([t[0] for t in part[TARGETS].to_list()], dtype=torch.int64) - n - 1  # (B,)
         valid = column >= 0
         target = new.gather(1, column.clamp(min=0)[:, None])  # (B, 1)

@@ -94,7 +94,6 @@ def read_models(items: list[str], extra_stores: list[str], parser) -> list[tuple
     refused with one line (exit 2): a malformed value, a file that is not a replay, an arm it did not train at
     its steps (``stale`` is not trained), fewer than two, a label twice, replays of another log, periods or data."""
     import replay as replay_script
-    from replay_cold import read_replay
 
     models = []
     for item in items:
@@ -102,7 +101,7 @@ def read_models(items: list[str], extra_stores: list[str], parser) -> list[tuple
         path, _, arm = rest.rpartition(":")
         if not label or not path or not arm:
             parser.error(f"--model {item}: expected LABEL=REPLAY.json:ARM")
-        doc, r, runs = read_replay(Path(path), parser, replay_script.build_parser())
+        doc, r, runs = replay_script.read_replay(Path(path), parser)
         if arm not in doc.get("arms", []) or arm not in replay_script.TRAINED_ARMS:
             parser.error(f"--model {item}: {path} has no trained arm {arm} (its arms: {doc.get('arms')}; "
                          "stale is not trained at a step)")  # fmt: skip

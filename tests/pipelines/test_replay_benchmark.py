@@ -204,7 +204,6 @@ def _check_validation_figures(replay_dir, monkeypatch, log, bounds, step) -> Non
     """benchmarks/replay_validation.py on the finished tiny replay: over all users it is each arm's own
     validation figure (what training recorded), and the returning users are counted by hand."""
     monkeypatch.setitem(sys.modules, "replay", replay)
-    monkeypatch.setitem(sys.modules, "replay_cold", _load("replay_cold", REPO / "benchmarks" / "replay_cold.py"))
     validation = _load("replay_validation", REPO / "benchmarks" / "replay_validation.py")
     validation.main(["--model", "warm=replay.json:warm", "--model", "scratch=replay.json:scratch", "--output", "v.json"])
     out = json.loads((replay_dir / "v.json").read_text())
@@ -273,7 +272,6 @@ def _check_validation_over_steps(replay_dir, monkeypatch, done) -> None:
     figure over all users is the run's own val_NDCG@10 (the last max_len items read, as training validates);
     what it cannot score is refused with one line, exit 2."""
     monkeypatch.setitem(sys.modules, "replay", replay)
-    monkeypatch.setitem(sys.modules, "replay_cold", _load("replay_cold", REPO / "benchmarks" / "replay_cold.py"))
     validation = _load("replay_validation", REPO / "benchmarks" / "replay_validation.py")
     lengths = pl.read_parquet(replay_dir / "work" / "seed-42" / "prepared" / "sequences.parquet")["length"]
     assert lengths.max() > 8 + 2  # a validation history longer than the window
