@@ -18,7 +18,10 @@ by construction, written as such, not measured).
 
 The cost to the known items: each feature arm also ranks the replay's own test examples with the
 period's new items among the candidates (``with_new_items``), compared per user with its id-only twin's
-figures in the replay (``warm_features`` with ``warm``, ``scratch_features`` with ``scratch``).
+figures in the replay (``warm_features`` with ``warm``, ``scratch_features`` with ``scratch``). Each figure
+is also given with one place of the top 10 held for the best new item (``score.new_item_slots=1``,
+``serving.topk.reserve_new_items``; keys ending ``_slot``), and over both kinds of target together
+(``all_targets``: the twin misses every cold one).
 
 Writes ``<replay>.cold.json`` (``--output``): per seed and step, ``new_items`` of the next period,
 ``cold_test_users`` and per feature arm ``cold`` {n, HR@10, NDCG@10}, ``cold_median_rank_fraction`` (the
@@ -41,6 +44,7 @@ import numpy as np
 import polars as pl
 
 TWINS = {"warm_features": "warm", "scratch_features": "scratch"}  # feature arm -> its id-only twin
+SLOTS = 1  # score.new_item_slots measured beside the plain ranking (the "_slot" figures)
 
 
 def cold_examples(prepared: Path, events: pl.DataFrame, lo: int, hi: int, fresh: set, model) -> pl.DataFrame:
@@ -104,10 +108,10 @@ def arm_figures(loaded, prepared: Path, events: pl.DataFrame, lo: int, hi: int, 
     extra = NewItems(found.ids.filter(keep), found.vectors[np.flatnonzero(keep)], found.source)  # the period's items
     n_items = loaded.items.height
 
-    def values(examples: pl.DataFrame) -> tuple[dict, list, np.ndarray]:
+    def values(examples: pl.DataFrame, slots: int = 0) -> tuple[dict, list, np.ndarray]:
         if not examples.height:
             return {}, [], np.zeros(0)
-        ranks, tops = rank_examples(loaded, examples, extra)
+        ranks, tops = rank_examples(loaded, examples, extra, slots=slots)
         m = per_user_metrics(ranks, [10])
         per_user = {str(u): [float(n), float(h)] for u, n, h in zip(examples["user_id"], m["NDCG@10"], m["HR@10"])}
         return per_user, tops, ranks
@@ -115,12 +119,14 @@ def arm_figures(loaded, prepared: Path, events: pl.DataFrame, lo: int, hi: int, 
     cold_targets = with_targets(cold_examples(prepared, events, lo, hi, fresh, loaded.model), n_items, extra)
     cold, _, ranks = values(cold_targets)
     within, best = new_item_ranks(loaded, cold_targets, extra) if cold_targets.height else (np.zeros(0), np.zeros(0))
-    known, tops, _ = values(next_period_examples(prepared, events, lo, hi, loaded.model))
+    known_examples = next_period_examples(prepared, events, lo, hi, loaded.model)
+    known, tops, _ = values(known_examples)
+    slot = {"cold": values(cold_targets, SLOTS)[0], "with_new_items": values(known_examples, SLOTS)[0]}
     slots = [i for top in tops for i in top]
     share = sum(i in fresh for i in slots) / len(slots) if slots else None
     # where the cold targets land: rank / candidates (0.5 for a random order; 1 - 1/C best ... 1/C)
     percentiles = np.minimum(ranks / (n_items + extra.count), 1.0).tolist()
-    return {"cold": cold, "with_new_items": known, "top10_share_new": share, "ranked_new_items": extra.count,
+    return {"cold": cold, "with_new_items": known, "slot": slot, "top10_share_new": share, "ranked_new_items": extra.count,
             "cold_rank_fraction": percentiles, "among_new": [int(w) for w in within if w > 0],
             "best_new_rank": [int(b) for b in best if b > 0]}  # fmt: skip
 
@@ -145,24 +151,28 @@ def _summary(per_user: dict) -> dict:
 
 
 def pooled(steps: list[dict], replay_steps: dict) -> dict:
-    """Per feature arm, over (seed, step, user): its cold figures against the twin's misses, and its
-    with-new-items figures against the twin's replay figures (paired, bootstrap 95 %: ``replay._difference``)."""
+    """Per feature arm, over (seed, step, user), paired (bootstrap 95 %: ``replay._difference``), for its plain
+    ranking and with ``SLOTS`` place(s) held for the new items (``_slot``): the cold figures against the twin's
+    misses; the with-new-items figures against the twin's replay figures; and both kinds of example together
+    (``all_targets``: each user's known and cold targets, the twin missing every cold one)."""
     from replay import _difference
 
     out: dict = {}
     arms = sorted({a for s in steps for a in s["arms"]})
-    for arm in arms:
-        cold = [v for s in steps for v in s["per_user"][arm]["cold"].values()]
-        out[f"cold_{arm}"] = {**_summary(dict(enumerate(cold))), "minus_id_only": _difference(cold, [[0.0, 0.0]] * len(cold))
-                              if cold else None}  # fmt: skip
+    views = (("", lambda d: d), ("_slot", lambda d: d["slot"]))  # the plain ranking, one place held
+    for arm, (suffix, pick) in ((a, v) for a in arms for v in views):
         twin = TWINS[arm]
+        cold = [v for s in steps for v in pick(s["per_user"][arm])["cold"].values()]
+        out[f"cold_{arm}{suffix}"] = {**_summary(dict(enumerate(cold))), "minus_id_only": _difference(cold, [[0.0, 0.0]] * len(cold))
+                                      if cold else None}  # fmt: skip
         a, b = [], []
         for s in steps:
             twin_users = replay_steps[(s["seed"], s["step"])][twin]
-            for u, v in s["per_user"][arm]["with_new_items"].items():
+            for u, v in pick(s["per_user"][arm])["with_new_items"].items():
                 a.append(v)
                 b.append(twin_users[u])
-        out[f"{arm}_with_new_items_minus_{twin}"] = _difference(a, b) if a else None
+        out[f"{arm}{suffix}_with_new_items_minus_{twin}"] = _difference(a, b) if a else None
+        out[f"{arm}{suffix}_all_targets_minus_{twin}"] = _difference(a + cold, b + [[0.0, 0.0]] * len(cold)) if a else None
     return out
 
 
@@ -215,7 +225,7 @@ def main(argv: list[str] | None = None) -> None:
                 except ModelUriError as err:
                     raise SystemExit(f"replay_cold.py: seed {seed} step {k} {arm}: {err}") from None
                 got = arm_figures(loaded, prepared, events, bounds[k], bounds[k + 1], fresh, config.data.items)
-                step["per_user"][arm] = {"cold": got["cold"], "with_new_items": got["with_new_items"]}
+                step["per_user"][arm] = {"cold": got["cold"], "with_new_items": got["with_new_items"], "slot": got["slot"]}
                 fractions.setdefault(arm, []).extend(got["cold_rank_fraction"])
                 for key, value in (("among", got["among_new"]), ("best", got["best_new_rank"]),
                                    ("counts", [got["ranked_new_items"]] * len(got["among_new"]))):  # fmt: skip

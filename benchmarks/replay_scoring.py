@@ -70,15 +70,23 @@ def scored_batches(loaded, examples: pl.DataFrame, extra=None, window: int | Non
         yield part, mask_seen(scores, seen)
 
 
-def rank_examples(loaded, examples: pl.DataFrame, extra=None, window: int | None = None) -> tuple[np.ndarray, list[list]]:
+def rank_examples(
+    loaded, examples: pl.DataFrame, extra=None, window: int | None = None, slots: int = 0
+) -> tuple[np.ndarray, list[list]]:
     """Ranks of each example's target and its top 10 raw item ids, every history item excluded
     (arguments: :func:`scored_batches`).
+
+    Args:
+        slots: places of the top 10 held for the best new items of ``extra`` (``score.new_item_slots``:
+            ``serving.topk.reserve_new_items``); a target pushed out of the top 10 gets rank 11 at least, so
+            the figures at 10 are exact and those at other cut-offs are not.
 
     Returns:
         ranks (U,) int64 (``MISS_RANK`` for a masked target) and the top-10 raw ``item_id`` lists.
     """
     from recsys_alibi.data.splits import TARGETS
     from recsys_alibi.evaluation.ranking import target_ranks, topk
+    from serving.topk import reserve_new_items
 
     raw = loaded.items.sort("item_idx")["item_id"].to_list()  # model item_idx i -> raw[i - 1]
     if extra is not None:
@@ -86,8 +94,15 @@ def rank_examples(loaded, examples: pl.DataFrame, extra=None, window: int | None
     ranks, tops = [], []
     for part, scores in scored_batches(loaded, examples, extra, window):
         targets = torch.tensor([t[0] for t in part[TARGETS].to_list()], dtype=torch.int64)  # (B,)
-        ranks.append(target_ranks(scores, targets).numpy())
-        _, columns = topk(scores, 10)  # (B, 10) item_idx
+        rank = target_ranks(scores, targets)  # (B,)
+        values, columns = topk(scores, 10)  # (B, 10) item_idx
+        if slots and extra is not None and extra.count:
+            first = loaded.items.height + 1  # the new items' first column
+            fresh = topk(scores[:, first:], min(slots, extra.count))
+            values, columns = reserve_new_items(values, columns, fresh[0], fresh[1] + first, slots)
+            found = columns == targets[:, None]  # (B, 10)
+            rank = torch.where(found.any(1), found.int().argmax(1) + 1, torch.clamp(rank, min=11))
+        ranks.append(rank.numpy())
         tops += [[raw[c - 1] for c in row if c > 0] for row in columns.tolist()]
     return (np.concatenate(ranks) if ranks else np.zeros(0, dtype=np.int64)), tops
 

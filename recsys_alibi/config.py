@@ -468,6 +468,8 @@ class ScoreConfig(_Section):
     # `score --items`: an item table (or a prepared dir) whose items the model never saw are ranked from their
     # features alone (serving.new_items); None: the prepared input's item table, when the model reads features
     items: str | None = None
+    # places of each top-K held for the best new items of score.items (serving.topk.reserve_new_items); 0: none
+    new_item_slots: int = Field(0, ge=0)
 
     @field_validator("device")
     @classmethod

@@ -70,7 +70,7 @@ LOADER_MODULE = "serving.pyfunc"
 PARAMS = ("k", "exclude_seen")
 PARAM_RULES = {"k": "an integer >= 1", "exclude_seen": "true or false"}  # the signature types them long / boolean
 PREDICT_INPUT = "the predict input"  # how messages name the frame (never the temporary folder it is staged in)
-MODEL_CONFIG = ("allow", "deny", "device", "items")  # score settings given when the model is loaded (rules_config)
+MODEL_CONFIG = ("allow", "deny", "device", "items", "new_item_slots")  # score settings given when the model is loaded (rules_config)
 
 
 class PyfuncParamError(MlflowException, DataError):
@@ -404,17 +404,21 @@ def rules_config(model_config: dict[str, Any]) -> ScoreConfig:
     ``predict`` of that model apply the rules, as ``score.allow`` / ``score.deny`` do in ``score``.
     ``device`` (MLflow's own key for PyTorch models) is ``score.device``; None keeps the default.
     ``items`` (an item table or a prepared directory, ``score.items``): a model with item features
-    also ranks the table's items it never saw, from their features alone (:mod:`serving.new_items`).
+    also ranks the table's items it never saw, from their features alone (:mod:`serving.new_items`);
+    ``new_item_slots`` (an int, ``score.new_item_slots``) holds that many places of each ranking for them.
     The rules are files the serving side owns, read once per model load (per-user rows per call,
     for the users of the call), not data sent with each request.
 
     Raises:
-        DataError: a key other than ``allow`` / ``deny`` / ``device`` / ``items``, or a value that is not a string.
+        DataError: a key not in ``MODEL_CONFIG``, a value that is not a string (``new_item_slots``: not an int >= 0).
     """
     unknown = sorted(set(model_config) - set(MODEL_CONFIG))
     if unknown:
         raise DataError(f"pyfunc model_config: unknown {unknown}; known: {list(MODEL_CONFIG)}")
+    slots = model_config.get("new_item_slots")
+    if slots is not None and (not isinstance(slots, int) or isinstance(slots, bool) or slots < 0):
+        raise DataError(f"pyfunc model_config 'new_item_slots': an int >= 0, got {slots!r}")
     for key, value in model_config.items():
-        if value is not None and not isinstance(value, (str, Path)):
+        if value is not None and key != "new_item_slots" and not isinstance(value, (str, Path)):
             raise DataError(f"pyfunc model_config '{key}': a string (a Parquet path or a device), got {value!r}")
-    return ScoreConfig(**{key: str(v) for key, v in model_config.items() if v is not None})
+    return ScoreConfig(**{key: v if key == "new_item_slots" else str(v) for key, v in model_config.items() if v is not None})

@@ -44,7 +44,7 @@ from recsys_alibi.data.ingest import DataError
 from recsys_alibi.data.loader import FlatSequences, pad_right
 from serving.new_items import extended_vocabulary, new_items
 from serving.rules import load_rules
-from serving.topk import chunked_topk
+from serving.topk import chunked_topk, reserve_new_items
 
 log = logging.getLogger(__name__)
 
@@ -172,6 +172,7 @@ class ShardRanker:
             self.table = torch.cat([self.table, self.new_items.vectors.to(self.table)])  # (N + M + 1, D)
             items = extended_vocabulary(items, self.new_items)
         self.n_items = int(self.table.shape[0]) - 1
+        self.first_new_item = self.n_items + 1 - (self.new_items.count if self.new_items is not None else 0)
         self.item_ids = item_id_lookup(items, self.n_items)
         self.rules = load_rules(cfg.allow, cfg.deny, items)
         self.context = min(cfg.max_context, model.max_context or cfg.max_context)
@@ -203,6 +204,8 @@ class ShardRanker:
             settings["rules"] = self.rules.fingerprint()
         if self.new_items is not None and self.new_items.count:
             settings["new_items"] = {"count": self.new_items.count, "sha256": self.new_items.digest()}
+            if self.cfg.new_item_slots:
+                settings["new_item_slots"] = self.cfg.new_item_slots
         return settings
 
     def empty(self, user_dtype: pl.DataType) -> pl.DataFrame:
@@ -290,10 +293,15 @@ class ShardRanker:
         else:
             seen = torch.zeros((len(rows), 0), dtype=torch.int64)
         hidden = self._hidden(histories, rows, gaps)  # (B, D)
+        mask = None if rules is None else rules.batch(rows)
         values, indices = chunked_topk(
-            hidden, self.table, seen, self.k, chunk=self.cfg.catalog_chunk,
-            exclude_seen=self.cfg.exclude_seen, mask=None if rules is None else rules.batch(rows),
+            hidden, self.table, seen, self.k, chunk=self.cfg.catalog_chunk, exclude_seen=self.cfg.exclude_seen, mask=mask
         )  # (B, K'), (B, K')
+        slots = min(self.cfg.new_item_slots, self.k, self.n_items + 1 - self.first_new_item)
+        if slots:  # score.new_item_slots: the best new items take the last places (serving.topk.reserve_new_items)
+            fresh = chunked_topk(hidden, self.table, seen, slots, chunk=self.cfg.catalog_chunk,
+                                 exclude_seen=self.cfg.exclude_seen, mask=mask, first_item=self.first_new_item)  # fmt: skip
+            values, indices = reserve_new_items(values, indices, *fresh, slots)
         values, indices = values.cpu(), indices.cpu()
         valid = torch.isfinite(values)  # masked tail of users with fewer than K rankable items
         ranks = (torch.arange(1, values.shape[1] + 1, dtype=torch.int32)).expand_as(values)[valid]

@@ -105,6 +105,7 @@ class ScoreJobResult:
     new_items: int = 0  # items the model never saw, ranked from their features alone (score.items)
     new_items_source: str = ""
     new_items_rejected: int = 0  # rows of that item table rejected by prepare's rules (bad id, number, duplicate id)
+    new_item_slots: int = 0  # places of each top-K held for the best new items (score.new_item_slots)
 
     @property
     def users_per_second(self) -> float:
@@ -131,7 +132,10 @@ class ScoreJobResult:
         lines += [rules_summary(self.rules)] if self.rules else []
         lines += [f"new items ranked from their features alone (not in the model's vocabulary): {self.new_items} "
                   f"from {self.new_items_source}; its rows rejected: {self.new_items_rejected}"
+                  + (f"; places of each top-K held for them: {self.new_item_slots}" if self.new_item_slots else "")
                   ] if self.new_items_source else []  # fmt: skip
+        lines += [f"score.new_item_slots={self.new_item_slots}: no new item to hold a place for (no item the model "
+                  "never saw in score.items)"] if self.new_item_slots and not self.new_items else []  # fmt: skip
         lines += [f"carried over (history unchanged since the previous output): {self.carried_users} users; "
                   f"ranked again: {self.users - self.carried_users}"] if self.carried_users else []  # fmt: skip
         return "\n".join(lines)
@@ -374,6 +378,7 @@ class _ScoreJob:
             new_items=self.ranker.new_items.count if self.ranker.new_items else 0,
             new_items_source=self.ranker.new_items.source if self.ranker.new_items else "",
             new_items_rejected=self.ranker.new_items.rejected if self.ranker.new_items else 0,
+            new_item_slots=self.ranker.cfg.new_item_slots,
         )  # fmt: skip
 
 

@@ -46,6 +46,7 @@ def chunked_topk(
     chunk: int,
     exclude_seen: bool = True,
     mask: ItemMask | None = None,
+    first_item: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Best ``k`` items of each row, scoring the catalog ``chunk`` items at a time.
 
@@ -61,6 +62,8 @@ def chunked_topk(
             counts as a hit.
         mask: business rules of these B rows (:class:`serving.rules.ItemMask`): denied and
             not-allowed items get -inf too, per chunk, before the running top-K.
+        first_item: rank only the items ``first_item .. N`` (e.g. the new items of
+            :func:`reserve_new_items`); 0: the whole catalog.
 
     Returns:
         values (B, K') float32 and item indices (B, K') int64, best first, K' = min(k, N + 1).
@@ -77,7 +80,7 @@ def chunked_topk(
     seen = seen.to(hidden.device, torch.int64)
     running = ChunkedTopK(k)
     blocks = row_blocks(hidden)  # (B', D) in blocks of ROW_BLOCK rows
-    for start in range(0, table.shape[0], chunk):
+    for start in range(first_item, table.shape[0], chunk):
         part = table[start : start + chunk].T  # (D, C)
         scores = torch.cat([block @ part for block in blocks])[: hidden.shape[0]].float()  # (B, C)
         scores = mask_seen(scores, seen, exclude_seen=exclude_seen, offset=start)
@@ -85,6 +88,52 @@ def chunked_topk(
             scores = mask.apply(scores, offset=start)
         running.update(scores, offset=start)
     return running.result()
+
+
+def reserve_new_items(
+    values: torch.Tensor, indices: torch.Tensor, new_values: torch.Tensor, new_indices: torch.Tensor, slots: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Hold ``slots`` places of each top-K for new items (``score.new_item_slots``).
+
+    New items (those the model never saw, ranked from their features alone) already in a row's top-K
+    keep their places. When a row holds fewer than ``slots`` of them, its lowest-ranked other items give
+    way to the best new items not there yet, which take the last places in their own order: a slot
+    item may score below the item above it. A business rule of exploration slots (e.g. the "fresh"
+    slots of news and marketplace feeds); measured in docs/results.md ("A slot for a new item").
+
+    Args:
+        values, indices: (B, K) float and int64, a top-K best first (``-inf`` on a masked tail).
+        new_values, new_indices: (B, S) the best ``S >= slots`` new items of each row, best first
+            (``-inf``: masked by a rule, never placed).
+        slots: places held per row (>= 0); 0 returns the top-K as it is.
+
+    Returns:
+        values, indices (B, K), the same dtypes.
+
+    Raises:
+        ValueError: ``slots`` < 0, or fewer than ``min(slots, K)`` new-item columns.
+    """
+    slots = min(int(slots), values.shape[1])
+    if slots < 0 or new_indices.shape[1] < slots:
+        raise ValueError(f"slots must be in 0 .. {new_indices.shape[1]} (the new-item columns), got {slots}")
+    if slots == 0:
+        return values, indices
+    values, indices = values.clone(), indices.clone()
+    for row in range(values.shape[0]):
+        top = indices[row].tolist()
+        held = set(new_indices[row].tolist())
+        fresh = [j for j in range(new_indices.shape[1]) if bool(torch.isfinite(new_values[row, j]))
+                 and int(new_indices[row, j]) not in top]  # fmt: skip
+        need = min(slots - sum(1 for i, v in zip(top, values[row].tolist()) if i in held and v > float("-inf")),
+                   len(fresh))  # fmt: skip
+        if need <= 0:
+            continue
+        others = [p for p in range(len(top)) if top[p] not in held]  # give way from the bottom
+        keep = sorted(set(range(len(top))) - set(others[-need:]))
+        order = [(values[row, p], indices[row, p]) for p in keep] + [(new_values[row, j], new_indices[row, j]) for j in fresh[:need]]
+        values[row] = torch.stack([v for v, _ in order])
+        indices[row] = torch.stack([i for _, i in order])
+    return values, indices
 
 
 def topk_reference(

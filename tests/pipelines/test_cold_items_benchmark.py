@@ -46,6 +46,15 @@ def test_tiny_run_writes_every_field(ml1m, tmp_path, one_torch_thread, monkeypat
     assert held["ci95"][0] <= held["difference"] <= held["ci95"][1]
     assert result["chosen_on_validation"] in result["runs"] and "one torch thread" in result["machine"]
     assert np.isfinite(test["NDCG@10 all"]["difference"])
+    # one place held for the best held-out item: a held-out target in the top 10 keeps its place
+    for side in ("id_only", "features"):
+        assert test[side]["HR@10 held-out targets, one slot"] >= test[side]["HR@10 held-out targets"]
+    assert test["HR@10 held-out targets, one slot each"]["n_users"] == held["n_users"]
+    # figures of an earlier version (no slot figures) are scored again from the kept model, not trained again
+    saved = tmp_path / "work" / result["chosen_on_validation"] / "figures.npz"
+    with np.load(saved) as f:
+        old = {k: f[k] for k in f.files if "slot" not in k}
+    np.savez(saved, **old)
     # started again with the same command: every setting is read back, none trained again
     monkeypatch.setattr(cold, "train", lambda *a, **k: pytest.fail("a finished setting was trained again"))
     again = cold.main(["--tiny", "--output", str(tmp_path / "again.json"), "--workdir", str(tmp_path / "work")])

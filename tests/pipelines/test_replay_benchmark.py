@@ -198,6 +198,11 @@ def _check_cold_figures(replay_dir, monkeypatch, log, bounds, step) -> None:
         assert figures["with_new_items"]["NDCG@10"] <= step["arms"][arm]["NDCG@10"] + 1e-12
         d = out[f"{arm}_with_new_items_minus_{twin}"]["NDCG@10"]
         assert d["difference"] == pytest.approx(figures["with_new_items"]["NDCG@10"] - step["arms"][twin]["NDCG@10"])
+        # a place held for the best new item: a cold target in the top 10 stays there, and the best new one joins
+        slot = out[f"cold_{arm}_slot"]
+        assert slot["n"] == len(users) and slot["HR@10"] >= max(figures["cold"]["HR@10"], among["HR@1"]) - 1e-12
+        both = out[f"{arm}_slot_all_targets_minus_{twin}"]["NDCG@10"]
+        assert both["pairs"] == step["test_users"] + len(users)
 
 
 def _check_validation_figures(replay_dir, monkeypatch, log, bounds, step) -> None:

@@ -101,6 +101,20 @@ def test_items_beside_the_catalog_are_ranked_from_their_vectors():
     assert ranks.tolist() == [1] and tops == [[10, 12, 11]]
 
 
+def test_a_place_held_for_the_best_new_item_moves_it_into_the_top_10_by_hand():
+    table = torch.tensor([[0.0, 0.0], *[[13.0 - i, 0.0] for i in range(1, 13)]])  # item i scores 13 - i (raw 100 + i)
+    items = pl.DataFrame({"item_idx": pl.Series(range(1, 13), dtype=pl.Int32), "item_id": [100 + i for i in range(1, 13)]})
+    loaded = types.SimpleNamespace(model=_Vectors(table), items=items)
+    extra = NewItems(pl.Series([500, 501]), torch.tensor([[0.5, 0.0], [0.2, 0.0]]), "t")  # indices 13, 14
+    examples = pl.DataFrame({"history": [[12]] * 4, "targets": [[14], [13], [10], [9]]},
+                            schema={"history": pl.List(pl.Int32), "targets": pl.List(pl.Int32)})  # fmt: skip
+    plain, _ = scoring.rank_examples(loaded, examples, extra)
+    assert plain.tolist() == [13, 12, 10, 9]  # 11 unseen catalog items (12 to 2) above both new ones
+    ranks, tops = scoring.rank_examples(loaded, examples, extra, slots=1)
+    # the best new item (500) takes the 10th place, item 10 gives way (its rank: 11 at least); 501 stays out
+    assert ranks.tolist() == [13, 10, 11, 9] and tops[0] == [*range(101, 110), 500]
+
+
 def test_new_items_are_ranked_among_themselves_and_against_the_unseen_catalog(cold):
     loaded, extra = _three_items_two_new()
     examples = pl.DataFrame({"history": [[1], [2], [1]], "targets": [[5], [4], [0]]},

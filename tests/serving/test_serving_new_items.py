@@ -68,8 +68,25 @@ def test_unseen_items_are_ranked_for_users_of_their_category(tmp_path, mlflow_st
     out = capsys.readouterr().out
     assert "new items ranked from their features alone (not in the model's vocabulary): 2 from" in out
     assert "today.csv; its rows rejected: 2" in out  # both rows of the duplicate 40
-    today = pl.read_parquet(tmp_path / "r2" / "part-*.parquet").filter(pl.col("item_id") == 41)
+    plain = pl.read_parquet(tmp_path / "r2" / "part-*.parquet")
+    today = plain.filter(pl.col("item_id") == 41)
     assert today.height == 30 and today.select(_genre_of(pl.col("user_id")).unique()).item() == 1
+
+    # score.new_item_slots=1, top 2: each user's 2 unseen items of its genre lead, so a new item (41 or 42) takes the
+    # second place of the users who did not have one there, and the first places stay as they were
+    slotted = {}
+    for name, extra in (("plain", []), ("slot", ["--set", "score.new_item_slots=1"])):
+        assert main(["score", "--quiet", "--model-uri", uri, "--input", str(prepared), "--output", str(tmp_path / name),
+                     "--k", "2", "--items", str(tmp_path / "today.csv"), *extra]) == 0  # fmt: skip
+        slotted[name] = pl.read_parquet(tmp_path / name / "part-*.parquet")
+    assert "; places of each top-K held for them: 1" in capsys.readouterr().out
+    plain, slot = slotted["plain"], slotted["slot"]
+    had = plain.filter(pl.col("item_id") >= 40)["user_id"]
+    assert slot.filter(pl.col("item_id") >= 40)["user_id"].sort().to_list() == sorted(plain["user_id"].unique())
+    moved = slot.join(plain, on=["user_id", "rank", "item_id"], how="anti")  # rows that differ from the plain ones
+    assert moved.height == 90 - had.len() > 0 and moved["rank"].unique().to_list() == [2]
+    assert not moved["user_id"].is_in(had.to_list()).any()
+    slotted = slot
 
     # raw events given with the day's table (data.items): the table the staged prepare reads is ranked too
     assert main(["score", "--quiet", "--model-uri", uri, "--input", str(tmp_path / "events.csv"), "--output",
@@ -84,6 +101,9 @@ def test_unseen_items_are_ranked_for_users_of_their_category(tmp_path, mlflow_st
     served = pyfunc.predict(histories.to_pandas(), params={"k": 3})
     comedy = served[served["item_id"] == 41]["user_id"].str.slice(1).astype(int) % 3
     assert len(comedy) == 30 and set(comedy) == {1}
+    pyfunc = mlflow.pyfunc.load_model(uri, model_config={"items": str(tmp_path / "today.csv"), "new_item_slots": 1})
+    served = pl.from_pandas(pyfunc.predict(histories.to_pandas(), params={"k": 2}))
+    assert served.sort("user_id", "rank").equals(slotted.sort("user_id", "rank"))  # what score wrote
 
 
 def test_items_with_an_id_only_model_are_refused(tmp_path, capsys):

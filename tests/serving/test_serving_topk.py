@@ -7,7 +7,8 @@ import torch
 from serving_fixtures import N_ITEMS, tiny_model
 
 from recsys_alibi.data.loader import pad_right
-from serving.topk import chunked_topk, topk_reference
+from recsys_alibi.evaluation.ranking import mask_seen, topk
+from serving.topk import chunked_topk, reserve_new_items, topk_reference
 
 
 def _histories(seed: int = 3, users: int = 9) -> tuple[torch.Tensor, torch.Tensor]:
@@ -58,3 +59,37 @@ def test_fewer_rankable_items_than_k_leaves_minus_inf_tail():
 def test_bad_chunk_is_an_error():
     with pytest.raises(ValueError, match="chunk"):
         chunked_topk(torch.ones(1, 2), torch.ones(3, 2), torch.zeros(1, 0, dtype=torch.int64), 2, chunk=0)
+
+
+def test_reserved_slots_give_the_last_places_to_the_best_new_items_by_hand():
+    inf = float("-inf")
+    # items 1-6 known, 7-9 new; row 0: no new item in its top 4; row 1: new 8 already 2nd;
+    # row 2: every new item masked by a rule; row 3: a masked tail (then every rankable new item is already in)
+    values = torch.tensor([[9.0, 8.0, 7.0, 6.0], [9.0, 8.5, 7.0, 6.0], [9.0, 8.0, 7.0, 6.0], [9.0, 1.0, inf, inf]])
+    indices = torch.tensor([[1, 2, 3, 4], [1, 8, 3, 4], [1, 2, 3, 4], [5, 7, 0, 0]])
+    new_values = torch.tensor([[5.0, 4.0], [8.5, 2.0], [inf, inf], [1.0, inf]])
+    new_indices = torch.tensor([[9, 7], [8, 9], [7, 8], [7, 9]])
+    v, i = reserve_new_items(values, indices, new_values, new_indices, 1)
+    assert i.tolist() == [[1, 2, 3, 9], [1, 8, 3, 4], [1, 2, 3, 4], [5, 7, 0, 0]]
+    assert v[0].tolist() == [9.0, 8.0, 7.0, 5.0]  # the slot item keeps its own score
+    v, i = reserve_new_items(values, indices, new_values, new_indices, 2)
+    assert i.tolist() == [[1, 2, 9, 7], [1, 8, 3, 9], [1, 2, 3, 4], [5, 7, 0, 0]]
+    assert v[1].tolist() == [9.0, 8.5, 7.0, 2.0]
+    assert reserve_new_items(values, indices, new_values, new_indices, 0)[1] is indices
+    with pytest.raises(ValueError, match="slots must be in 0 .. 2"):
+        reserve_new_items(values, indices, new_values, new_indices, 3)
+
+
+def test_chunked_topk_from_a_first_item_ranks_only_the_tail_of_the_catalog():
+    model = tiny_model()
+    history, lengths = _histories()
+    with torch.inference_mode():
+        hidden = model.last_hidden(history, lengths, backend="eager")  # (B, D)
+        table = model.items.weight.detach()  # (N + 1, D)
+        scores = mask_seen((hidden @ table.T).float(), history)  # (B, N + 1)
+        scores[:, : N_ITEMS - 4] = float("-inf")  # the last 5 items only
+        want_v, want_i = topk(scores, 3)
+        got_v, got_i = chunked_topk(hidden, table, history, 3, chunk=2, first_item=N_ITEMS - 4)
+    torch.testing.assert_close(got_v, want_v)  # a user who saw 3 of the 5 has a -inf (dropped) third place
+    finite = torch.isfinite(want_v)
+    assert int((~finite).sum()) == 1 and torch.equal(got_i[finite], want_i[finite]) and bool((got_i[finite] >= N_ITEMS - 4).all())
