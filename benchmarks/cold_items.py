@@ -184,7 +184,7 @@ def per_user(model, vectors: torch.Tensor, column: dict, seqs: pl.DataFrame, bac
             ranks[rows] = rank.numpy()
             values, columns = topk(scores, K)  # (B, K)
             fresh_values, fresh_columns = topk(scores[:, n_known + 1 :], 1)  # the best held-out item
-            _, columns = reserve_new_items(values, columns, fresh_values, fresh_columns + n_known + 1, 1)
+            _, columns = reserve_new_items(values, columns, fresh_values, fresh_columns + n_known + 1, 1, n_known + 1)
             found = columns == target[:, None]
             slotted[rows] = torch.where(found.any(1), found.int().argmax(1) + 1, torch.clamp(rank, min=K + 1)).numpy()
             start = stop

@@ -99,7 +99,7 @@ def rank_examples(
         if slots and extra is not None and extra.count:
             first = loaded.items.height + 1  # the new items' first column
             fresh = topk(scores[:, first:], min(slots, extra.count))
-            values, columns = reserve_new_items(values, columns, fresh[0], fresh[1] + first, slots)
+            values, columns = reserve_new_items(values, columns, fresh[0], fresh[1] + first, slots, first)
             found = columns == targets[:, None]  # (B, 10)
             rank = torch.where(found.any(1), found.int().argmax(1) + 1, torch.clamp(rank, min=11))
         ranks.append(rank.numpy())

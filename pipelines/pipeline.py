@@ -98,6 +98,7 @@ class PipelineResult:
                 f"model_uri: {self.train.model.uri}",
                 f"report: {self.model_eval.report_dir / 'report.md'}",
                 f"rankings: {self.score.output_dir} (from {self.gate.champion_uri})",
+                *self.score.new_item_lines(),
                 self.lineage_line(),
                 f"pipeline finished in {self.seconds:.0f} s",
                 self.decision_line(),

@@ -42,8 +42,13 @@ def check_feature_table(config: JobConfig) -> None:
     and no ``data.append`` (an append keeps the table the prepared directory already has).
 
     Raises:
-        ConfigError: ``model.item_features.enabled`` with no ``data.item_features`` columns, outside an append.
+        ConfigError: ``model.item_features.enabled`` with no ``data.item_features`` columns, outside an append;
+            ``score.new_item_slots`` with a model that reads no item features (it ranks no item it never saw).
     """
+    if config.score.new_item_slots and not config.model.item_features.enabled:
+        raise ConfigError(f"score.new_item_slots={config.score.new_item_slots} holds places for items the model never "
+                          "saw, ranked from their features, and this pipeline trains a model without item features: "
+                          "set model.item_features.enabled=true, or drop score.new_item_slots")  # fmt: skip
     if config.model.item_features.enabled and not config.data.item_features.columns and not config.data.append:
         raise ConfigError("model.item_features.enabled=true reads an item table, and this run prepares none "
                           "(data.item_features declares no column): declare the table's columns and data.items, "

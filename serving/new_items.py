@@ -108,7 +108,7 @@ def new_items(model, items: pl.DataFrame, path: str | Path) -> NewItems:
     if features is None:
         raise DataError(
             f"score.items={path}: this model reads no item features, so it cannot rank items it never saw; "
-            "train it with model.item_features.enabled=true, or drop score.items / --items"
+            "train it with model.item_features.enabled=true, or drop score.items / --items (the pyfunc's model_config 'items')"
         )
     decl = ItemFeaturesConfig.model_validate(features.declaration)
     rows, rejected = _table_rows(Path(path), decl, items.schema[schema.ITEM_ID])

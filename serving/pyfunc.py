@@ -46,6 +46,7 @@ every ``predict`` then applies them as ``score`` does.
 from __future__ import annotations
 
 import math
+import numbers
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -416,9 +417,12 @@ def rules_config(model_config: dict[str, Any]) -> ScoreConfig:
     if unknown:
         raise DataError(f"pyfunc model_config: unknown {unknown}; known: {list(MODEL_CONFIG)}")
     slots = model_config.get("new_item_slots")
-    if slots is not None and (not isinstance(slots, int) or isinstance(slots, bool) or slots < 0):
-        raise DataError(f"pyfunc model_config 'new_item_slots': an int >= 0, got {slots!r}")
+    if slots is not None and (not isinstance(slots, numbers.Integral) or isinstance(slots, bool) or slots < 0):
+        raise DataError(f"pyfunc model_config 'new_item_slots': a whole number >= 0, got {slots!r}")
+    if slots and model_config.get("items") is None:
+        raise DataError("pyfunc model_config 'new_item_slots' needs 'items' (an item table or a prepared directory): "
+                        "the places are held for the table's items the model never saw")  # fmt: skip
     for key, value in model_config.items():
         if value is not None and key != "new_item_slots" and not isinstance(value, (str, Path)):
             raise DataError(f"pyfunc model_config '{key}': a string (a Parquet path or a device), got {value!r}")
-    return ScoreConfig(**{key: v if key == "new_item_slots" else str(v) for key, v in model_config.items() if v is not None})
+    return ScoreConfig(**{key: int(v) if key == "new_item_slots" else str(v) for key, v in model_config.items() if v is not None})

@@ -154,7 +154,8 @@ class ShardRanker:
         k: items per user.
 
     Raises:
-        DataError: the vocabulary does not match the item table; a rule file is unreadable.
+        DataError: the vocabulary does not match the item table; a rule file is unreadable;
+            ``score.new_item_slots`` with a model that reads no item features.
         ValueError: ``score.sinks`` not below the context length.
     """
 
@@ -168,11 +169,17 @@ class ShardRanker:
             self.table = model.item_vectors().detach()  # (N + 1, D): the item table, or id rows + features
         # score.items: items the model never saw, ranked from their features alone (serving.new_items)
         self.new_items = new_items(self.model, items, cfg.items) if cfg.items is not None else None
+        if cfg.new_item_slots and getattr(model, "features", None) is None:
+            raise DataError(f"score.new_item_slots={cfg.new_item_slots}: this model reads no item features, so it ranks "
+                            "no item it never saw; train it with model.item_features.enabled=true, or drop "
+                            "score.new_item_slots")  # fmt: skip
         if self.new_items is not None and self.new_items.count:
             self.table = torch.cat([self.table, self.new_items.vectors.to(self.table)])  # (N + M + 1, D)
             items = extended_vocabulary(items, self.new_items)
         self.n_items = int(self.table.shape[0]) - 1
         self.first_new_item = self.n_items + 1 - (self.new_items.count if self.new_items is not None else 0)
+        # score.new_item_slots as it can apply: at most K places, at most the new items there are
+        self.slots = min(cfg.new_item_slots, self.k, self.n_items + 1 - self.first_new_item)
         self.item_ids = item_id_lookup(items, self.n_items)
         self.rules = load_rules(cfg.allow, cfg.deny, items)
         self.context = min(cfg.max_context, model.max_context or cfg.max_context)
@@ -204,8 +211,8 @@ class ShardRanker:
             settings["rules"] = self.rules.fingerprint()
         if self.new_items is not None and self.new_items.count:
             settings["new_items"] = {"count": self.new_items.count, "sha256": self.new_items.digest()}
-            if self.cfg.new_item_slots:
-                settings["new_item_slots"] = self.cfg.new_item_slots
+            if self.slots:
+                settings["new_item_slots"] = self.slots
         return settings
 
     def empty(self, user_dtype: pl.DataType) -> pl.DataFrame:
@@ -297,11 +304,11 @@ class ShardRanker:
         values, indices = chunked_topk(
             hidden, self.table, seen, self.k, chunk=self.cfg.catalog_chunk, exclude_seen=self.cfg.exclude_seen, mask=mask
         )  # (B, K'), (B, K')
-        slots = min(self.cfg.new_item_slots, self.k, self.n_items + 1 - self.first_new_item)
+        slots = self.slots
         if slots:  # score.new_item_slots: the best new items take the last places (serving.topk.reserve_new_items)
             fresh = chunked_topk(hidden, self.table, seen, slots, chunk=self.cfg.catalog_chunk,
                                  exclude_seen=self.cfg.exclude_seen, mask=mask, first_item=self.first_new_item)  # fmt: skip
-            values, indices = reserve_new_items(values, indices, *fresh, slots)
+            values, indices = reserve_new_items(values, indices, *fresh, slots, self.first_new_item)
         values, indices = values.cpu(), indices.cpu()
         valid = torch.isfinite(values)  # masked tail of users with fewer than K rankable items
         ranks = (torch.arange(1, values.shape[1] + 1, dtype=torch.int32)).expand_as(values)[valid]

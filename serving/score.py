@@ -105,7 +105,8 @@ class ScoreJobResult:
     new_items: int = 0  # items the model never saw, ranked from their features alone (score.items)
     new_items_source: str = ""
     new_items_rejected: int = 0  # rows of that item table rejected by prepare's rules (bad id, number, duplicate id)
-    new_item_slots: int = 0  # places of each top-K held for the best new items (score.new_item_slots)
+    new_item_slots: int = 0  # places of each top-K held for the best new items (score.new_item_slots, as applied)
+    slots_asked: int = 0  # score.new_item_slots as set
 
     @property
     def users_per_second(self) -> float:
@@ -116,6 +117,18 @@ class ScoreJobResult:
     def users_ranked(self) -> int:
         """Users with rankings in the output (every user but the skipped ones)."""
         return self.users - self.skipped_users
+
+    def new_item_lines(self) -> list[str]:
+        """What ``score.items`` and ``score.new_item_slots`` did (empty when neither was in play)."""
+        lines: list[str] = []
+        lines += [f"new items ranked from their features alone (not in the model's vocabulary): {self.new_items} "
+                  f"from {self.new_items_source}; its rows rejected: {self.new_items_rejected}"
+                  + (f"; places of each top-K held for them: {self.new_item_slots}" if self.new_item_slots else "")
+                  ] if self.new_items_source else []  # fmt: skip
+        lines += [f"score.new_item_slots={self.slots_asked}: no place held (no item the model never saw "
+                  f"{'in ' + self.new_items_source if self.new_items_source else 'was given: score.items / --items'})"
+                  ] if self.slots_asked and not self.new_item_slots else []  # fmt: skip
+        return lines
 
     def summary(self) -> str:
         procs = f" by {self.world_size} processes" if self.world_size > 1 else ""
@@ -130,12 +143,7 @@ class ScoreJobResult:
             f"rejected rows: {self.rejected_rows}",
         ]
         lines += [rules_summary(self.rules)] if self.rules else []
-        lines += [f"new items ranked from their features alone (not in the model's vocabulary): {self.new_items} "
-                  f"from {self.new_items_source}; its rows rejected: {self.new_items_rejected}"
-                  + (f"; places of each top-K held for them: {self.new_item_slots}" if self.new_item_slots else "")
-                  ] if self.new_items_source else []  # fmt: skip
-        lines += [f"score.new_item_slots={self.new_item_slots}: no new item to hold a place for (no item the model "
-                  "never saw in score.items)"] if self.new_item_slots and not self.new_items else []  # fmt: skip
+        lines += self.new_item_lines()
         lines += [f"carried over (history unchanged since the previous output): {self.carried_users} users; "
                   f"ranked again: {self.users - self.carried_users}"] if self.carried_users else []  # fmt: skip
         return "\n".join(lines)
@@ -378,7 +386,7 @@ class _ScoreJob:
             new_items=self.ranker.new_items.count if self.ranker.new_items else 0,
             new_items_source=self.ranker.new_items.source if self.ranker.new_items else "",
             new_items_rejected=self.ranker.new_items.rejected if self.ranker.new_items else 0,
-            new_item_slots=self.ranker.cfg.new_item_slots,
+            new_item_slots=self.ranker.slots, slots_asked=self.ranker.cfg.new_item_slots,
         )  # fmt: skip
 
 

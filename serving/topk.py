@@ -63,7 +63,8 @@ def chunked_topk(
         mask: business rules of these B rows (:class:`serving.rules.ItemMask`): denied and
             not-allowed items get -inf too, per chunk, before the running top-K.
         first_item: rank only the items ``first_item .. N`` (e.g. the new items of
-            :func:`reserve_new_items`); 0: the whole catalog.
+            :func:`reserve_new_items`), with the same chunks as the whole catalog, so each score has the
+            same bits as there; 0: the whole catalog.
 
     Returns:
         values (B, K') float32 and item indices (B, K') int64, best first, K' = min(k, N + 1).
@@ -80,9 +81,12 @@ def chunked_topk(
     seen = seen.to(hidden.device, torch.int64)
     running = ChunkedTopK(k)
     blocks = row_blocks(hidden)  # (B', D) in blocks of ROW_BLOCK rows
-    for start in range(first_item, table.shape[0], chunk):
+    # from first_item: the same chunk grid as the whole catalog's (products of the same shapes, so the same bits)
+    for start in range(first_item // chunk * chunk, table.shape[0], chunk):
         part = table[start : start + chunk].T  # (D, C)
         scores = torch.cat([block @ part for block in blocks])[: hidden.shape[0]].float()  # (B, C)
+        if start < first_item:
+            scores[:, : first_item - start] = float("-inf")
         scores = mask_seen(scores, seen, exclude_seen=exclude_seen, offset=start)
         if mask is not None:
             scores = mask.apply(scores, offset=start)
@@ -91,21 +95,25 @@ def chunked_topk(
 
 
 def reserve_new_items(
-    values: torch.Tensor, indices: torch.Tensor, new_values: torch.Tensor, new_indices: torch.Tensor, slots: int
+    values: torch.Tensor, indices: torch.Tensor, new_values: torch.Tensor, new_indices: torch.Tensor, slots: int,
+    first_new: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Hold ``slots`` places of each top-K for new items (``score.new_item_slots``).
+    """Hold up to ``slots`` places of each top-K for new items (``score.new_item_slots``).
 
-    New items (those the model never saw, ranked from their features alone) already in a row's top-K
-    keep their places. When a row holds fewer than ``slots`` of them, its lowest-ranked other items give
-    way to the best new items not there yet, which take the last places in their own order: a slot
-    item may score below the item above it. A business rule of exploration slots (e.g. the "fresh"
-    slots of news and marketplace feeds); measured in docs/results.md ("A slot for a new item").
+    New items (indices ``>= first_new``: those the model never saw, ranked from their features alone)
+    already in a row's top-K stay in it, in their order. When a row holds fewer than ``slots`` of them,
+    its lowest-ranked other items give way to the best new items not in it yet, which take the last
+    places in their own order: a slot item may score below the item above it. A row ends with
+    ``min(slots, K, rankable new items)`` new items at least. A business rule of exploration slots (the
+    "fresh" places of feeds that add items daily); measured in docs/results.md ("A place held for a new
+    item").
 
     Args:
         values, indices: (B, K) float and int64, a top-K best first (``-inf`` on a masked tail).
-        new_values, new_indices: (B, S) the best ``S >= slots`` new items of each row, best first
+        new_values, new_indices: (B, S) the best ``S >= min(slots, K)`` new items of each row, best first
             (``-inf``: masked by a rule, never placed).
         slots: places held per row (>= 0); 0 returns the top-K as it is.
+        first_new: the first new item's index (items ``first_new .. N`` are new).
 
     Returns:
         values, indices (B, K), the same dtypes.
@@ -119,17 +127,17 @@ def reserve_new_items(
     if slots == 0:
         return values, indices
     values, indices = values.clone(), indices.clone()
-    for row in range(values.shape[0]):
-        top = indices[row].tolist()
-        held = set(new_indices[row].tolist())
-        fresh = [j for j in range(new_indices.shape[1]) if bool(torch.isfinite(new_values[row, j]))
-                 and int(new_indices[row, j]) not in top]  # fmt: skip
-        need = min(slots - sum(1 for i, v in zip(top, values[row].tolist()) if i in held and v > float("-inf")),
-                   len(fresh))  # fmt: skip
+    finite = torch.isfinite(values)
+    new = (indices >= first_new) & finite  # (B, K)
+    for row in torch.nonzero(new.sum(1) < slots).flatten().tolist():
+        top = set(indices[row][finite[row]].tolist())
+        fresh = [j for j in range(new_indices.shape[1])
+                 if bool(torch.isfinite(new_values[row, j])) and int(new_indices[row, j]) not in top]  # fmt: skip
+        need = min(slots - int(new[row].sum()), len(fresh))
         if need <= 0:
             continue
-        others = [p for p in range(len(top)) if top[p] not in held]  # give way from the bottom
-        keep = sorted(set(range(len(top))) - set(others[-need:]))
+        others = torch.nonzero(~new[row]).flatten().tolist()  # finite: a row with a -inf tail has no new item left
+        keep = sorted(set(range(values.shape[1])) - set(others[-need:]))
         order = [(values[row, p], indices[row, p]) for p in keep] + [(new_values[row, j], new_indices[row, j]) for j in fresh[:need]]
         values[row] = torch.stack([v for v, _ in order])
         indices[row] = torch.stack([i for _, i in order])

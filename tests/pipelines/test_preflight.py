@@ -66,6 +66,14 @@ def test_run_pipeline_checks_what_needs_no_data_before_preparing(tmp_path, mlflo
     assert _files(out / "prepared") == before
 
 
+def test_new_item_slots_without_item_features_are_refused_before_appending(tmp_path, mlflow_store, capsys):
+    out, day2, before = _appended_setup(tmp_path)
+    assert main(_pipeline_args(out, day2, "score.new_item_slots=1", "model.item_features.enabled=false")) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: score.new_item_slots=1 holds places for items the model never saw") and "\n" not in err
+    assert _files(out / "prepared") == before
+
+
 def _logged_run(tmp_path: Path) -> str:
     """A tiny ranker logged (not registered) in a run of the test store; returns the run id."""
     setup_tracking(TrackingConfig())

@@ -11,6 +11,8 @@ import pytest
 from serving_fixtures import score_config, tiny_model, vocabulary, write_prepared
 
 from pipelines.cli import main
+from recsys_alibi.data.errors import DataError
+from serving.pyfunc import rules_config
 from serving.score import score_with_model
 
 GENRES = ["drama", "comedy", "action"]
@@ -113,3 +115,14 @@ def test_items_with_an_id_only_model_are_refused(tmp_path, capsys):
         score_with_model(score_config(items=str(tmp_path / "items.csv")), tiny_model(), vocabulary(), prepared,
                          tmp_path / "out", progress=False)  # fmt: skip
     assert not list((tmp_path / "out").glob("part-*.parquet"))
+    with pytest.raises(Exception, match=r"score.new_item_slots=1: this model reads no item features"):
+        score_with_model(score_config(new_item_slots=1), tiny_model(), vocabulary(), prepared, tmp_path / "out",
+                         progress=False)  # fmt: skip
+
+
+@pytest.mark.parametrize("config", [{"new_item_slots": 1}, {"items": "t.csv", "new_item_slots": -1},
+                                    {"items": "t.csv", "new_item_slots": "1"}, {"items": "t.csv", "new_item_slots": True}])
+def test_pyfunc_new_item_slots_are_refused_without_a_table_or_as_no_whole_number(config):
+    with pytest.raises(DataError, match="pyfunc model_config 'new_item_slots'"):
+        rules_config(config)
+    assert rules_config({"items": "t.csv", "new_item_slots": np.int64(2)}).new_item_slots == 2

@@ -69,15 +69,23 @@ def test_reserved_slots_give_the_last_places_to_the_best_new_items_by_hand():
     indices = torch.tensor([[1, 2, 3, 4], [1, 8, 3, 4], [1, 2, 3, 4], [5, 7, 0, 0]])
     new_values = torch.tensor([[5.0, 4.0], [8.5, 2.0], [inf, inf], [1.0, inf]])
     new_indices = torch.tensor([[9, 7], [8, 9], [7, 8], [7, 9]])
-    v, i = reserve_new_items(values, indices, new_values, new_indices, 1)
+    v, i = reserve_new_items(values, indices, new_values, new_indices, 1, 7)
     assert i.tolist() == [[1, 2, 3, 9], [1, 8, 3, 4], [1, 2, 3, 4], [5, 7, 0, 0]]
     assert v[0].tolist() == [9.0, 8.0, 7.0, 5.0]  # the slot item keeps its own score
-    v, i = reserve_new_items(values, indices, new_values, new_indices, 2)
+    v, i = reserve_new_items(values, indices, new_values, new_indices, 2, 7)
     assert i.tolist() == [[1, 2, 9, 7], [1, 8, 3, 9], [1, 2, 3, 4], [5, 7, 0, 0]]
     assert v[1].tolist() == [9.0, 8.5, 7.0, 2.0]
-    assert reserve_new_items(values, indices, new_values, new_indices, 0)[1] is indices
+    assert reserve_new_items(values, indices, new_values, new_indices, 0, 7)[1] is indices
     with pytest.raises(ValueError, match="slots must be in 0 .. 2"):
-        reserve_new_items(values, indices, new_values, new_indices, 3)
+        reserve_new_items(values, indices, new_values, new_indices, 3, 7)
+    # new items are told by their index, not by the new-item list: a near tie ordered otherwise there
+    # neither pushes a new item out of the top K nor places more than the slots
+    _, i = reserve_new_items(torch.tensor([[3.0, 2.5, 2.0]]), torch.tensor([[1, 2, 11]]), torch.tensor([[2.1]]),
+                             torch.tensor([[10]]), 1, 10)  # fmt: skip
+    assert i.tolist() == [[1, 2, 11]]
+    _, i = reserve_new_items(torch.tensor([[3.0, 2.0, 1.5, 1.0]]), torch.tensor([[1, 11, 2, 3]]),
+                             torch.tensor([[2.1, 2.0]]), torch.tensor([[10, 12]]), 2, 10)  # fmt: skip
+    assert i.tolist() == [[1, 11, 2, 10]]
 
 
 def test_chunked_topk_from_a_first_item_ranks_only_the_tail_of_the_catalog():
@@ -93,3 +101,9 @@ def test_chunked_topk_from_a_first_item_ranks_only_the_tail_of_the_catalog():
     torch.testing.assert_close(got_v, want_v)  # a user who saw 3 of the 5 has a -inf (dropped) third place
     finite = torch.isfinite(want_v)
     assert int((~finite).sum()) == 1 and torch.equal(got_i[finite], want_i[finite]) and bool((got_i[finite] >= N_ITEMS - 4).all())
+    # the same bits as in the whole catalog's pass with the same chunk (first_item inside a chunk)
+    with torch.inference_mode():
+        every_v, every_i = chunked_topk(hidden, table, history, N_ITEMS + 1, chunk=4)
+        tail_v, tail_i = chunked_topk(hidden, table, history, 3, chunk=4, first_item=N_ITEMS - 4)
+    same = every_v.gather(1, torch.argsort(every_i, dim=1))  # (B, N + 1) by item index
+    assert torch.equal(tail_v[finite], same.gather(1, tail_i)[finite])
