@@ -242,7 +242,6 @@ def warm_schedule(config: JobConfig) -> JobConfig:
         "lr": train.lr,
         "warmup_steps": train.warmup_steps,
         "patience": train.patience,
-        "ema_decay": train.ema_decay,
     }
     return with_overrides(config, train={key: value if (value := getattr(warm, key)) is not None else default
                                          for key, default in rule.items()})  # fmt: skip

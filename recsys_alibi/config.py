@@ -292,7 +292,6 @@ class WarmConfig(_Section):
     # the training part, recsys_alibi.training.context_rows; chosen on the ML-100K replay's validation,
     # docs/scheduling.md) or "noise" (mean + std * z of the trained rows, for every new item)
     new_item_rows: Literal["context", "noise"] = "context"
-    ema_decay: float | None = Field(None, gt=0, lt=1)  # screen (issue 42): train.ema_decay for warm runs only
 
 
 INIT_FROM = re.compile(r"champion|runs:/[^/\s]+/.+|models:/[^/@\s]+(/\d+|@[A-Za-z0-9_\-]+)")
@@ -338,9 +337,6 @@ class TrainConfig(_Section):
     # champion (models:/<tracking.registered_model>@<tracking.champion_alias>; none yet: from scratch)
     init_from: str | None = None
     warm: WarmConfig = WarmConfig()  # the schedule of a warm-started run
-    # validate and keep an exponential moving average of the weights (Lightning EMAWeightAveraging, per optimizer
-    # step); None: the weights as trained
-    ema_decay: float | None = Field(None, gt=0, lt=1)
 
     @field_validator("init_from")
     @classmethod

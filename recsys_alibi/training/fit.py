@@ -31,7 +31,7 @@ from pathlib import Path
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import EarlyStopping, EMAWeightAveraging, ModelCheckpoint
+from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 
 from recsys_alibi.config import ConfigError, JobConfig
 from recsys_alibi.training.context_schedule import warn_unreached
@@ -105,8 +105,6 @@ def fit_ranker(
     latest = ModelCheckpoint(dirpath=checkpoint_dir, filename="last", monitor=None, save_top_k=1, enable_version_counter=False)
     stopping = EarlyStopping(monitor=VAL_MONITOR, mode="max", patience=config.train.patience)
     train = config.train
-    # the average is what validation sees and what the checkpoints hold (Lightning's WeightAveraging)
-    averaging = [EMAWeightAveraging(decay=train.ema_decay)] if train.ema_decay else []
     trainer = L.Trainer(
         max_epochs=train.max_epochs,
         max_time=timedelta(minutes=train.max_minutes) if train.max_minutes else None,
@@ -117,7 +115,7 @@ def fit_ranker(
         precision=resolve_precision(train),
         gradient_clip_val=train.grad_clip,
         limit_train_batches=train.limit_train_batches,
-        callbacks=[checkpoint, latest, stopping, *averaging, *lines, *(callbacks or [])],
+        callbacks=[checkpoint, latest, stopping, *lines, *(callbacks or [])],
         logger=logger if logger is not None else False,
         enable_progress_bar=bar,
         enable_model_summary=False,
@@ -130,8 +128,6 @@ def fit_ranker(
     )
     started = time.perf_counter()
     with _process_group_released(), warnings.catch_warnings():
-        # RankerModule.configure_model shards only under model.shard_embeddings, which the average is not used with
-        warnings.filterwarnings("ignore", message=r"You're using the WeightAveraging callback")
         if resume_from:  # the run's own checkpoints are there: expected
             warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
         trainer.fit(module, datamodule=datamodule, ckpt_path=str(resume_from) if resume_from else None)
