@@ -98,7 +98,7 @@ class PipelineResult:
                 f"model_uri: {self.train.model.uri}",
                 f"report: {self.model_eval.report_dir / 'report.md'}",
                 f"rankings: {self.score.output_dir} (from {self.gate.champion_uri})",
-                *self.score.new_item_lines(),
+                *(self.score.new_item_lines() if self.score.new_items or self.score.slots_asked else []),
                 self.lineage_line(),
                 f"pipeline finished in {self.seconds:.0f} s",
                 self.decision_line(),
