@@ -276,8 +276,8 @@ class ModelConfig(_Section):
 class WarmConfig(_Section):
     """The schedule of a warm-started run (``train.init_from``): each key replaces its ``train.*`` value.
 
-    None: the rule of :func:`pipelines.init_from.warm_schedule` (a quarter of the epochs, the cold run's
-    learning rate and warm-up: re-warmed), measured by the ML-100K replay (docs/scheduling.md).
+    None: the rule of :func:`pipelines.init_from.warm_schedule` (a quarter of the epochs, twice the cold run's
+    learning rate after its warm-up: re-warmed), measured by the ML-100K replay (docs/scheduling.md).
     ``new_item_rows``: how a new item's row starts (:mod:`recsys_alibi.training.context_rows`; items that
     never occur in the training part, and every new item under ``"noise"``, get mean + std * noise).
     Every other weight is the parent's: shrink-and-perturb of the blocks (``shrink``/``perturb``, the
@@ -604,6 +604,7 @@ def sasrec_overrides() -> list[str]:
 
 
 WARM_EPOCHS_DIVISOR = 4  # train.warm.max_epochs unset: a quarter of train.max_epochs, rounded up (docs/scheduling.md)
+WARM_LR_FACTOR = 2  # train.warm.lr unset: twice train.lr (chosen on the ML-100K replay's returning users, docs/scheduling.md)
 
 
 def warm_max_epochs(train: TrainConfig) -> tuple[int, str]:

@@ -107,7 +107,7 @@ def test_unset_warm_keys_follow_the_measured_rule():
 
     cold = ["train.init_from=champion", "train.max_epochs=32", "train.lr=0.005", "train.warmup_steps=20", "train.patience=8"]
     warm = warm_schedule(load_config(None, cold)).train
-    assert (warm.max_epochs, warm.lr, warm.warmup_steps, warm.patience) == (8, 0.005, 20, 8)  # a quarter of the epochs, the cold peak rate re-warmed
+    assert (warm.max_epochs, warm.lr, warm.warmup_steps, warm.patience) == (8, 0.01, 20, 8)  # a quarter of the epochs, twice the cold peak re-warmed
     given = warm_schedule(load_config(None, [*cold, "train.warm.max_epochs=3", "train.warm.lr=0.002"])).train
     assert (given.max_epochs, given.lr, given.warmup_steps) == (3, 0.002, 20)
     assert warm_schedule(load_config(None, [*cold, "train.max_epochs=5", "train.warmup_steps=2"])).train.max_epochs == 2
