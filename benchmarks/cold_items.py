@@ -153,8 +153,8 @@ def per_user(model, vectors: torch.Tensor, column: dict, seqs: pl.DataFrame, bac
     """
     from recsys_alibi.data.loader import pad_right
     from recsys_alibi.evaluation.metrics import per_user_metrics
-    from recsys_alibi.evaluation.ranking import mask_seen, target_ranks, topk
-    from serving.topk import reserve_new_items
+    from recsys_alibi.evaluation.ranking import mask_seen, target_ranks
+    from serving.topk import slotted_ranks
 
     histories, targets, seen = [], [], []
     for items in seqs.get_column("items").to_list():
@@ -182,11 +182,7 @@ def per_user(model, vectors: torch.Tensor, column: dict, seqs: pl.DataFrame, bac
             target = torch.tensor([targets[r] for r in rows])  # (B,)
             rank = target_ranks(scores, target)
             ranks[rows] = rank.numpy()
-            values, columns = topk(scores, K)  # (B, K)
-            fresh_values, fresh_columns = topk(scores[:, n_known + 1 :], 1)  # the best held-out item
-            _, columns = reserve_new_items(values, columns, fresh_values, fresh_columns + n_known + 1, 1, n_known + 1)
-            found = columns == target[:, None]
-            slotted[rows] = torch.where(found.any(1), found.int().argmax(1) + 1, torch.clamp(rank, min=K + 1)).numpy()
+            slotted[rows] = slotted_ranks(scores, target, rank, K, 1, n_known + 1)[0].numpy()  # the best held-out item
             start = stop
     metrics, slot = per_user_metrics(ranks, [K]), per_user_metrics(slotted, [K])
     return {"hr": metrics[f"HR@{K}"], "ndcg": metrics[f"NDCG@{K}"], "held": np.array(targets) > n_known,

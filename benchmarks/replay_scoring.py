@@ -85,8 +85,8 @@ def rank_examples(
         ranks (U,) int64 (``MISS_RANK`` for a masked target) and the top-10 raw ``item_id`` lists.
     """
     from recsys_alibi.data.splits import TARGETS
-    from recsys_alibi.evaluation.ranking import target_ranks, topk
-    from serving.topk import reserve_new_items
+    from recsys_alibi.evaluation.ranking import target_ranks
+    from serving.topk import slotted_ranks
 
     raw = loaded.items.sort("item_idx")["item_id"].to_list()  # model item_idx i -> raw[i - 1]
     if extra is not None:
@@ -95,13 +95,8 @@ def rank_examples(
     for part, scores in scored_batches(loaded, examples, extra, window):
         targets = torch.tensor([t[0] for t in part[TARGETS].to_list()], dtype=torch.int64)  # (B,)
         rank = target_ranks(scores, targets)  # (B,)
-        values, columns = topk(scores, 10)  # (B, 10) item_idx
-        if slots and extra is not None and extra.count:
-            first = loaded.items.height + 1  # the new items' first column
-            fresh = topk(scores[:, first:], min(slots, extra.count))
-            values, columns = reserve_new_items(values, columns, fresh[0], fresh[1] + first, slots, first)
-            found = columns == targets[:, None]  # (B, 10)
-            rank = torch.where(found.any(1), found.int().argmax(1) + 1, torch.clamp(rank, min=11))
+        first = loaded.items.height + 1  # the new items' first column
+        rank, columns = slotted_ranks(scores, targets, rank, 10, slots if extra is not None else 0, first)  # (B,), (B, 10)
         ranks.append(rank.numpy())
         tops += [[raw[c - 1] for c in row if c > 0] for row in columns.tolist()]
     return (np.concatenate(ranks) if ranks else np.zeros(0, dtype=np.int64)), tops

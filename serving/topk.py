@@ -144,6 +144,32 @@ def reserve_new_items(
     return values, indices
 
 
+def slotted_ranks(
+    scores: torch.Tensor, targets: torch.Tensor, ranks: torch.Tensor, k: int, slots: int, first_new: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Where each target stands in a top ``k`` with ``slots`` places held for new items (evaluation of
+    :func:`reserve_new_items` on a full score matrix).
+
+    Args:
+        scores: (B, N + M + 1) float, masked items at -inf; new items are the columns ``first_new ..``.
+        targets: (B,) int64 target columns; ranks: (B,) int64 their ranks in the plain ranking.
+
+    Returns:
+        ranks (B,) int64: a target's place in the slotted top k, else its plain rank but at least k + 1
+        (exact for metrics at k, not at other cut-offs); and the slotted top-k columns (B, k).
+    """
+    from recsys_alibi.evaluation.ranking import topk
+
+    values, columns = topk(scores, k)  # (B, k)
+    new = scores.shape[1] - first_new
+    if not slots or new <= 0:
+        return ranks, columns
+    fresh_values, fresh_columns = topk(scores[:, first_new:], min(slots, new))
+    _, columns = reserve_new_items(values, columns, fresh_values, fresh_columns + first_new, slots, first_new)
+    found = columns == targets[:, None]  # (B, k)
+    return torch.where(found.any(1), found.int().argmax(1) + 1, torch.clamp(ranks, min=k + 1)), columns
+
+
 def topk_reference(
     hidden: torch.Tensor, table: torch.Tensor, seen: torch.Tensor, k: int, *, exclude_seen: bool = True,
     mask: ItemMask | None = None,
