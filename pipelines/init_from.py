@@ -53,7 +53,6 @@ class WarmStart:
     new_events: int | None = None
     reason: str = ""
     state: dict | None = field(default=None, repr=False, compare=False)
-    optimizer: tuple | None = field(default=None, repr=False, compare=False)  # screen: (saved moments, rows)
 
     def line(self) -> str:
         """One line for the run's summary."""
@@ -81,17 +80,15 @@ class WarmStart:
         """``[InitialWeights]`` when there are weights to load, else ``[]``."""
         if self.state is None:
             return []
-        from recsys_alibi.training.warm_optimizer import CarriedOptimizerState
         from recsys_alibi.training.warm_start import InitialWeights
 
-        return [InitialWeights(self.state)] + ([CarriedOptimizerState(*self.optimizer)] if self.optimizer else [])
+        return [InitialWeights(self.state)]
 
     def write_marker(self, checkpoint_dir: Path) -> None:
         """``<run_id>.warm_start.json`` beside the run's checkpoint directory (read back on resume)."""
         if self.uri is not None:
             checkpoint_dir.parent.mkdir(parents=True, exist_ok=True)
-            kept = {k: v for k, v in asdict(self).items() if k not in ("state", "optimizer")}
-            write_json_atomic(marker_path(checkpoint_dir), kept)
+            write_json_atomic(marker_path(checkpoint_dir), {k: v for k, v in asdict(self).items() if k != "state"})
 
 
 def marker_path(checkpoint_dir: Path) -> Path:
@@ -170,18 +167,9 @@ def load_warm_start(config: JobConfig, prepared_dir: Path, uri: str) -> WarmStar
         parent = _parent_counts(loaded.run_id)
         if parent is not None:
             new_users, new_events = int(now[USERS_TAG]) - parent[0], int(now[EVENTS_TAG]) - parent[1]
-    optimizer = None
-    if warm.optimizer_state and loaded.run_id is not None:
-        import torch
-
-        from recsys_alibi.training.warm_optimizer import parent_checkpoint
-
-        saved = torch.load(parent_checkpoint(loaded.run_id), map_location="cpu", weights_only=False)
-        optimizer = (saved["optimizer_states"][0]["state"], rows)
     return WarmStart(
         uri=uri, parent_run_id=loaded.run_id, kept_items=kept, new_items=unknown,
         dropped_items=loaded.items.height - kept, new_users=new_users, new_events=new_events, state=state,
-        optimizer=optimizer,
     )  # fmt: skip
 
 

@@ -292,7 +292,6 @@ class WarmConfig(_Section):
     # the training part, recsys_alibi.training.context_rows; chosen on the ML-100K replay's validation,
     # docs/scheduling.md) or "noise" (mean + std * z of the trained rows, for every new item)
     new_item_rows: Literal["context", "noise"] = "context"
-    optimizer_state: bool = False  # screen (issue 42): the parent's AdamW moments carried (training.warm_optimizer)
 
 
 INIT_FROM = re.compile(r"champion|runs:/[^/\s]+/.+|models:/[^/@\s]+(/\d+|@[A-Za-z0-9_\-]+)")
