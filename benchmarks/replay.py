@@ -499,6 +499,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def read_arm_option(item: str, parser, arms: tuple[str, ...] = ARMS) -> tuple[str, str, dict, argparse.Namespace, dict]:
+    """A ``--model LABEL=REPLAY.json:ARM`` value -> (label, arm, and :func:`read_replay` of the file); refused with
+    one line (``parser.error``, exit 2): a malformed value, a file that is not a finished replay, an arm the
+    replay did not run or that is not one of ``arms``. Used by ``replay_validation.py`` and ``replay_pair.py``."""
+    label, _, rest = item.partition("=")
+    path, _, arm = rest.rpartition(":")
+    if not label or not path or not arm:
+        parser.error(f"--model {item}: expected LABEL=REPLAY.json:ARM")
+    doc, args, runs = read_replay(Path(path), parser)
+    if arm not in doc.get("arms", []) or arm not in arms:
+        parser.error(f"--model {item}: {path} has no arm {arm} of {', '.join(arms)} (its arms: {doc.get('arms')})")
+    return label, arm, doc, args, runs
+
+
 def read_replay(path: Path, parser) -> tuple[dict, argparse.Namespace, dict]:
     """(the replay's JSON, its recorded command parsed with :func:`build_parser`, its per-user runs); a file
     that is not a finished replay of this script is refused with one line (``parser.error`` of the caller's

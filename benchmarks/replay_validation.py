@@ -97,14 +97,7 @@ def read_models(items: list[str], extra_stores: list[str], parser) -> list[tuple
 
     models = []
     for item in items:
-        label, _, rest = item.partition("=")
-        path, _, arm = rest.rpartition(":")
-        if not label or not path or not arm:
-            parser.error(f"--model {item}: expected LABEL=REPLAY.json:ARM")
-        doc, r, runs = replay_script.read_replay(Path(path), parser)
-        if arm not in doc.get("arms", []) or arm not in replay_script.TRAINED_ARMS:
-            parser.error(f"--model {item}: {path} has no trained arm {arm} (its arms: {doc.get('arms')}; "
-                         "stale is not trained at a step)")  # fmt: skip
+        label, arm, _, r, runs = replay_script.read_arm_option(item, parser, replay_script.TRAINED_ARMS)
         models.append((label, arm, r, runs, stores(r) + extra_stores))
     if len(models) < 2 or len({m[0] for m in models}) < len(models):
         parser.error("--model: at least two, with different labels")

@@ -160,6 +160,23 @@ def test_tiny_replay_writes_every_field(replay_dir, monkeypatch):
     assert result["warm_over_scratch_epochs"] == pytest.approx(step["arms"]["warm"]["epochs"] / step["arms"]["scratch"]["epochs"])
     _check_cold_figures(replay_dir, monkeypatch, log, bounds, step)
     _check_validation_figures(replay_dir, monkeypatch, log, bounds, step)
+    _check_paired_figures(replay_dir, monkeypatch, result)
+
+
+def _check_paired_figures(replay_dir, monkeypatch, result) -> None:
+    """benchmarks/replay_pair.py on the finished tiny replay: the replay's own pooled differences, to the last
+    digit (the same pairs, the same resampling); steps outside --steps leave nothing, refused with exit 2."""
+    monkeypatch.setitem(sys.modules, "replay", replay)
+    pairing = _load("replay_pair", REPO / "benchmarks" / "replay_pair.py")
+    pairing.main(["--model", "scratch=replay.json:scratch", "--model", "warm=replay.json:warm",
+                  "--model", "stale=replay.json:stale", "--output", "pair.json"])  # fmt: skip
+    out = json.loads((replay_dir / "pair.json").read_text())
+    assert out["warm_minus_scratch"] == result["pooled_warm_minus_scratch"] and out["steps"] == [1]
+    assert out["stale_minus_scratch"]["NDCG@10"]["difference"] == pytest.approx(
+        out["mean_NDCG@10"]["stale"] - out["mean_NDCG@10"]["scratch"])
+    with pytest.raises(SystemExit) as stopped:
+        pairing.main(["--model", "a=replay.json:warm", "--model", "b=replay.json:scratch", "--steps", "2-3"])
+    assert stopped.value.code == 2
 
 
 def _cold_users(log: pl.DataFrame, lo: int, hi: int) -> tuple[set, set]:
