@@ -508,19 +508,21 @@ def read_arm_option(item: str, parser, arms: tuple[str, ...] = ARMS) -> tuple[st
     if not label or not path or not arm:
         parser.error(f"--model {item}: expected LABEL=REPLAY.json:ARM")
     doc, args, runs = read_replay(Path(path), parser)
-    if arm not in doc.get("arms", []) or arm not in arms:
-        parser.error(f"--model {item}: {path} has no arm {arm} of {', '.join(arms)} (its arms: {doc.get('arms')})")
+    if arm not in doc.get("arms", []):
+        parser.error(f"--model {item}: {path} has no arm {arm} (its arms: {doc.get('arms')})")
+    if arm not in arms:
+        parser.error(f"--model {item}: this command takes the arms {', '.join(arms)}, not {arm}")
     return label, arm, doc, args, runs
 
 
 def read_replay(path: Path, parser) -> tuple[dict, argparse.Namespace, dict]:
     """(the replay's JSON, its recorded command parsed with :func:`build_parser`, its per-user runs); a file
     that is not a finished replay of this script is refused with one line (``parser.error`` of the caller's
-    parser, exit 2). Used by ``benchmarks/replay_cold.py`` and ``benchmarks/replay_validation.py``."""
+    parser, exit 2). Used by ``benchmarks/replay_cold.py``, ``replay_validation.py`` and ``replay_pair.py``."""
     try:
         doc = json.loads(path.read_text())
         runs = json.loads(path.with_suffix(".per_user.json").read_text())
-    except (OSError, ValueError) as err:
+    except (OSError, ValueError, RecursionError) as err:
         parser.error(f"{path}: not a finished replay (its JSON and .per_user.json beside it): {err}")
     command = doc.get("command") if isinstance(doc, dict) else None
 

@@ -174,9 +174,17 @@ def _check_paired_figures(replay_dir, monkeypatch, result) -> None:
     assert out["warm_minus_scratch"] == result["pooled_warm_minus_scratch"] and out["steps"] == [1]
     assert out["stale_minus_scratch"]["NDCG@10"]["difference"] == pytest.approx(
         out["mean_NDCG@10"]["stale"] - out["mean_NDCG@10"]["scratch"])
-    with pytest.raises(SystemExit) as stopped:
-        pairing.main(["--model", "a=replay.json:warm", "--model", "b=replay.json:scratch", "--steps", "2-3"])
-    assert stopped.value.code == 2
+    before = (replay_dir / "replay.json").read_bytes()
+    fewer = json.loads((replay_dir / "replay.per_user.json").read_text())  # one test user fewer in one arm
+    fewer["42"]["steps"][0]["per_user"]["warm"].popitem()
+    (replay_dir / "fewer.json").write_bytes(before)
+    (replay_dir / "fewer.per_user.json").write_text(json.dumps(fewer))
+    for bad in (["--steps", "2-3"], ["--steps", "\u00b2-3"], ["--output", "replay.json"], ["--output", "."],
+                ["--model", "c=fewer.json:warm"]):  # fmt: skip
+        with pytest.raises(SystemExit) as stopped:
+            pairing.main(["--model", "a=replay.json:warm", "--model", "b=replay.json:scratch", *bad])
+        assert stopped.value.code == 2, bad
+    assert (replay_dir / "replay.json").read_bytes() == before  # an --output naming an input is refused, not written
 
 
 def _cold_users(log: pl.DataFrame, lo: int, hi: int) -> tuple[set, set]:
