@@ -499,6 +499,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def log_key(args: argparse.Namespace) -> tuple:
+    """What two replays must share to be compared target by target (``args``: a recorded command, parsed): the
+    config and the log as resolved paths (``./configs/x.yaml`` is ``configs/x.yaml``), the format, the start
+    quantile and the period length."""
+    return (Path(args.config).resolve(), Path(args.input).resolve() if args.input else None, args.format, args.start,
+            args.period_days)  # fmt: skip
+
+
 def read_arm_option(item: str, parser, arms: tuple[str, ...] = ARMS) -> tuple[str, str, dict, argparse.Namespace, dict]:
     """A ``--model LABEL=REPLAY.json:ARM`` value -> (label, arm, and :func:`read_replay` of the file); refused with
     one line (``parser.error``, exit 2): a malformed value, a file that is not a finished replay, an arm the

@@ -25,9 +25,6 @@ import math
 import re
 from pathlib import Path
 
-SAME = ("format", "start", "period_days")  # beside the config and the log, compared as resolved paths
-
-
 def _per_user(runs, arm: str) -> dict[tuple[int, int, str], tuple[tuple[float, float], str]]:
     """{(seed, step, user): ((NDCG@10, HR@10), target kind)} of one arm of a replay's per-user runs.
 
@@ -55,8 +52,7 @@ def read_arms(items: list[str], parser) -> list[tuple[str, Path, dict]]:
     for item in items:
         label, arm, _, args, runs = replay_script.read_arm_option(item, parser)
         path = Path(item.partition("=")[2].rpartition(":")[0])
-        same = [Path(args.config).resolve(), Path(args.input).resolve() if args.input else None,
-                *(getattr(args, k) for k in SAME)]  # fmt: skip
+        same = replay_script.log_key(args)
         if base is not None and same != base:
             parser.error(f"--model {label}: a replay of another log or other periods than {out[0][0]}'s")
         base = base or same

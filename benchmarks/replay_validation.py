@@ -101,11 +101,10 @@ def read_models(items: list[str], extra_stores: list[str], parser) -> list[tuple
         models.append((label, arm, r, runs, stores(r) + extra_stores))
     if len(models) < 2 or len({m[0] for m in models}) < len(models):
         parser.error("--model: at least two, with different labels")
-    same = ("config", "input", "format", "start", "period_days")
     base = models[0][2]
     for label, _, r, _, _ in models[1:]:
         data = sorted(o for o in r.overrides if o.startswith("data."))
-        if [getattr(r, k) for k in same] != [getattr(base, k) for k in same] or data != sorted(
+        if replay_script.log_key(r) != replay_script.log_key(base) or data != sorted(
                 o for o in base.overrides if o.startswith("data.")):  # fmt: skip
             parser.error(f"--model {label}: a replay of another log, other periods or other data.* settings than "
                          f"{models[0][0]}'s")  # fmt: skip
