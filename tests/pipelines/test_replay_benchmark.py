@@ -161,6 +161,31 @@ def test_tiny_replay_writes_every_field(replay_dir, monkeypatch):
     _check_cold_figures(replay_dir, monkeypatch, log, bounds, step)
     _check_validation_figures(replay_dir, monkeypatch, log, bounds, step)
     _check_paired_figures(replay_dir, monkeypatch, result)
+    _check_popularity_figures(replay_dir, monkeypatch, log, bounds, per_user)
+
+
+def _check_popularity_figures(replay_dir, monkeypatch, log, bounds, per_user) -> None:
+    """benchmarks/replay_popularity.py on the finished tiny replay against a hand ranking: every catalog item by
+    its events before b_1 (ties: the later last event first, then the lower raw id), seen items skipped."""
+    monkeypatch.setitem(sys.modules, "replay", replay)
+    popularity = _load("replay_popularity", REPO / "benchmarks" / "replay_popularity.py")
+    popularity.main(["replay.json", "--output", "pop.json"])
+    out = json.loads((replay_dir / "pop.json").read_text())
+    rows = sorted(log.filter(pl.col("timestamp") < bounds[1]).rows(), key=lambda r: r[2])
+    count, last, seen = {}, {}, {}
+    for user, item, ts in rows:
+        count[item], last[item] = count.get(item, 0) + 1, ts
+        seen.setdefault(user, set()).add(item)
+    order = sorted(count, key=lambda i: (-count[i], -last[i], i))
+    ndcg = []
+    for user, item, ts in sorted(log.filter((pl.col("timestamp") >= bounds[1]) & (pl.col("timestamp") < bounds[2])).rows(), key=lambda r: (r[2], r[1])):
+        if user in seen and item in count and item not in seen[user] and user not in {u for u, _ in ndcg}:
+            rank = [i for i in order if i not in seen[user]].index(item) + 1
+            ndcg.append((user, 1 / np.log2(rank + 1) if rank <= 10 else 0.0))
+    assert out["steps"]["1"]["test_users"] == len(ndcg) == len(per_user["42"]["steps"][0]["per_user"]["warm"])
+    assert out["steps"]["1"]["NDCG@10"] == pytest.approx(np.mean([v for _, v in ndcg]))
+    warm = np.mean([v[0] for v in per_user["42"]["steps"][0]["per_user"]["warm"].values()])
+    assert out["popularity_minus_warm"]["NDCG@10"]["difference"] == pytest.approx(out["steps"]["1"]["NDCG@10"] - warm)
 
 
 def _check_paired_figures(replay_dir, monkeypatch, result) -> None:
