@@ -77,7 +77,6 @@ import platform
 import shlex
 import shutil
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -213,6 +212,32 @@ def movement(config, prepared: Path, parent_uri: str, child_uri: str) -> dict:
     return row_movement(parent.model.state_dict(), init, child.model.state_dict(), new_rows)
 
 
+def write_periods(events: pl.DataFrame, bounds: list[int], folder: Path, upto: int) -> list[Path]:
+    """Periods 0..``upto`` of the log as the replay cuts them (period 0: before ``bounds[0]``; period k:
+    ``[bounds[k-1], bounds[k])``), one ``period-NNN.parquet`` each in ``folder``; a file already there is kept
+    (a resumed replay reuses its periods)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    edges = [int(events["timestamp"].min()), *bounds]
+    files = []
+    for k in range(upto + 1):
+        path = folder / f"period-{k:03d}.parquet"
+        if not path.exists():
+            events.filter((pl.col("timestamp") >= edges[k]) & (pl.col("timestamp") < edges[k + 1])).write_parquet(path)
+        files.append(path)
+    return files
+
+
+def replayed_log(args: argparse.Namespace, overrides: list[str]) -> tuple:
+    """(config, events, bounds) of a finished replay's recorded command ``args`` (:func:`read_replay`): its config
+    with ``overrides`` (and ``train.init_from=champion``, as the replay loads it), its log read as it read it,
+    and its period boundaries."""
+    from recsys_alibi.config import load_config
+
+    config = load_config(args.config, [*overrides, "train.init_from=champion"])
+    events = read_log(config, args.input or config.data.input, args.format)
+    return config, events, boundaries(events["timestamp"].to_numpy(), args.start, args.period_days)
+
+
 def rebuild(config, files: list[Path], prepared: Path, upto: int) -> None:
     """``prepared`` = period 0 prepared, then periods 1..``upto`` appended (a resumed replay starts here)."""
     if prepared.exists():
@@ -243,15 +268,7 @@ def replay_seed(config, events: pl.DataFrame, bounds: list[int], workdir: Path, 
               "(a new checkout or another MLFLOW_TRACKING_URI): this seed starts over", flush=True)  # fmt: skip
         state.clear()
         shutil.rmtree(workdir, ignore_errors=True)  # no arm resumes from a checkpoint of the lost chain
-    periods_dir = workdir / "periods"
-    periods_dir.mkdir(parents=True, exist_ok=True)
-    edges = [int(events["timestamp"].min()), *bounds]
-    files = []
-    for k in range(len(bounds)):
-        path = periods_dir / f"period-{k:03d}.parquet"
-        if not path.exists():
-            events.filter((pl.col("timestamp") >= edges[k]) & (pl.col("timestamp") < edges[k + 1])).write_parquet(path)
-        files.append(path)
+    files = write_periods(events, bounds, workdir / "periods", len(bounds) - 1)
     entry = entry_steps(events, bounds)
     steps = state.setdefault("steps", [])
     prepared = workdir / "prepared"

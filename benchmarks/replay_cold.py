@@ -36,7 +36,6 @@ the median rank the best-scored new item takes over the unseen catalog (``replay
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -188,7 +187,6 @@ def main(argv: list[str] | None = None) -> None:
     import replay as replay_script
     from pipelines.cli import configure_logging
     from recsys_alibi.atomic import write_json_atomic
-    from recsys_alibi.config import load_config
     from recsys_alibi.tracking import ModelUriError, load_ranker, setup_tracking
     from replay_scoring import entry_steps
 
@@ -203,10 +201,8 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"{r.workdir} does not hold the replay's periods and models (seed {gone[0] if gone else '-'}): "
                      "its workdir is gone; run benchmarks/replay.py again with its command")  # fmt: skip
     os.environ.setdefault("MLFLOW_TRACKING_URI", f"sqlite:///{r.workdir.resolve() / 'mlflow.db'}")
-    config = load_config(r.config, [*r.overrides, "train.init_from=champion"])
+    config, events, bounds = replay_script.replayed_log(r, r.overrides)
     setup_tracking(config.tracking)
-    events = replay_script.read_log(config, r.input or config.data.input, r.format)
-    bounds = replay_script.boundaries(events["timestamp"].to_numpy(), r.start, r.period_days)
     entry = entry_steps(events, bounds)
     steps, replay_steps, fractions, among = [], {}, {}, {}
     for seed, run in runs.items():

@@ -61,7 +61,6 @@ def main(argv: list[str] | None = None) -> None:
     import replay as replay_script
     from pipelines.cli import configure_logging
     from recsys_alibi.atomic import write_json_atomic
-    from recsys_alibi.config import load_config
 
     configure_logging()
     doc, r, runs = replay_script.read_replay(args.replay, parser)
@@ -69,17 +68,11 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"--output {output}: one of the replay's own files")
     if r.input is not None and not Path(r.input).exists():
         parser.error(f"the replay's log {r.input} is not there: run from the folder the replay ran in")
-    config = load_config(r.config, [o for o in r.overrides if o.startswith("data.")] + ["train.init_from=champion"])
-    events = replay_script.read_log(config, r.input or config.data.input, r.format)
-    bounds = replay_script.boundaries(events["timestamp"].to_numpy(), r.start, r.period_days)
-    edges = [int(events["timestamp"].min()), *bounds]
+    config, events, bounds = replay_script.replayed_log(r, [o for o in r.overrides if o.startswith("data.")])
     finished = sorted({st["step"] for run in runs.values() for st in run.get("steps", [])})
     steps, values = {}, {}
     with tempfile.TemporaryDirectory(prefix="replay-popularity-") as scratch_dir:
-        files = []
-        for k in range((finished[-1] if finished else 0) + 1):  # the periods as the replay cut them
-            files.append(Path(scratch_dir) / f"period-{k:03d}.parquet")
-            events.filter((pl.col("timestamp") >= edges[k]) & (pl.col("timestamp") < edges[k + 1])).write_parquet(files[-1])
+        files = replay_script.write_periods(events, bounds, Path(scratch_dir) / "periods", finished[-1] if finished else 0)
         prepared = Path(scratch_dir) / "prepared"
         for k in finished:
             replay_script.rebuild(config, files, prepared, k)

@@ -38,7 +38,6 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import polars as pl
 
 SETS = ("all", "returning")
 
@@ -168,25 +167,18 @@ def main(argv: list[str] | None = None) -> None:
     import replay as replay_script
     from pipelines.cli import configure_logging
     from recsys_alibi.atomic import write_json_atomic
-    from recsys_alibi.config import load_config
     from replay_scoring import returning_users, validation_per_user
 
     configure_logging()
     models = read_models(args.model, args.store, parser)
     plan = planned_steps(models, args.seeds, parser)
     base = models[0][2]
-    config = load_config(base.config, [o for o in base.overrides if o.startswith("data.")] + ["train.init_from=champion"])
-    events = replay_script.read_log(config, base.input or config.data.input, base.format)
-    bounds = replay_script.boundaries(events["timestamp"].to_numpy(), base.start, base.period_days)
-    edges = [int(events["timestamp"].min()), *bounds]
+    config, events, bounds = replay_script.replayed_log(base, [o for o in base.overrides if o.startswith("data.")])
     per: dict = {m[0]: {s: [] for s in SETS} for m in models}
     steps = []
     with tempfile.TemporaryDirectory(prefix="replay-validation-") as scratch_dir:
         for seed, common in plan:
-            files = []
-            for k in range(common[-1] + 1):  # the periods as the replay cut them
-                files.append(Path(scratch_dir) / f"period-{k:03d}.parquet")
-                events.filter((pl.col("timestamp") >= edges[k]) & (pl.col("timestamp") < edges[k + 1])).write_parquet(files[-1])
+            files = replay_script.write_periods(events, bounds, Path(scratch_dir) / f"periods-{seed}", common[-1])
             prepared = Path(scratch_dir) / "prepared"
             for k in common:
                 replay_script.rebuild(config, files, prepared, k)
