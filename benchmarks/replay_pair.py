@@ -36,7 +36,7 @@ def _per_user(runs, arm: str) -> dict[tuple[int, int, str], tuple[tuple[float, f
         for step in state.get("steps", []):
             k, kinds = int(step["step"]), step["target_kinds"]
             for user, v in step["per_user"].get(arm, {}).items():
-                ndcg, hr = (float(x) for x in v[:2]) if len(v) == 2 else (math.nan, math.nan)
+                ndcg, hr = (float(v[0]), float(v[1])) if len(v) == 2 else (math.nan, math.nan)
                 if not (math.isfinite(ndcg) and math.isfinite(hr)):
                     raise ValueError(f"seed {seed} step {k} user {user}: {v!r} is not two finite numbers")
                 values[(int(seed), k, str(user))] = ((ndcg, hr), kinds[user])
@@ -77,7 +77,8 @@ def pair(arms: list[tuple[str, Path, dict]], steps: tuple[int, int] | None, pars
         return out
 
     by_step = [users_by_step(values) for _, _, values in arms]
-    common = set.intersection(*(set(b) for b in by_step))
+    finished = set.intersection(*(set(b) for b in by_step))  # (seed, step) every replay finished
+    common = finished
     for seed, k in sorted(common):
         if any(b[(seed, k)] != by_step[0][(seed, k)] for b in by_step[1:]):
             parser.error(f"seed {seed} step {k}: the replays' test users differ (not the same log and periods)")
@@ -85,7 +86,7 @@ def pair(arms: list[tuple[str, Path, dict]], steps: tuple[int, int] | None, pars
         common = {(seed, k) for seed, k in common if steps[0] <= k <= steps[1]}
     keys = sorted((seed, k, user) for seed, k in common for user in by_step[0][(seed, k)])
     if not keys:
-        ran = sorted({k for seed, k in set.intersection(*(set(b) for b in by_step))})
+        ran = sorted({k for _, k in finished})
         parser.error(f"no (seed, step, user) that every --model scored{' in steps %d-%d' % steps if steps else ''} "
                      f"(the steps all of them finished: {ran or 'none'})")  # fmt: skip
     for key in keys:
