@@ -540,6 +540,22 @@ def read_arm_option(item: str, parser, arms: tuple[str, ...] = ARMS) -> tuple[st
     return label, arm, doc, args, runs
 
 
+def read_for_output(path: Path, output: Path | None, suffix: str, parser) -> tuple[dict, argparse.Namespace, dict, Path]:
+    """:func:`read_replay` for a script that writes a file about the replay: also the output path (``output``,
+    default the replay's path with ``suffix``), refused with one line (``parser.error``) when it is a folder, lies
+    in none, or is one of the replay's own files, and when the replay's log is not where its command says. Used by
+    ``replay_popularity.py`` and ``replay_prior.py``."""
+    output = output or path.with_suffix(suffix)
+    if output.resolve().is_dir() or not output.resolve().parent.is_dir():
+        parser.error(f"--output {output}: a folder, or in a folder that does not exist")
+    doc, args, runs = read_replay(path, parser)
+    if output.resolve() in {path.resolve(), path.with_suffix(".per_user.json").resolve()}:
+        parser.error(f"--output {output}: one of the replay's own files")
+    if args.input is not None and not Path(args.input).exists():
+        parser.error(f"the replay's log {args.input} is not there: run from the folder the replay ran in")
+    return doc, args, runs, output
+
+
 def read_replay(path: Path, parser) -> tuple[dict, argparse.Namespace, dict]:
     """(the replay's JSON, its recorded command parsed with :func:`build_parser`, its per-user runs); a file
     that is not a finished replay of this script is refused with one line (``parser.error`` of the caller's

@@ -54,20 +54,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("replay", type=Path, help="a finished benchmarks/replay.py JSON")
     parser.add_argument("--output", type=Path, help="JSON path (default: REPLAY.popularity.json beside it)")
     args = parser.parse_args(argv)
-    output = args.output or args.replay.with_suffix(".popularity.json")
-    if output.resolve().is_dir() or not output.resolve().parent.is_dir():
-        parser.error(f"--output {output}: a folder, or in a folder that does not exist")
 
     import replay as replay_script
     from pipelines.cli import configure_logging
     from recsys_alibi.atomic import write_json_atomic
 
     configure_logging()
-    doc, r, runs = replay_script.read_replay(args.replay, parser)
-    if output.resolve() in {args.replay.resolve(), args.replay.with_suffix(".per_user.json").resolve()}:
-        parser.error(f"--output {output}: one of the replay's own files")
-    if r.input is not None and not Path(r.input).exists():
-        parser.error(f"the replay's log {r.input} is not there: run from the folder the replay ran in")
+    doc, r, runs, output = replay_script.read_for_output(args.replay, args.output, ".popularity.json", parser)
     config, events, bounds = replay_script.replayed_log(r, [o for o in r.overrides if o.startswith("data.")])
     finished = sorted({st["step"] for run in runs.values() for st in run.get("steps", [])})
     steps, values = {}, {}

@@ -124,6 +124,14 @@ class ScoreInput:
     prepare_id: str | None = None
     name: str | None = None  # how messages name the input (the user's path, never a staged or temporary file)
 
+    def vocabulary(self, model_items: pl.DataFrame) -> pl.DataFrame:
+        """The items the input's ``item_idx`` refer to: the ``items.parquet`` beside ``sequences`` (a prepared or
+        staged directory), else ``model_items`` (a bare sequences file is in the model's numbering)."""
+        items_path = self.sequences.with_name(schema.ITEMS_FILE)
+        if self.sequences.name != schema.SEQUENCES_FILE or not items_path.is_file():
+            return model_items
+        return read_consistent(items_path.parent, items_path.name, read_parquet_file, self.prepare_id)
+
     def read_shard(self, start: int, n: int) -> Shard:
         """Users ``start .. start + n - 1`` with their histories in model indices (bounded memory)."""
         columns = [schema.USER_ID, schema.ITEM_IDX] + ([schema.TIMESTAMP] if self.time_gap_buckets else [])

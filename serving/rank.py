@@ -152,6 +152,9 @@ class ShardRanker:
             ``items``: an item table whose items the model never saw are ranked from their features
             alone, at indices N + 1 .. N + M, :mod:`serving.new_items`).
         k: items per user.
+        popularity: ``item_id``, ``popularity`` (:func:`recsys_alibi.evaluation.popularity_prior.item_popularity`
+            of the scored input) when ``score.popularity_prior.weight`` > 0; it may also come later, through
+            :meth:`use_popularity`, before :meth:`rank`.
 
     Raises:
         DataError: the vocabulary does not match the item table; a rule file is unreadable;
@@ -159,7 +162,7 @@ class ShardRanker:
         ValueError: ``score.sinks`` not below the context length.
     """
 
-    def __init__(self, model, items: pl.DataFrame, cfg: ScoreConfig, k: int) -> None:
+    def __init__(self, model, items: pl.DataFrame, cfg: ScoreConfig, k: int, popularity: pl.DataFrame | None = None) -> None:
         self.cfg = cfg
         self.k = int(k)
         self.device = resolve_device(cfg.device)
@@ -190,6 +193,19 @@ class ShardRanker:
             raise ValueError(
                 f"score.sinks={self.sinks} must be below the context of {self.context} events; lower score.sinks"
             )
+        self.popularity: pl.DataFrame | None = None
+        self.bias: torch.Tensor | None = None  # (N + 1,) score.popularity_prior, on the table's device
+        if popularity is not None:
+            self.use_popularity(popularity)
+
+    def use_popularity(self, popularity: pl.DataFrame) -> None:
+        """Add ``score.popularity_prior.weight * log(1 + popularity)`` to every item's score from now on
+        (:func:`recsys_alibi.evaluation.popularity_prior.item_bias`; items without a row, such as new items: 0)."""
+        from recsys_alibi.evaluation.popularity_prior import item_bias
+
+        self.popularity = popularity
+        weight = self.cfg.popularity_prior.weight
+        self.bias = torch.from_numpy(item_bias(popularity, self.item_ids, weight)).to(self.table.device) if weight else None
 
     def settings(self) -> dict:
         """Every setting that can change a row's bits: part of the job identity (a resumed job must
@@ -209,6 +225,8 @@ class ShardRanker:
                     "model_config": self.model.cfg.model_dump(mode="json")}  # fmt: skip
         if self.rules is not None:
             settings["rules"] = self.rules.fingerprint()
+        if self.cfg.popularity_prior.weight:  # the counts are the input's, which the job fingerprints
+            settings["popularity_prior"] = self.cfg.popularity_prior.model_dump(mode="json")
         if self.new_items is not None and self.new_items.count:
             settings["new_items"] = {"count": self.new_items.count, "sha256": self.new_items.digest()}
             if self.slots:
@@ -299,15 +317,19 @@ class ShardRanker:
             seen, _ = pad_right([histories.get(int(u)) for u in rows])  # (B, S) the whole history
         else:
             seen = torch.zeros((len(rows), 0), dtype=torch.int64)
+        if self.cfg.popularity_prior.weight and self.bias is None:
+            raise ValueError("score.popularity_prior is on but the ranker was given no item popularity (use_popularity)")
         hidden = self._hidden(histories, rows, gaps)  # (B, D)
         mask = None if rules is None else rules.batch(rows)
         values, indices = chunked_topk(
-            hidden, self.table, seen, self.k, chunk=self.cfg.catalog_chunk, exclude_seen=self.cfg.exclude_seen, mask=mask
+            hidden, self.table, seen, self.k, chunk=self.cfg.catalog_chunk, exclude_seen=self.cfg.exclude_seen, mask=mask,
+            bias=self.bias,
         )  # (B, K'), (B, K')
         slots = self.slots
         if slots:  # score.new_item_slots: the best new items take the last places (serving.topk.reserve_new_items)
             fresh = chunked_topk(hidden, self.table, seen, slots, chunk=self.cfg.catalog_chunk,
-                                 exclude_seen=self.cfg.exclude_seen, mask=mask, first_item=self.first_new_item)  # fmt: skip
+                                 exclude_seen=self.cfg.exclude_seen, mask=mask, first_item=self.first_new_item,
+                                 bias=self.bias)  # fmt: skip
             values, indices = reserve_new_items(values, indices, *fresh, slots, self.first_new_item)
         values, indices = values.cpu(), indices.cpu()
         valid = torch.isfinite(values)  # masked tail of users with fewer than K rankable items

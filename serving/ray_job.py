@@ -68,17 +68,18 @@ class ShardActor:
         source: the job's staged input; output_dir: the rankings directory (both readable and
             writable from the actor's node).
         threads: torch threads of this actor; carry: ``score.changed_since``'s previous output (or None).
+        popularity: the driver ranker's item popularity (``score.popularity_prior``), or None.
     """
 
     def __init__(self, model, items: pl.DataFrame, score: ScoreConfig, k: int, source: ScoreInput,
-                 output_dir: Path, threads: int, carry=None) -> None:  # fmt: skip
+                 output_dir: Path, threads: int, carry=None, popularity: pl.DataFrame | None = None) -> None:  # fmt: skip
         import ray
         import torch
 
         torch.set_num_threads(max(1, threads))
         if isinstance(model, ray.ObjectRef):
             model = ray.get(model)
-        self.ranker = ShardRanker(model, items, score, k)
+        self.ranker = ShardRanker(model, items, score, k, popularity)
         self.source, self.output_dir, self.shard_users, self.carry = source, Path(output_dir), score.shard_users, carry
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -122,7 +123,7 @@ class _RayScoreJob(_ScoreJob):
         actors = min(cfg.actors, len(todo))
         kwargs = {"model": self.model, "items": self.items, "score": self.config.score, "k": self.ranker.k,
                   "source": source, "output_dir": self.output_dir, "threads": round(cfg.cpus_per_actor),
-                  "carry": self.carry}  # fmt: skip
+                  "carry": self.carry, "popularity": self.ranker.popularity}  # fmt: skip
         users_scored = 0
         with _quiet_data_context(ray.data.DataContext.get_current()):  # datasets copy the context when made
             shards = ray.data.from_items([{"shard": s} for s in todo], override_num_blocks=len(todo))

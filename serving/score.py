@@ -35,6 +35,7 @@ import polars as pl
 from recsys_alibi.config import ConfigError, JobConfig
 from recsys_alibi.data import schema
 from recsys_alibi.data.ingest import DataError
+from recsys_alibi.evaluation.popularity_prior import item_popularity
 from serving.changed import FINGERPRINTS_DIR, CarryOver, history_fingerprints, model_digest
 from serving.distributed import World, scoring_world
 from serving.inputs import ScoreInput, fingerprint, input_kind, open_input, release_staged
@@ -339,6 +340,9 @@ class _ScoreJob:
                 log.info("%s is complete already; nothing to score", self.output_dir)
             return self._result(started, scored=(0, 0))
         assert source is not None and self.manifest.n_shards is not None
+        prior = self.config.score.popularity_prior
+        if prior.weight:  # from the staged or prepared input every rank reads (the job fingerprints it)
+            self.ranker.use_popularity(item_popularity(source.sequences, source.vocabulary(self.items), prior.half_life_days))
         self.hook("staged", -1)
         done = done_shards(self.output_dir, self.manifest)
         todo = [s for s in self.world.shards(self.manifest.n_shards) if s not in done]

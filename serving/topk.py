@@ -47,6 +47,7 @@ def chunked_topk(
     exclude_seen: bool = True,
     mask: ItemMask | None = None,
     first_item: int = 0,
+    bias: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Best ``k`` items of each row, scoring the catalog ``chunk`` items at a time.
 
@@ -65,6 +66,7 @@ def chunked_topk(
         first_item: rank only the items ``first_item .. N`` (e.g. the new items of
             :func:`reserve_new_items`), with the same chunks as the whole catalog, so each score has the
             same bits as there; 0: the whole catalog.
+        bias: (N + 1,) float32 added to every row's item scores (``score.popularity_prior``); None: none.
 
     Returns:
         values (B, K') float32 and item indices (B, K') int64, best first, K' = min(k, N + 1).
@@ -78,6 +80,8 @@ def chunked_topk(
         raise ValueError(f"chunk must be >= 1, got {chunk}")
     if hidden.ndim != 2 or table.ndim != 2 or hidden.shape[1] != table.shape[1]:
         raise ValueError(f"hidden (B, D) and table (N + 1, D) expected, got {tuple(hidden.shape)}, {tuple(table.shape)}")
+    if bias is not None and tuple(bias.shape) != (table.shape[0],):
+        raise ValueError(f"bias (N + 1,) = ({table.shape[0]},) expected, got {tuple(bias.shape)}")
     seen = seen.to(hidden.device, torch.int64)
     running = ChunkedTopK(k)
     blocks = row_blocks(hidden)  # (B', D) in blocks of ROW_BLOCK rows
@@ -85,6 +89,8 @@ def chunked_topk(
     for start in range(first_item // chunk * chunk, table.shape[0], chunk):
         part = table[start : start + chunk].T  # (D, C)
         scores = torch.cat([block @ part for block in blocks])[: hidden.shape[0]].float()  # (B, C)
+        if bias is not None:
+            scores = scores + bias[start : start + chunk].to(scores.device)[None, :]
         if start < first_item:
             scores[:, : first_item - start] = float("-inf")
         scores = mask_seen(scores, seen, exclude_seen=exclude_seen, offset=start)

@@ -162,6 +162,46 @@ def test_tiny_replay_writes_every_field(replay_dir, monkeypatch):
     _check_validation_figures(replay_dir, monkeypatch, log, bounds, step)
     _check_paired_figures(replay_dir, monkeypatch, result)
     _check_popularity_figures(replay_dir, monkeypatch, log, bounds, per_user)
+    _check_prior_figures(replay_dir, monkeypatch, log, bounds, per_user)
+
+
+def _check_prior_figures(replay_dir, monkeypatch, log, bounds, per_user) -> None:
+    """benchmarks/replay_prior.py on the finished tiny replay: at beta 0 it is the replay's own warm figure; the
+    recent-popularity ranking agrees with counts weighted by hand (its target's rank lies between the items
+    strictly above it and those tied with it); the stale model misses every target it does not know."""
+    monkeypatch.setitem(sys.modules, "replay", replay)
+    prior = _load("replay_prior", REPO / "benchmarks" / "replay_prior.py")
+    prior.main(["replay.json", "--output", "prior.json"])
+    out = json.loads((replay_dir / "prior.json").read_text())
+    values = json.loads((replay_dir / "prior.per_user.json").read_text())
+    warm = per_user["42"]["steps"][0]["per_user"]["warm"]
+    assert set(values) == {f"42/1/{u}" for u in warm}
+    assert all(values[f"42/1/{u}"][0] == pytest.approx(v) for u, v in warm.items())  # beta 0: the replay's figure
+    assert out["mean_NDCG@10"]["arm"] == pytest.approx(np.mean([v[0] for v in warm.values()]))
+    half_life = out["chosen"]["42"]["1"]["recent"]["half_life_days"]
+    rows = log.filter(pl.col("timestamp") < bounds[1]).rows()
+    weight, seen = {}, {}
+    for user, item, ts in rows:
+        age = (bounds[1] - ts) / DAY
+        weight[item] = weight.get(item, 0.0) + (1.0 if half_life is None else 0.5 ** (age / half_life))
+        seen.setdefault(user, set()).add(item)
+    done = set()
+    for user, item, ts in sorted(log.filter((pl.col("timestamp") >= bounds[1]) & (pl.col("timestamp") < bounds[2])).rows(), key=lambda r: (r[2], r[1])):
+        if user in done or user not in seen or item not in weight or item in seen[user]:
+            continue
+        done.add(user)
+        others = [weight[i] for i in weight if i not in seen[user] and i != item]
+        above = sum(w > weight[item] * (1 + 1e-9) for w in others)
+        tied = sum(abs(w - weight[item]) <= weight[item] * 1e-9 for w in others)
+        ndcg = values[f"42/1/{user}"][2][0]
+        rank = 2 ** (1 / ndcg) - 1 if ndcg > 0 else None
+        assert (rank is None and above + tied + 1 > 10) or (rank is not None and above + 1 <= round(rank) <= above + tied + 1)
+    kinds = per_user["42"]["steps"][0]["target_kinds"]
+    new = [u for u, kind in kinds.items() if kind == "new_this_period"]
+    assert new and all(values[f"42/1/{u}"][3] == [0.0, 0.0] for u in new)  # the stale model does not know them
+    d = out["prior_minus_stale_with_prior"]["NDCG@10"]
+    assert d["difference"] == pytest.approx(np.mean([v[1][0] - v[3][0] for v in values.values()]))
+    assert d["pairs"] == len(warm)
 
 
 def _check_popularity_figures(replay_dir, monkeypatch, log, bounds, per_user) -> None:
@@ -508,3 +548,14 @@ def test_feature_arms_keep_the_configured_feature_settings_and_id_only_arms_drop
             assert (got.enabled, got.id_dropout, got.id_min_events) == (True, 0.5, 3)
         else:
             assert (got.enabled, got.id_dropout, got.id_min_events) == (False, 0.0, 0)
+
+
+def test_the_prior_is_chosen_on_earlier_periods_only():
+    prior = _load("replay_prior_alone", REPO / "benchmarks" / "replay_prior.py")
+    g = len(prior.GRID)
+    step = lambda best, value: {"u": np.array([[value if i == best else 0.0, 0.0] for i in range(g)])}  # noqa: E731
+    chain = [step(5, 1.0), step(7, 1.0), step(7, 1.0), step(2, 9.0)]  # model k's values on its own next period
+    # step 1 sees chain[0] only; step 2 chain[0..1] (a tie of 5 and 7: the first); step 3 chain[0..2]: 7.
+    # chain[3] (the figure step 3 is read on) never chooses
+    assert prior.walk_forward(chain, list(range(g))) == [5, 5, 7]
+    assert prior.walk_forward(chain, [1, 2, 3]) == [1, 1, 1]  # among the allowed points only (all 0: the first)

@@ -115,14 +115,16 @@ def test_score_cli_engine_ray_prints_only_the_summary(prepared, tmp_path, mlflow
     assert_same_rankings(read_rankings(tmp_path / "out"), read_rankings(local))
 
 
-def test_ray_job_applies_allow_and_deny_rules_like_score(prepared, tmp_path):
-    """Per-user allow and global deny files (serving.rules): the actors read the rule rows of their shards."""
+def test_ray_job_applies_allow_and_deny_rules_and_the_popularity_prior_like_score(prepared, tmp_path):
+    """Per-user allow and global deny files (serving.rules): the actors read the rule rows of their shards; the
+    driver's item popularity (score.popularity_prior) reaches every actor."""
     import polars as pl
 
     rows = [(f"u{u:03d}", 1000 + i) for u in range(0, 23, 2) for i in range(3, 30, 3)]  # odd users: nothing allowed
     pl.DataFrame(rows, schema={"user_id": pl.String, "item_id": pl.Int64}, orient="row").write_parquet(tmp_path / "a.parquet")
     pl.DataFrame({"item_id": [1003, 1006, 99_999]}).write_parquet(tmp_path / "d.parquet")
-    config = score_config(allow=str(tmp_path / "a.parquet"), deny=str(tmp_path / "d.parquet"))
+    config = score_config(allow=str(tmp_path / "a.parquet"), deny=str(tmp_path / "d.parquet"),
+                          popularity_prior={"weight": 2.0, "half_life_days": 1e-4})  # fmt: skip
     local = score_with_model(config, tiny_model(), vocabulary(), prepared, tmp_path / "local", progress=False)
     remote = score_with_ray(config, tiny_model(), vocabulary(), prepared, tmp_path / "ray", progress=False)
     got = read_rankings(tmp_path / "ray")

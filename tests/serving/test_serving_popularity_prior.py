@@ -1,0 +1,112 @@
+"""score.popularity_prior: recency-weighted counts by hand, and the ranking it gives against the model's scores."""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+import pytest
+import torch
+from serving_fixtures import N_ITEMS, read_rankings, score_config, tiny_model, vocabulary, write_prepared
+
+from recsys_alibi.data import schema
+from recsys_alibi.data.ingest import DataError
+from recsys_alibi.evaluation.popularity_prior import item_bias, item_popularity, weighted_counts
+from serving.manifest import OutputDirError
+from serving.rank import ShardRanker
+from serving.score import score_with_model
+from serving.topk import chunked_topk
+
+DAY = 86_400
+
+
+def test_weighted_counts_halve_every_half_life():
+    items, times = np.array([1, 1, 2, 3]), np.array([10 * DAY, 9 * DAY, 8 * DAY, 7 * DAY])
+    counts = weighted_counts(items, times, 10 * DAY, 4, (1.0, 2.0, None))
+    assert counts[0].tolist() == [0.0, 1.5, 0.25, 0.125, 0.0]  # ages 0 and 1 day; 2 days; 3 days; item 4: none
+    assert counts[1] == pytest.approx([0.0, 1 + 2**-0.5, 0.5, 2**-1.5, 0.0])
+    assert counts[2].tolist() == [0.0, 2.0, 1.0, 1.0, 0.0]
+    with pytest.raises(ValueError, match="half-lives"):
+        weighted_counts(items, times, 10 * DAY, 4, (0.0,))
+    with pytest.raises(ValueError, match="1..2"):
+        weighted_counts(items, times, 10 * DAY, 2, (None,))
+
+
+def _timed_prepared(tmp_path):
+    """The scoring fixture's prepared dir with event times in whole days: user u's event j at day u + j."""
+    path = write_prepared(tmp_path / "prepared")
+    sequences = pl.read_parquet(path / schema.SEQUENCES_FILE)
+    times = [[(u + j) * DAY for j in range(n)] for u, n in enumerate(sequences[schema.LENGTH].to_list())]
+    sequences.with_columns(pl.Series(schema.TIMESTAMP, times, dtype=pl.List(pl.Int64))).write_parquet(
+        path / schema.SEQUENCES_FILE)  # fmt: skip
+    return path, sequences, times
+
+
+def _hand_counts(sequences: pl.DataFrame, times: list, half_life: float) -> np.ndarray:
+    """(N + 1,) counts as of one second after the newest event, event by event."""
+    as_of = max(t for ts in times for t in ts) + 1
+    counts = np.zeros(N_ITEMS + 1)
+    for history, ts in zip(sequences[schema.ITEM_IDX].to_list(), times):
+        for item, t in zip(history, ts):
+            counts[item] += 0.5 ** ((as_of - t) / DAY / half_life)
+    return counts
+
+
+def test_item_popularity_of_a_prepared_input_is_as_of_its_newest_event(tmp_path):
+    path, sequences, times = _timed_prepared(tmp_path)
+    popularity = item_popularity(path / schema.SEQUENCES_FILE, vocabulary(), 3.0)
+    counts = _hand_counts(sequences, times, 3.0)
+    got = dict(zip(popularity["item_id"].to_list(), popularity["popularity"].to_list()))
+    assert got == pytest.approx({1000 + i: counts[i] for i in range(1, N_ITEMS + 1) if counts[i] > 0})
+    bias = item_bias(popularity, pl.concat([pl.Series([None], dtype=pl.Int64), vocabulary()["item_id"], pl.Series([7])]), 2.0)
+    assert bias[0] == 0.0 and bias[-1] == 0.0  # padding, and an item without events (a new item)
+    assert bias[1:-1] == pytest.approx(2.0 * np.log1p(counts[1:]))
+
+
+def test_a_prior_needs_event_times(tmp_path):
+    path = write_prepared(tmp_path / "prepared")
+    pl.read_parquet(path / schema.SEQUENCES_FILE).drop(schema.TIMESTAMP).write_parquet(tmp_path / "bare.parquet")
+    with pytest.raises(DataError, match="needs event times"):
+        item_popularity(tmp_path / "bare.parquet", vocabulary(), 7.0)
+
+
+def test_the_job_ranks_by_the_model_score_plus_the_prior(tmp_path):
+    path, sequences, times = _timed_prepared(tmp_path)
+    model = tiny_model()
+    config = score_config(k=10, popularity_prior={"weight": 3.0, "half_life_days": 2.0})
+    score_with_model(config, model, vocabulary(), path, tmp_path / "out", progress=False)
+    rankings = read_rankings(tmp_path / "out")
+    bias = torch.from_numpy(3.0 * np.log1p(_hand_counts(sequences, times, 2.0))).float()  # (N + 1,)
+    plain = score_with_model(score_config(k=10), model, vocabulary(), path, tmp_path / "plain", progress=False)
+    assert plain.rows == rankings.height
+    changed = 0
+    for user, history in zip(sequences[schema.USER_ID].to_list(), sequences[schema.ITEM_IDX].to_list()):
+        h = torch.tensor(history, dtype=torch.int64)
+        with torch.no_grad():
+            scores = model.logits(model.last_hidden(h[None], torch.tensor([len(history)]), backend="eager"))[0] + bias
+        scores[0] = float("-inf")
+        scores[h] = float("-inf")
+        order = torch.sort(scores, descending=True, stable=True)
+        want = order.indices[: min(10, int(torch.isfinite(scores).sum()))]
+        got = rankings.filter(pl.col(schema.USER_ID) == user)
+        assert got[schema.ITEM_ID].to_list() == (want + 1000).tolist(), user
+        assert got[schema.SCORE].to_numpy() == pytest.approx(order.values[: len(want)].numpy(), abs=1e-4)
+        changed += got[schema.ITEM_ID].to_list() != read_rankings(tmp_path / "plain").filter(
+            pl.col(schema.USER_ID) == user)[schema.ITEM_ID].to_list()  # fmt: skip
+    assert changed > 0  # the prior moved some ranking
+
+
+def test_the_prior_is_part_of_the_job_identity(tmp_path):
+    path, _, _ = _timed_prepared(tmp_path)
+    ranker = ShardRanker(tiny_model(), vocabulary(), score_config().score, k=10)
+    assert "popularity_prior" not in ranker.settings()  # off: the identity of every earlier job is unchanged
+    score_with_model(score_config(popularity_prior={"weight": 1.0}), tiny_model(), vocabulary(), path, tmp_path / "o",
+                     progress=False)  # fmt: skip
+    with pytest.raises(OutputDirError):  # the same output with another weight is another job
+        score_with_model(score_config(popularity_prior={"weight": 2.0}), tiny_model(), vocabulary(), path,
+                         tmp_path / "o", progress=False)  # fmt: skip
+
+
+def test_a_bias_of_the_wrong_length_is_refused():
+    table = torch.randn(N_ITEMS + 1, 4)
+    with pytest.raises(ValueError, match="bias"):
+        chunked_topk(torch.randn(2, 4), table, torch.zeros(2, 0, dtype=torch.int64), 3, chunk=7, bias=torch.zeros(N_ITEMS))
