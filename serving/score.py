@@ -274,6 +274,9 @@ class _ScoreJob:
         }
         if kind == "events":  # how raw events are read and cleaned changes the histories
             self.identity["data"] = config.data.model_dump(mode="json")
+        if "popularity_prior" in self.identity:  # every row moves with the input's counts: no carry-over across inputs
+            self.identity["popularity_prior"] = {**self.identity["popularity_prior"],
+                                                 "counts_of": self.identity["input_fingerprint"]}  # fmt: skip
         self.carry = None
         if config.score.changed_since:
             self.carry = CarryOver.open(config.score.changed_since, output_dir, self.identity)
