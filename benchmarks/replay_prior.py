@@ -42,10 +42,7 @@ from pathlib import Path
 
 import numpy as np
 
-BETAS = (0.0, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 8.0, math.inf)
-HALF_LIVES = (1.0, 3.0, 7.0, 14.0, 28.0, None)  # days; None: plain counts
-GRID = tuple((b, h) for b in BETAS for h in HALF_LIVES)
-TIE_SCALE = 1e6  # beta inf: prior * TIE_SCALE + logit in float64 (logits are far below 1e6 apart)
+from recsys_alibi.evaluation.popularity_prior import BETAS, GRID, HALF_LIVES, grid_metrics
 
 
 def grid_values(loaded, examples, logprior: np.ndarray) -> dict[str, np.ndarray]:
@@ -64,18 +61,8 @@ def grid_values(loaded, examples, logprior: np.ndarray) -> dict[str, np.ndarray]
     prior = torch.from_numpy(logprior)  # (H, N + 1)
     out = {}
     for part, scores in scored_batches(loaded, examples):
-        logits = scores.double()  # (B, N + 1), seen items and padding at -inf
         targets = torch.tensor([t[0] for t in part[TARGETS].to_list()], dtype=torch.int64)  # (B,)
-        values = np.zeros((part.height, len(GRID), 2))
-        for g, (beta, half_life) in enumerate(GRID):
-            p = prior[HALF_LIVES.index(half_life)][None, :]  # (1, N + 1)
-            s = p * TIE_SCALE + logits if math.isinf(beta) else logits + beta * p  # (B, N + 1); -inf stays -inf
-            t = s.gather(1, targets[:, None])  # (B, 1)
-            rank = ((s > t).sum(1) + 1).numpy()  # (B,)
-            hit = np.isfinite(t[:, 0].numpy()) & (rank <= 10)
-            values[:, g, 0] = np.where(hit, 1.0 / np.log2(rank + 1.0), 0.0)
-            values[:, g, 1] = hit
-        out.update({str(u): v for u, v in zip(part["user_id"].to_list(), values)})
+        out.update({str(u): v for u, v in zip(part["user_id"].to_list(), grid_metrics(scores, targets, prior))})
     return out
 
 

@@ -36,6 +36,7 @@ from pipelines.promotion import (
     tag_lineage,
 )
 from pipelines.preflight import check_before_data
+from pipelines.prior_choice import PRIOR_FILE, append_boundary, chosen_prior, record_newest_period
 from pipelines.train import TrainJobResult, run_train
 from recsys_alibi.config import ConfigError, JobConfig, with_overrides
 from recsys_alibi.data.sequences import read_items, read_sequences
@@ -62,6 +63,7 @@ class PipelineResult:
     gate: GateResult
     lineage: dict[str, str]
     same_lineage_runs: tuple[str, ...]  # earlier runs with the same data fingerprint and config hash
+    prior_line: str = ""  # score.popularity_prior.choose: the weight the rankings used, and why (prior_choice)
 
     def lineage_line(self) -> str:
         """The data fingerprint and config hash, and whether an earlier run had the same."""
@@ -99,6 +101,7 @@ class PipelineResult:
                 f"report: {self.model_eval.report_dir / 'report.md'}",
                 f"rankings: {self.score.output_dir} (from {self.gate.champion_uri})",
                 *(self.score.new_item_lines() if self.score.new_items or self.score.slots_asked else []),
+                *([self.prior_line] if self.prior_line else []),
                 self.lineage_line(),
                 f"pipeline finished in {self.seconds:.0f} s",
                 self.decision_line(),
@@ -137,7 +140,9 @@ def run_pipeline(config: JobConfig, *, progress: bool = True) -> PipelineResult:
         input_path = str(generated.path)
         config = reading_generated_table(config, generated)
     prepared_dir = out / "prepared"
+    boundary = append_boundary(config, prepared_dir)  # score.popularity_prior.choose: where this append begins
     prepared = run_prepare(config, input_path, prepared_dir)
+    record_newest_period(config, prepared_dir, boundary, out / PRIOR_FILE)  # the champion on the appended events
 
     trained = run_train(config, prepared_dir, progress=progress)
     prepare_id = trained.prepare_id  # evaluation and the gate read the prepare the model was trained on
@@ -162,7 +167,8 @@ def run_pipeline(config: JobConfig, *, progress: bool = True) -> PipelineResult:
                     has_real_timestamps(prepared_dir, prepare_id))  # fmt: skip
     log_gate_to_run(trained.run_id, gate)
     # the champion's rankings replace those of an earlier pipeline run in the same output directory
-    rescore = with_overrides(config, score={"overwrite": True})
+    prior, prior_line = chosen_prior(config, out / PRIOR_FILE)
+    rescore = with_overrides(config, score={"overwrite": True, "popularity_prior": prior})
     scored = run_score(rescore, gate.champion_uri, prepared_dir, out / "rankings", progress=progress)
     return PipelineResult(
         output_dir=out,
@@ -176,6 +182,7 @@ def run_pipeline(config: JobConfig, *, progress: bool = True) -> PipelineResult:
         gate=gate,
         lineage=lineage,
         same_lineage_runs=tuple(same_lineage),
+        prior_line=prior_line,
     )
 
 

@@ -11,12 +11,21 @@ popularity prior on the next periods", and ``benchmarks/replay_prior.py``.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
 import polars as pl
+import torch
 
 DAY_SECONDS = 86_400
+BETAS = (0.0, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 8.0, math.inf)  # inf: the counts first, the model breaks ties
+HALF_LIVES = (1.0, 3.0, 7.0, 14.0, 28.0, None)  # days; None: plain counts
+GRID = tuple((b, h) for b in BETAS for h in HALF_LIVES)
+"""The (weight, half-life) points a walk-forward choice compares (``benchmarks/replay_prior.py``, the daily
+pipeline's ``score.popularity_prior.choose``)."""
+TIE_SCALE = 1e6  # weight inf: log(1 + c) * TIE_SCALE + logit in float64 (logits lie far less than 1e6 apart)
+INF_WEIGHT = 1000.0  # weight inf in ``score`` (float32): the counts decide wherever log(1 + c) differs by > ~0.03
 
 
 def recency_counts(prepared: Path, as_of: int, half_lives: tuple[float | None, ...]) -> np.ndarray:
@@ -41,6 +50,32 @@ def recency_counts(prepared: Path, as_of: int, half_lives: tuple[float | None, .
     events = read_sequences(prepared).select("item_idx", "timestamp").explode("item_idx", "timestamp")
     events = events.filter(pl.col("timestamp") < as_of)
     return weighted_counts(events["item_idx"].to_numpy(), events["timestamp"].to_numpy(), as_of, n_items, half_lives)
+
+
+def grid_metrics(scores: torch.Tensor, targets: torch.Tensor, logprior: torch.Tensor) -> np.ndarray:
+    """NDCG@10 and HR@10 of each row's target under every point of :data:`GRID`.
+
+    Args:
+        scores: (B, N + 1) float logits, seen items and padding at -inf (``mask_seen``).
+        targets: (B,) int64 item indices 1..N.
+        logprior: (len(HALF_LIVES), N + 1) float64 ``log(1 + c)`` per half-life (column 0 padding).
+
+    Returns:
+        (B, len(GRID), 2) float64 [NDCG@10, HR@10]: ranks as ``evaluation.ranking.target_ranks`` gives them (ties
+        optimistic; a target at -inf, a seen item, is a miss).
+    """
+    from recsys_alibi.evaluation.ranking import target_ranks
+
+    logits = scores.double()
+    out = np.zeros((scores.shape[0], len(GRID), 2))
+    for g, (beta, half_life) in enumerate(GRID):
+        p = logprior[HALF_LIVES.index(half_life)][None, :]  # (1, N + 1)
+        s = p * TIE_SCALE + logits if math.isinf(beta) else logits + beta * p  # (B, N + 1); -inf stays -inf
+        rank = target_ranks(s, targets).numpy()  # (B,)
+        hit = rank <= 10
+        out[:, g, 0] = np.where(hit, 1.0 / np.log2(rank + 1.0), 0.0)
+        out[:, g, 1] = hit
+    return out
 
 
 def weighted_counts(items: np.ndarray, timestamps: np.ndarray, as_of: int, n_items: int,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import mlflow
 import polars as pl
+import pytest
 
 from pipelines.cli import main
 from test_pipeline_end_to_end import TINY
@@ -55,6 +56,76 @@ def test_second_day_warm_starts_from_the_champion_and_counts_what_is_new(tmp_pat
         f"{new_items} new, 0 dropped; {new_users} new users, {events2 - events1} new events" in printed
     )
     assert printed.strip().splitlines()[-1].startswith("pipeline: data ")  # the decision line stays last
+
+
+def test_the_second_day_chooses_the_popularity_prior_on_the_appended_events(tmp_path, mlflow_store, capsys):
+    """score.popularity_prior.choose: the day-1 champion ranked the appended events, counted by hand (each
+    returning user's first day-2 item not in its history, ranked over the champion's catalog, seen items out);
+    the rankings used the recorded best point; a re-run of the same day records nothing twice."""
+    import json
+    import math
+
+    import numpy as np
+    import torch
+
+    from recsys_alibi.evaluation.popularity_prior import GRID, INF_WEIGHT
+    from recsys_alibi.tracking import load_ranker
+
+    assert main(["generate", "--users", "60", "--items", "40", "--set", "generate.min_events=8", "--set",
+                 "generate.max_events=60", "--output", str(tmp_path / "log.parquet")]) == 0  # fmt: skip
+    # two days of the same users (the generator's --days draws new ones): each user's last 30 % of events moved,
+    # in order, to after the first day's newest event
+    log = pl.read_parquet(tmp_path / "log.parquet").sort("user_id", "timestamp").with_columns(
+        late=pl.int_range(pl.len()).over("user_id") >= 0.7 * pl.len().over("user_id"))  # fmt: skip
+    first_day, second_day = log.filter(~pl.col("late")).drop("late"), log.filter(pl.col("late")).drop("late")
+    shift = int(first_day["timestamp"].max()) + 3600 - int(second_day["timestamp"].min())
+    first_day.write_parquet(tmp_path / "day-001.parquet")
+    second_day.with_columns(pl.col("timestamp") + shift).write_parquet(tmp_path / "day-002.parquet")
+    out = tmp_path / "daily"
+    choose = "score.popularity_prior.choose=true"
+    assert main(_pipeline(out, tmp_path / "day-001.parquet", choose)) == 0
+    assert "popularity prior: no day recorded yet, weight 0 as configured" in capsys.readouterr().out
+    assert not (out / "popularity_prior.json").exists()  # no append, no champion before it: nothing to record
+    first = mlflow.MlflowClient().get_model_version_by_alias(NAME, "champion")
+    boundary = int(pl.read_parquet(out / "prepared" / "sequences.parquet")["timestamp"].list.max().max()) + 1
+    assert main(_pipeline(out, tmp_path / "day-002.parquet", "data.append=true", choose)) == 0
+    printed = capsys.readouterr().out
+    record = json.loads((out / "popularity_prior.json").read_text())
+    assert list(record["days"]) == [str(boundary)]
+    day = record["days"][str(boundary)]
+    champion = load_ranker(f"models:/{NAME}/{first.version}")
+    index = dict(zip(champion.items["item_id"].to_list(), champion.items["item_idx"].to_list()))
+    prepared = pl.read_parquet(out / "prepared" / "sequences.parquet")
+    item_of = dict(zip(*pl.read_parquet(out / "prepared" / "items.parquet").select("item_idx", "item_id").to_dict().values()))
+    users, total = 0, 0.0
+    for items, times in zip(prepared["item_idx"].to_list(), prepared["timestamp"].to_list()):
+        history = [item_of[i] for i, t in zip(items, times) if t < boundary]
+        later = [item_of[i] for i, t in zip(items, times) if t >= boundary and item_of[i] not in history]
+        if not history or not later or later[0] not in index:
+            continue
+        users += 1
+        h = torch.tensor([[index[i] for i in history]])
+        with torch.no_grad():
+            scores = champion.model.eval().score(h, torch.tensor([h.shape[1]]))[0].double()
+        scores[0] = -math.inf
+        scores[h[0]] = -math.inf
+        rank = int((scores > scores[index[later[0]]]).sum()) + 1
+        total += 1 / np.log2(rank + 1) if rank <= 10 else 0.0
+    assert day["users"] == users >= 20
+    assert day["ndcg_sum"][GRID.index((0.0, None))] == pytest.approx(total, abs=1e-6)  # weight 0: the model alone
+    best = int(np.argmax(np.array(day["ndcg_sum"])))
+    beta, half_life = GRID[best]
+    line = next(line for line in printed.splitlines() if line.startswith("popularity prior: weight "))
+    assert line.startswith(f"popularity prior: weight {'inf' if math.isinf(beta) else f'{beta:g}'}, half-life ")
+    identity = json.loads((out / "rankings" / "_manifest.json").read_text())["identity"]
+    if beta == 0:  # the model alone: no prior in the rankings
+        assert "popularity_prior" not in identity
+    else:
+        assert identity["popularity_prior"]["weight"] == (INF_WEIGHT if math.isinf(beta) else beta)
+        assert identity["popularity_prior"]["half_life_days"] == half_life
+    assert main(_pipeline(out, tmp_path / "day-002.parquet", "data.append=true", choose)) == 0  # again
+    assert json.loads((out / "popularity_prior.json").read_text()) == record  # nothing appended: nothing recorded
+    assert line in capsys.readouterr().out  # the same choice
 
 
 def test_pipeline_refuses_generate_days_with_one_line(tmp_path, mlflow_store, capsys):

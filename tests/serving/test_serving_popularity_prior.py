@@ -110,3 +110,16 @@ def test_a_bias_of_the_wrong_length_is_refused():
     table = torch.randn(N_ITEMS + 1, 4)
     with pytest.raises(ValueError, match="bias"):
         chunked_topk(torch.randn(2, 4), table, torch.zeros(2, 0, dtype=torch.int64), 3, chunk=7, bias=torch.zeros(N_ITEMS))
+
+
+def test_grid_metrics_rank_the_target_under_each_weight_by_hand():
+    from recsys_alibi.evaluation.popularity_prior import GRID, grid_metrics
+
+    inf = float("-inf")
+    scores = torch.tensor([[inf, 2.0, 1.0, 0.5, inf], [inf, 2.0, 1.0, 0.5, inf]])  # item 4 seen
+    prior = torch.tensor([[0.0, 0.0, 0.0, 1.0, 5.0]] * 6, dtype=torch.float64)  # log(1 + c), every half-life
+    got = grid_metrics(scores, torch.tensor([3, 4]), prior)  # user 0: item 3; user 1: its seen item 4
+    ndcg = {beta: got[0, GRID.index((beta, 3.0)), 0] for beta in (0.0, 1.0, 2.0, 3.0, float("inf"))}
+    # beta 0: 2.0 > 1.0 > 0.5, rank 3; beta 1: 2.0 > 1.5 > 1.0, rank 2; beta 2: 2.5 first; inf: the count first
+    assert ndcg == pytest.approx({0.0: 1 / np.log2(4), 1.0: 1 / np.log2(3), 2.0: 1.0, 3.0: 1.0, float("inf"): 1.0})
+    assert got[0, GRID.index((0.0, 3.0)), 1] == 1.0 and (got[1] == 0).all()  # a seen target is a miss everywhere

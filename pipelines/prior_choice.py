@@ -1,0 +1,193 @@
+"""The daily job's walk-forward choice of its rankings' popularity prior (``score.popularity_prior.choose``).
+
+Each ``pipeline`` run that appends (``data.append``) and finds a champion first asks how the champion, trained on
+the events before this run's append, would have ranked the appended events under every point of
+:data:`recsys_alibi.evaluation.popularity_prior.GRID`. The boundary ``b`` is one second after the newest event the
+prepared data held before the append; a test user has events before ``b`` and one at or after it on an item it
+has not seen, the first of which is its target (the rule of ``benchmarks/replay.py``'s next period); the counts
+are the events before ``b``. The champion ranks by raw item id (``score``'s rule): a target it does not know is
+not counted. Each day's sums are recorded in ``OUTPUT/popularity_prior.json``, keyed by ``b`` (a re-run of the
+same append replaces its entry, so nothing is counted twice); the run's rankings then use the point with the best
+mean NDCG@10 over every recorded day, all of which lie before the data the rankings are for: the rule measured in
+docs/results.md ("A recent-popularity prior on the next periods"). Weight inf is scored as
+:data:`~recsys_alibi.evaluation.popularity_prior.INF_WEIGHT`. No recorded day yet: the configured weight and
+half-life.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from recsys_alibi.config import JobConfig
+from recsys_alibi.data import schema
+
+log = logging.getLogger(__name__)
+
+PRIOR_FILE = "popularity_prior.json"
+BATCH = 256
+
+
+def append_boundary(config: JobConfig, prepared_dir: Path) -> int | None:
+    """One second after the newest event of ``prepared_dir`` before this run appends to it; None when the choice is
+    off, the run does not append, there is no prepared data yet, or its time came from line order."""
+    from recsys_alibi.data.time_gaps import has_real_timestamps
+
+    if not (config.score.popularity_prior.choose and config.data.append):
+        return None
+    sequences = Path(prepared_dir) / schema.SEQUENCES_FILE
+    if not sequences.is_file() or not has_real_timestamps(prepared_dir):
+        return None
+    newest = pl.scan_parquet(sequences).select(pl.col(schema.TIMESTAMP).list.max().max()).collect().item()
+    return None if newest is None else int(newest) + 1
+
+
+def period_examples(sequences: pl.DataFrame, boundary: int) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Split time-ordered sequences at ``boundary`` (seconds).
+
+    Args:
+        sequences: ``user_id``, ``item_idx`` list, ``timestamp`` list (and ``time_gaps`` list for a time-gap model).
+
+    Returns:
+        (events before the boundary: ``item_idx``, ``timestamp``; examples: ``user_id``, ``history`` list<Int32>
+        (and ``history_time_gaps``), ``targets`` [the first item at or after the boundary not in the history]).
+    """
+    from recsys_alibi.data.schema import TIME_GAPS
+    from recsys_alibi.data.splits import HISTORY, HISTORY_TIME_GAPS, TARGETS
+
+    lists = [schema.ITEM_IDX, schema.TIMESTAMP, *([TIME_GAPS] if TIME_GAPS in sequences.columns else [])]
+    events = sequences.select(schema.USER_ID, *lists).explode(lists).with_row_index("_order")
+    before = events.filter(pl.col(schema.TIMESTAMP) < boundary)
+    after = (
+        events.filter(pl.col(schema.TIMESTAMP) >= boundary)
+        .join(before.select(schema.USER_ID, schema.ITEM_IDX), on=[schema.USER_ID, schema.ITEM_IDX], how="anti")
+        .sort("_order")
+        .group_by(schema.USER_ID, maintain_order=True)
+        .first()
+    )  # fmt: skip
+    gaps = [pl.col(TIME_GAPS).alias(HISTORY_TIME_GAPS)] if TIME_GAPS in lists else []
+    histories = before.sort("_order").group_by(schema.USER_ID, maintain_order=True).agg(
+        pl.col(schema.ITEM_IDX).cast(pl.Int32).alias(HISTORY), *gaps)  # fmt: skip
+    examples = histories.join(after.select(schema.USER_ID, pl.concat_list(pl.col(schema.ITEM_IDX).cast(pl.Int32)).alias(TARGETS)),
+                              on=schema.USER_ID, how="inner")  # fmt: skip
+    return before.select(schema.ITEM_IDX, schema.TIMESTAMP), examples
+
+
+def newest_period_sums(loaded, prepared_dir: Path, boundary: int) -> tuple[int, np.ndarray]:
+    """(users ranked, (len(GRID),) summed NDCG@10) of a model on the events of ``prepared_dir`` at or after
+    ``boundary`` (module doc).
+
+    Args:
+        loaded: a ``LoadedRanker`` (the champion), in its own item numbering.
+        prepared_dir: the prepared data after this run's append.
+        boundary: seconds (:func:`append_boundary`).
+    """
+    import torch
+
+    from pipelines.promotion import examples_in_vocabulary
+    from recsys_alibi.data.loader import pad_right
+    from recsys_alibi.data.sequences import read_items, read_sequences
+    from recsys_alibi.data.splits import HISTORY, HISTORY_TIME_GAPS, TARGETS
+    from recsys_alibi.data.time_gaps import sequences_for
+    from recsys_alibi.evaluation.popularity_prior import GRID, HALF_LIVES, grid_metrics, weighted_counts
+    from recsys_alibi.evaluation.ranking import mask_seen
+    from recsys_alibi.model.scorer import RankerScorer
+    from serving.inputs import vocabulary_remap
+
+    items = read_items(prepared_dir)
+    before, examples = period_examples(sequences_for(loaded.model, read_sequences(prepared_dir)), boundary)
+    counts = weighted_counts(before[schema.ITEM_IDX].to_numpy(), before[schema.TIMESTAMP].to_numpy(), boundary,
+                             items.height, HALF_LIVES)  # (H, N_data + 1)  # fmt: skip
+    remap, _ = vocabulary_remap(items, loaded.items)
+    logprior = np.log1p(counts)
+    if remap is not None:  # into the champion's numbering; items it does not know are not ranked
+        known = remap > 0
+        mapped = np.zeros((len(HALF_LIVES), loaded.items.height + 1))
+        mapped[:, remap[known]] = logprior[:, known]
+        logprior = mapped
+        examples = examples_in_vocabulary(examples, remap)[0]
+    scorer = RankerScorer(loaded.model, name="prior_choice")
+    prior = torch.from_numpy(logprior)
+    total = np.zeros(len(GRID))
+    for start in range(0, examples.height, BATCH):
+        part = examples.slice(start, BATCH)
+        history, lengths = pad_right([np.asarray(h) for h in part[HISTORY].to_list()])  # (B, L), (B,)
+        gaps = None
+        if HISTORY_TIME_GAPS in part.columns and scorer.uses_time_gaps:
+            gaps, _ = pad_right([np.asarray(g) for g in part[HISTORY_TIME_GAPS].to_list()])
+        scores = mask_seen(scorer.score(history, lengths, gaps), history)  # (B, N + 1)
+        targets = torch.tensor([t[0] for t in part[TARGETS].to_list()], dtype=torch.int64)  # (B,)
+        total += grid_metrics(scores, targets, prior)[:, :, 0].sum(0)
+    return examples.height, total
+
+
+def record_newest_period(config: JobConfig, prepared_dir: Path, boundary: int | None, record: Path) -> None:
+    """Rank the appended events with the champion under every grid point and record the day in ``record``
+    (atomically, replacing an entry of the same boundary); nothing without a boundary or a champion."""
+    from pipelines.promotion import current_champion
+    from recsys_alibi.atomic import write_json_atomic
+    from recsys_alibi.tracking import ModelUriError, load_ranker
+
+    tracking = config.tracking
+    if boundary is None or current_champion(tracking.registered_model, tracking.champion_alias) is None:
+        return
+    try:
+        loaded = load_ranker(f"models:/{tracking.registered_model}@{tracking.champion_alias}")
+    except ModelUriError as err:
+        log.warning("popularity prior: the champion cannot be loaded (%s); this day is not recorded", err)
+        return
+    users, sums = newest_period_sums(loaded, prepared_dir, boundary)
+    if not users:  # nothing appended that the champion could rank (a re-run after the append, a day of new items)
+        return
+    days = read_record(record)
+    days[str(boundary)] = {"users": users, "ndcg_sum": sums.tolist()}
+    write_json_atomic(record, {"grid": grid_labels(), "days": days})
+
+
+def read_record(record: Path) -> dict[str, dict]:
+    """The recorded days of ``record`` ({boundary: {users, ndcg_sum}}); none when it is absent or was written for
+    another grid (the grid of this version is what the sums must match)."""
+    import json
+
+    if not record.is_file():
+        return {}
+    doc = json.loads(record.read_text())
+    return doc.get("days", {}) if doc.get("grid") == grid_labels() else {}
+
+
+def grid_labels() -> list[list]:
+    """:data:`GRID` as JSON: [[weight or "inf", half-life days or None], ...]."""
+    from recsys_alibi.evaluation.popularity_prior import GRID
+
+    return [["inf" if math.isinf(b) else b, h] for b, h in GRID]
+
+
+def chosen_prior(config: JobConfig, record: Path) -> tuple[dict, str]:
+    """The ``score.popularity_prior`` settings the run's rankings use and a line saying why.
+
+    The best grid point over every recorded day (ties: the first, so the smaller weight); the configured
+    settings when the choice is off or no day holds a user.
+    """
+    from recsys_alibi.evaluation.popularity_prior import GRID, INF_WEIGHT
+
+    prior = config.score.popularity_prior
+    configured = {"weight": prior.weight, "half_life_days": prior.half_life_days}
+    if not prior.choose:
+        return configured, ""
+    days = read_record(record)
+    users = sum(int(d["users"]) for d in days.values())
+    if not users:
+        return configured, (f"popularity prior: no day recorded yet, weight {prior.weight:g} as configured "
+                            f"(the choice starts after the first appended day with a champion)")  # fmt: skip
+    means = np.sum([d["ndcg_sum"] for d in days.values()], axis=0) / users
+    best = max(range(len(GRID)), key=lambda g: (means[g], -g))
+    beta, half_life = GRID[best]
+    weight = INF_WEIGHT if math.isinf(beta) else beta
+    line = (f"popularity prior: weight {'inf' if math.isinf(beta) else f'{beta:g}'}, half-life "
+            f"{'none' if half_life is None else f'{half_life:g} days'}, chosen on {len(days)} appended day(s), "
+            f"{users} users (NDCG@10 {means[best]:.4f} against {means[GRID.index((0.0, half_life))]:.4f} without)")  # fmt: skip
+    return {"weight": weight, "half_life_days": half_life}, line
