@@ -4,9 +4,8 @@ Each ``pipeline`` run that appends (``data.append``) and finds a champion first 
 the events before this run's append, would have ranked the appended events under every point of
 :data:`recsys_alibi.evaluation.popularity_prior.GRID`. The boundary ``b`` is one second after the newest event the
 prepared data held before the append; a test user has events before ``b`` and one at or after it on an item it
-has not seen, the first of which is its target (the rule of ``benchmarks/replay.py``'s next period); the counts
-are the events before ``b``. The champion ranks by raw item id (``score``'s rule): a target it does not know is
-not counted. Each day's sums are recorded in ``OUTPUT/popularity_prior.json``, keyed by ``b`` (a re-run of the
+has not seen and the champion knows, the first of which is its target (the rule of ``benchmarks/replay.py``'s
+next period); the counts are the events before ``b``. The champion ranks by raw item id (``score``'s rule). Each day's sums are recorded in ``OUTPUT/popularity_prior.json``, keyed by ``b`` (a re-run of the
 same append replaces its entry, so nothing is counted twice); the run's rankings then use the point with the best
 mean NDCG@10 over every recorded day, all of which lie before the data the rankings are for: the rule measured in
 docs/results.md ("A recent-popularity prior on the next periods"). Weight inf is scored as
@@ -46,15 +45,17 @@ def append_boundary(config: JobConfig, prepared_dir: Path) -> int | None:
     return None if newest is None else int(newest) + 1
 
 
-def period_examples(sequences: pl.DataFrame, boundary: int) -> tuple[pl.DataFrame, pl.DataFrame]:
+def period_examples(sequences: pl.DataFrame, boundary: int, known: np.ndarray | None = None) -> tuple[pl.DataFrame, pl.DataFrame]:
     """Split time-ordered sequences at ``boundary`` (seconds).
 
     Args:
         sequences: ``user_id``, ``item_idx`` list, ``timestamp`` list (and ``time_gaps`` list for a time-gap model).
+        known: (N + 1,) bool over ``item_idx``: the items a target may be (the model's catalog); None: every item.
 
     Returns:
         (events before the boundary: ``item_idx``, ``timestamp``; examples: ``user_id``, ``history`` list<Int32>
-        (and ``history_time_gaps``), ``targets`` [the first item at or after the boundary not in the history]).
+        (and ``history_time_gaps``), ``targets`` [the first known item at or after the boundary not in the
+        history; events of one second in ``item_idx`` order, as ``benchmarks/replay.py`` takes them]).
     """
     from recsys_alibi.data.schema import TIME_GAPS
     from recsys_alibi.data.splits import HISTORY, HISTORY_TIME_GAPS, TARGETS
@@ -62,10 +63,11 @@ def period_examples(sequences: pl.DataFrame, boundary: int) -> tuple[pl.DataFram
     lists = [schema.ITEM_IDX, schema.TIMESTAMP, *([TIME_GAPS] if TIME_GAPS in sequences.columns else [])]
     events = sequences.select(schema.USER_ID, *lists).explode(lists).with_row_index("_order")
     before = events.filter(pl.col(schema.TIMESTAMP) < boundary)
+    targetable = pl.lit(True) if known is None else pl.col(schema.ITEM_IDX).is_in(np.flatnonzero(known).tolist())
     after = (
-        events.filter(pl.col(schema.TIMESTAMP) >= boundary)
+        events.filter((pl.col(schema.TIMESTAMP) >= boundary) & targetable)
         .join(before.select(schema.USER_ID, schema.ITEM_IDX), on=[schema.USER_ID, schema.ITEM_IDX], how="anti")
-        .sort("_order")
+        .sort(schema.TIMESTAMP, schema.ITEM_IDX)
         .group_by(schema.USER_ID, maintain_order=True)
         .first()
     )  # fmt: skip
@@ -99,10 +101,11 @@ def newest_period_sums(loaded, prepared_dir: Path, boundary: int) -> tuple[int, 
     from serving.inputs import vocabulary_remap
 
     items = read_items(prepared_dir)
-    before, examples = period_examples(sequences_for(loaded.model, read_sequences(prepared_dir)), boundary)
+    remap, _ = vocabulary_remap(items, loaded.items)
+    before, examples = period_examples(sequences_for(loaded.model, read_sequences(prepared_dir)), boundary,
+                                       None if remap is None else remap > 0)  # fmt: skip
     counts = weighted_counts(before[schema.ITEM_IDX].to_numpy(), before[schema.TIMESTAMP].to_numpy(), boundary,
                              items.height, HALF_LIVES)  # (H, N_data + 1)  # fmt: skip
-    remap, _ = vocabulary_remap(items, loaded.items)
     logprior = np.log1p(counts)
     if remap is not None:  # into the champion's numbering; items it does not know are not ranked
         known = remap > 0

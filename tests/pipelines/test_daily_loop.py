@@ -60,7 +60,8 @@ def test_second_day_warm_starts_from_the_champion_and_counts_what_is_new(tmp_pat
 
 def test_the_second_day_chooses_the_popularity_prior_on_the_appended_events(tmp_path, mlflow_store, capsys):
     """score.popularity_prior.choose: the day-1 champion ranked the appended events, counted by hand (each
-    returning user's first day-2 item not in its history, ranked over the champion's catalog, seen items out);
+    returning user's first day-2 item not in its history and in the champion's catalog, ranked over that catalog,
+    seen items out);
     the rankings used the recorded best point; a re-run of the same day records nothing twice."""
     import json
     import math
@@ -100,8 +101,9 @@ def test_the_second_day_chooses_the_popularity_prior_on_the_appended_events(tmp_
     users, total = 0, 0.0
     for items, times in zip(prepared["item_idx"].to_list(), prepared["timestamp"].to_list()):
         history = [item_of[i] for i, t in zip(items, times) if t < boundary]
-        later = [item_of[i] for i, t in zip(items, times) if t >= boundary and item_of[i] not in history]
-        if not history or not later or later[0] not in index:
+        later = [item_of[i] for t, i in sorted(zip(times, items)) if t >= boundary]  # one second: by item_idx
+        later = [i for i in later if i not in history and i in index]  # unseen, in the champion's catalog
+        if not history or not later:
             continue
         users += 1
         h = torch.tensor([[index[i] for i in history]])
