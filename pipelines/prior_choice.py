@@ -173,19 +173,20 @@ def chosen_prior(config: JobConfig, record: Path) -> tuple[dict, str]:
     """The ``score.popularity_prior`` settings the run's rankings use and a line saying why.
 
     The best grid point over every recorded day (ties: the first, so the smaller weight); the configured
-    settings when the choice is off or no day holds a user.
+    settings (and no line) when the choice is off or the run does not append, and (with a line) when no day is
+    recorded yet.
     """
     from recsys_alibi.evaluation.popularity_prior import GRID, INF_WEIGHT
 
     prior = config.score.popularity_prior
     configured = {"weight": prior.weight, "half_life_days": prior.half_life_days}
-    if not prior.choose:
+    if not (prior.choose and config.data.append):
         return configured, ""
     days = read_record(record)
     users = sum(int(d["users"]) for d in days.values())
     if not users:
         return configured, (f"popularity prior: no day recorded yet, weight {prior.weight:g} as configured "
-                            f"(the choice starts after the first appended day with a champion)")  # fmt: skip
+                            f"(the choice starts with the first appended day a champion can rank)")  # fmt: skip
     means = np.sum([d["ndcg_sum"] for d in days.values()], axis=0) / users
     best = max(range(len(GRID)), key=lambda g: (means[g], -g))
     beta, half_life = GRID[best]

@@ -451,8 +451,9 @@ class PopularityPriorConfig(_Section):
     weight: float = Field(0.0, ge=0)  # 0: off
     half_life_days: float | None = Field(7.0, gt=0)  # None: plain event counts
     # the daily `pipeline` (data.append) chooses weight and half-life walk-forward, on how its champion ranked
-    # every appended day so far (pipelines.prior_choice); `score` alone uses the two above
-    choose: bool = False
+    # every appended day so far (pipelines.prior_choice; until a day is recorded, the two above); `score` alone
+    # and a pipeline that does not append use the two above
+    choose: bool = True
 
 
 class ScoreConfig(_Section):

@@ -83,13 +83,12 @@ def test_the_second_day_chooses_the_popularity_prior_on_the_appended_events(tmp_
     first_day.write_parquet(tmp_path / "day-001.parquet")
     second_day.with_columns(pl.col("timestamp") + shift).write_parquet(tmp_path / "day-002.parquet")
     out = tmp_path / "daily"
-    choose = "score.popularity_prior.choose=true"
-    assert main(_pipeline(out, tmp_path / "day-001.parquet", choose)) == 0
-    assert "popularity prior: no day recorded yet, weight 0 as configured" in capsys.readouterr().out
-    assert not (out / "popularity_prior.json").exists()  # no append, no champion before it: nothing to record
+    assert main(_pipeline(out, tmp_path / "day-001.parquet")) == 0  # the choice is on by default
+    assert "popularity prior" not in capsys.readouterr().out  # a run that does not append: nothing to choose
+    assert not (out / "popularity_prior.json").exists()
     first = mlflow.MlflowClient().get_model_version_by_alias(NAME, "champion")
     boundary = int(pl.read_parquet(out / "prepared" / "sequences.parquet")["timestamp"].list.max().max()) + 1
-    assert main(_pipeline(out, tmp_path / "day-002.parquet", "data.append=true", choose)) == 0
+    assert main(_pipeline(out, tmp_path / "day-002.parquet", "data.append=true")) == 0
     printed = capsys.readouterr().out
     record = json.loads((out / "popularity_prior.json").read_text())
     assert list(record["days"]) == [str(boundary)]
@@ -125,9 +124,13 @@ def test_the_second_day_chooses_the_popularity_prior_on_the_appended_events(tmp_
     else:
         assert identity["popularity_prior"]["weight"] == (INF_WEIGHT if math.isinf(beta) else beta)
         assert identity["popularity_prior"]["half_life_days"] == half_life
-    assert main(_pipeline(out, tmp_path / "day-002.parquet", "data.append=true", choose)) == 0  # again
+    assert main(_pipeline(out, tmp_path / "day-002.parquet", "data.append=true")) == 0  # again
     assert json.loads((out / "popularity_prior.json").read_text()) == record  # nothing appended: nothing recorded
     assert line in capsys.readouterr().out  # the same choice
+    off = ("data.append=true", "score.popularity_prior.choose=false")
+    assert main(_pipeline(out, tmp_path / "day-002.parquet", *off)) == 0
+    assert "popularity prior" not in capsys.readouterr().out
+    assert "popularity_prior" not in json.loads((out / "rankings" / "_manifest.json").read_text())["identity"]
 
 
 def test_pipeline_refuses_generate_days_with_one_line(tmp_path, mlflow_store, capsys):
