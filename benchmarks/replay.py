@@ -549,8 +549,9 @@ def read_for_output(path: Path, output: Path | None, suffix: str, parser) -> tup
     if output.resolve().is_dir() or not output.resolve().parent.is_dir():
         parser.error(f"--output {output}: a folder, or in a folder that does not exist")
     doc, args, runs = read_replay(path, parser)
-    if output.resolve() in {path.resolve(), path.with_suffix(".per_user.json").resolve()}:
-        parser.error(f"--output {output}: one of the replay's own files")
+    own = {path.resolve(), path.with_suffix(".per_user.json").resolve()}
+    if {output.resolve(), output.with_suffix(".per_user.json").resolve()} & own:  # a writer may add .per_user.json
+        parser.error(f"--output {output}: one of the replay's own files, or beside it with its per-user name")
     if args.input is not None and not Path(args.input).exists():
         parser.error(f"the replay's log {args.input} is not there: run from the folder the replay ran in")
     return doc, args, runs, output

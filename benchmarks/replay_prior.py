@@ -134,8 +134,12 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"--arm {args.arm}: not a trained arm of {args.replay} (its arms: {doc.get('arms')})")
     try:
         uris = json.loads(args.uris.read_text()) if args.uris else None
-    except (OSError, ValueError) as err:
-        parser.error(f"--uris {args.uris}: {err}")
+        if uris is not None:  # {seed: {step: URI}}
+            uris = {str(seed): {int(k): str(v) for k, v in steps.items()} for seed, steps in uris.items()}
+    except (OSError, ValueError, TypeError, AttributeError, RecursionError) as err:
+        parser.error(f"--uris {args.uris}: not a JSON {{seed: {{step: model URI}}}} ({err})")
+    if args.against is not None:
+        _read_prior(args.against, parser)  # refused before minutes of scoring
     # as the replay chose its store: MLFLOW_TRACKING_URI when set, else its workdir's
     os.environ["MLFLOW_TRACKING_URI"] = args.store or os.environ.get("MLFLOW_TRACKING_URI") or \
         f"sqlite:///{Path(r.workdir).resolve() / 'mlflow.db'}"  # fmt: skip
@@ -146,7 +150,10 @@ def main(argv: list[str] | None = None) -> None:
     last = min(max(st["step"] for st in runs[s]["steps"]) for s in seeds) if seeds else 0
     if uris is not None:
         seeds = [s for s in seeds if s in uris]
-        last = min([last, *(max(int(k) for k in uris[s]) for s in seeds)]) if seeds else 0
+        for s in seeds:
+            missing = sorted(set(range(1, last + 1)) - set(uris[s]))
+            if missing:
+                parser.error(f"--uris {args.uris}: seed {s} has no model for step(s) {missing} of the replay")
     if not seeds or last < 1:
         parser.error(f"{args.replay}: no seed with a finished step (and a model in --uris)")
 
@@ -154,7 +161,7 @@ def main(argv: list[str] | None = None) -> None:
         if k == 0:
             return runs[seed]["step0"]["uri"]
         if uris is not None:
-            return uris[seed][str(k)]
+            return uris[seed][k]
         return next(st for st in runs[seed]["steps"] if st["step"] == k)["arms"][args.arm]["uri"]
 
     chains: dict[str, list] = {s: [] for s in seeds}

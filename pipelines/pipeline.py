@@ -36,7 +36,7 @@ from pipelines.promotion import (
     tag_lineage,
 )
 from pipelines.preflight import check_before_data
-from pipelines.prior_choice import PRIOR_FILE, append_boundary, chosen_prior, record_newest_period
+from pipelines.prior_choice import PRIOR_FILE, append_boundary, check_prior_data, chosen_prior, record_newest_period
 from pipelines.train import TrainJobResult, run_train
 from recsys_alibi.config import ConfigError, JobConfig, with_overrides
 from recsys_alibi.data.sequences import read_items, read_sequences
@@ -140,8 +140,10 @@ def run_pipeline(config: JobConfig, *, progress: bool = True) -> PipelineResult:
         input_path = str(generated.path)
         config = reading_generated_table(config, generated)
     prepared_dir = out / "prepared"
+    check_prior_data(config, prepared_dir, out / PRIOR_FILE)  # before the day is appended
     boundary = append_boundary(config, prepared_dir)  # score.popularity_prior.choose: where this append begins
     prepared = run_prepare(config, input_path, prepared_dir)
+    check_prior_data(config, prepared_dir, out / PRIOR_FILE)  # a first prepare of line-order data: before training
     record_newest_period(config, prepared_dir, boundary, out / PRIOR_FILE)  # the champion on the appended events
 
     trained = run_train(config, prepared_dir, progress=progress)

@@ -156,10 +156,38 @@ def read_record(record: Path) -> dict[str, dict]:
     another grid (the grid of this version is what the sums must match)."""
     import json
 
+    from recsys_alibi.data.ingest import DataError
+
     if not record.is_file():
         return {}
-    doc = json.loads(record.read_text())
-    return doc.get("days", {}) if doc.get("grid") == grid_labels() else {}
+    try:
+        doc = json.loads(record.read_text())
+        days = doc.get("days", {}) if doc.get("grid") == grid_labels() else {}
+        for day in days.values():
+            if not (isinstance(day["users"], int) and len(day["ndcg_sum"]) == len(grid_labels())):
+                raise ValueError("an entry is not {users, ndcg_sum}")
+        return days
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as err:
+        raise DataError(f"{record} is damaged ({err}); delete it to start the choice over, or set "
+                        "score.popularity_prior.choose=false") from None  # fmt: skip
+
+
+def check_prior_data(config: JobConfig, prepared_dir: Path, record: Path) -> None:
+    """Refuse, before any work, what would stop the scoring step after training: a prior weight on data whose time
+    came from line order, and a damaged choice record (:func:`read_record`).
+
+    Raises:
+        DataError: one line naming the fix.
+    """
+    from recsys_alibi.data.ingest import DataError
+    from recsys_alibi.data.time_gaps import has_real_timestamps
+
+    prior = config.score.popularity_prior
+    if prior.weight and (Path(prepared_dir) / schema.SEQUENCES_FILE).is_file() and not has_real_timestamps(prepared_dir):
+        raise DataError(f"score.popularity_prior.weight={prior.weight:g} needs event times and {prepared_dir} took its "
+                        "time from line order; set score.popularity_prior.weight=0")  # fmt: skip
+    if prior.choose and config.data.append:
+        read_record(record)
 
 
 def grid_labels() -> list[list]:
@@ -173,15 +201,17 @@ def chosen_prior(config: JobConfig, record: Path) -> tuple[dict, str]:
     """The ``score.popularity_prior`` settings the run's rankings use and a line saying why.
 
     The best grid point over every recorded day (ties: the first, so the smaller weight); the configured
-    settings (and no line) when the choice is off or the run does not append, and (with a line) when no day is
-    recorded yet.
+    settings (and no line) when the choice is off, the run does not append or the data's time came from line order
+    (``OUTPUT/prepared`` beside ``record``), and (with a line) when no day is recorded yet.
     """
     from recsys_alibi.evaluation.popularity_prior import GRID, INF_WEIGHT
 
+    from recsys_alibi.data.time_gaps import has_real_timestamps
+
     prior = config.score.popularity_prior
     configured = {"weight": prior.weight, "half_life_days": prior.half_life_days}
-    if not (prior.choose and config.data.append):
-        return configured, ""
+    if not (prior.choose and config.data.append) or not has_real_timestamps(record.parent / "prepared"):
+        return configured, ""  # nothing to choose (line-order time: never anything to choose)
     days = read_record(record)
     users = sum(int(d["users"]) for d in days.values())
     if not users:

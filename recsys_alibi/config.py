@@ -448,7 +448,7 @@ class PopularityPriorConfig(_Section):
     on the MovieLens replays a walk-forward choice gave +0.06 to +0.10 NDCG@10 (docs/results.md, "A recent-
     popularity prior on the next periods"); choose both on your own log with ``benchmarks/replay_prior.py``."""
 
-    weight: float = Field(0.0, ge=0)  # 0: off
+    weight: float = Field(0.0, ge=0, le=1e6)  # 0: off; at most 1e6, so weight * log(1 + count) stays a float32
     half_life_days: float | None = Field(7.0, gt=0)  # None: plain event counts
     # the daily `pipeline` (data.append) chooses weight and half-life walk-forward, on how its champion ranked
     # every appended day so far (pipelines.prior_choice; until a day is recorded, the two above); `score` alone

@@ -309,6 +309,7 @@ class _ScoreJob:
                 self.input_path, self.items, self.config.data, self.output_dir / STAGED_INPUT,
                 time_gap_buckets=self.ranker.time_gap_buckets,
             )  # fmt: skip
+            self._use_popularity(source)  # refused (no event times) like any bad input: nothing left behind
         except Exception as err:
             if manifest.users is None and not manifest.shards:  # nothing left behind but the rejects it names
                 named = tuple(n for n in (schema.REJECTS_FILE,) if str(self.output_dir / STAGED_INPUT / n) in str(err))
@@ -324,6 +325,13 @@ class _ScoreJob:
         manifest.users, manifest.n_shards, manifest.input_stats = source.n_users, n_shards, {**source.stats, **rules}
         write_json_atomic(self.output_dir / MANIFEST, manifest.to_json())
         return manifest, source
+
+    def _use_popularity(self, source: ScoreInput) -> None:
+        """``score.popularity_prior``: the item counts of the staged or prepared input (the job fingerprints it)."""
+        prior = self.config.score.popularity_prior
+        if prior.weight:
+            self.ranker.use_popularity(item_popularity(source.sequences, source.vocabulary(self.items),
+                                                       prior.half_life_days, name=source.name))  # fmt: skip
 
     def _finish(self) -> Manifest:
         """Rank 0, after every rank is done: complete the manifest, release the staged input."""
@@ -343,9 +351,8 @@ class _ScoreJob:
                 log.info("%s is complete already; nothing to score", self.output_dir)
             return self._result(started, scored=(0, 0))
         assert source is not None and self.manifest.n_shards is not None
-        prior = self.config.score.popularity_prior
-        if prior.weight:  # from the staged or prepared input every rank reads (the job fingerprints it)
-            self.ranker.use_popularity(item_popularity(source.sequences, source.vocabulary(self.items), prior.half_life_days))
+        if self.ranker.bias is None:  # the other ranks (rank 0 read it in _open)
+            self._use_popularity(source)
         self.hook("staged", -1)
         done = done_shards(self.output_dir, self.manifest)
         todo = [s for s in self.world.shards(self.manifest.n_shards) if s not in done]

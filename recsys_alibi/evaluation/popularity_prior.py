@@ -99,7 +99,8 @@ def weighted_counts(items: np.ndarray, timestamps: np.ndarray, as_of: int, n_ite
     return out
 
 
-def item_popularity(sequences: Path, items: pl.DataFrame, half_life_days: float | None) -> pl.DataFrame:
+def item_popularity(sequences: Path, items: pl.DataFrame, half_life_days: float | None,
+                    name: str | None = None) -> pl.DataFrame:  # fmt: skip
     """Recency-weighted counts of the items of a sequences file, as of one second after its newest event.
 
     Args:
@@ -108,6 +109,7 @@ def item_popularity(sequences: Path, items: pl.DataFrame, half_life_days: float 
         items: the vocabulary its ``item_idx`` refer to (``item_idx`` 1..N, ``item_id``): the directory's
             ``items.parquet``, or the model's for a bare sequences file in the model's numbering.
         half_life_days: days (None: plain counts).
+        name: how the error names the input (the user's path, not a staged copy); default ``sequences``.
 
     Returns:
         ``item_id`` (the vocabulary's dtype), ``popularity`` float64, one row per item with an event.
@@ -120,7 +122,7 @@ def item_popularity(sequences: Path, items: pl.DataFrame, half_life_days: float 
     from recsys_alibi.data.time_gaps import has_real_timestamps
 
     if "timestamp" not in pl.read_parquet_schema(sequences) or not has_real_timestamps(Path(sequences).parent):
-        raise DataError(f"score.popularity_prior needs event times and {sequences} has none (or took them from "
+        raise DataError(f"score.popularity_prior needs event times and {name or sequences} has none (or took them from "
                         "line order); set score.popularity_prior.weight=0 or score a log with timestamps")  # fmt: skip
     events = pl.read_parquet(sequences, columns=["item_idx", "timestamp"]).explode("item_idx", "timestamp").drop_nulls()
     if events.height == 0:

@@ -199,6 +199,14 @@ def _check_prior_figures(replay_dir, monkeypatch, log, bounds, per_user) -> None
     kinds = per_user["42"]["steps"][0]["target_kinds"]
     new = [u for u, kind in kinds.items() if kind == "new_this_period"]
     assert new and all(values[f"42/1/{u}"][3] == [0.0, 0.0] for u in new)  # the stale model does not know them
+    (replay_dir / "bad-uris.json").write_text('{"42": "abc"}')
+    (replay_dir / "few-uris.json").write_text('{"42": {"2": "runs:/x/model"}}')
+    for bad in (["--output", "replay.txt"], ["--uris", "bad-uris.json"], ["--uris", "few-uris.json"],
+                ["--against", "replay.json"]):  # fmt: skip
+        with pytest.raises(SystemExit) as stopped:  # one line, before any model is scored
+            prior.main(["replay.json", "--output", "p2.json", *bad] if bad[0] != "--output" else ["replay.json", *bad])
+        assert stopped.value.code == 2, bad
+    assert json.loads((replay_dir / "replay.per_user.json").read_text()) == per_user  # replay.txt's .per_user.json
     d = out["prior_minus_stale_with_prior"]["NDCG@10"]
     assert d["difference"] == pytest.approx(np.mean([v[1][0] - v[3][0] for v in values.values()]))
     assert d["pairs"] == len(warm)

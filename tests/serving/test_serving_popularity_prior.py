@@ -123,3 +123,56 @@ def test_grid_metrics_rank_the_target_under_each_weight_by_hand():
     # beta 0: 2.0 > 1.0 > 0.5, rank 3; beta 1: 2.0 > 1.5 > 1.0, rank 2; beta 2: 2.5 first; inf: the count first
     assert ndcg == pytest.approx({0.0: 1 / np.log2(4), 1.0: 1 / np.log2(3), 2.0: 1.0, 3.0: 1.0, float("inf"): 1.0})
     assert got[0, GRID.index((0.0, 3.0)), 1] == 1.0 and (got[1] == 0).all()  # a seen target is a miss everywhere
+
+
+def test_a_prior_refused_for_want_of_times_leaves_no_job_behind(tmp_path):
+    path = write_prepared(tmp_path / "prepared")
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    pl.read_parquet(path / schema.SEQUENCES_FILE).drop(schema.TIMESTAMP).write_parquet(bare / schema.SEQUENCES_FILE)
+    with pytest.raises(DataError, match="needs event times"):
+        score_with_model(score_config(popularity_prior={"weight": 1.0}), tiny_model(), vocabulary(),
+                         bare / schema.SEQUENCES_FILE, tmp_path / "out", progress=False)  # fmt: skip
+    assert not (tmp_path / "out").exists()  # refused like any bad input: the same --output is free for the fix
+    done = score_with_model(score_config(), tiny_model(), vocabulary(), bare / schema.SEQUENCES_FILE, tmp_path / "out",
+                            progress=False)  # fmt: skip
+    assert done.users_scored == 23
+
+
+def test_a_weight_beyond_float32_reach_is_refused():
+    from recsys_alibi.config import ConfigError, load_config
+
+    with pytest.raises((ConfigError, ValueError)):
+        load_config(None, ["score.popularity_prior.weight=1e39"])
+
+
+def test_a_damaged_choice_record_is_one_line_naming_it(tmp_path):
+    import json
+
+    from pipelines.prior_choice import grid_labels, read_record
+
+    record = tmp_path / "popularity_prior.json"
+    bad_day = json.dumps({"grid": grid_labels(), "days": {"1": {"users": 1}}})
+    for text in ('{"grid": ', "[]", bad_day):
+        record.write_text(text)
+        with pytest.raises(DataError, match="popularity_prior.json is damaged") as err:
+            read_record(record)
+        assert "\n" not in str(err.value)
+    record.write_text(json.dumps({"grid": [], "days": {"1": {"users": 1}}}))
+    assert read_record(record) == {}  # another grid's record is set aside, not an error
+
+
+def test_the_pipeline_refuses_a_prior_on_line_order_time_before_any_work(tmp_path):
+    import json
+
+    from pipelines.prior_choice import check_prior_data, chosen_prior
+    from recsys_alibi.config import with_overrides
+
+    path = write_prepared(tmp_path / "prepared")
+    (path / "stats.json").write_text(json.dumps({"time_from_line_order": True}))  # a SASRec-style prepare
+    config = with_overrides(score_config(popularity_prior={"weight": 2.0}), data={"append": True})
+    with pytest.raises(DataError, match="line order"):
+        check_prior_data(config, path, tmp_path / "popularity_prior.json")
+    off = with_overrides(score_config(), data={"append": True})  # the default: weight 0, choose on
+    check_prior_data(off, path, tmp_path / "popularity_prior.json")
+    assert chosen_prior(off, tmp_path / "popularity_prior.json") == ({"weight": 0.0, "half_life_days": 7.0}, "")
