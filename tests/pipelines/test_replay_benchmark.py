@@ -155,8 +155,9 @@ def test_tiny_replay_writes_every_field(replay_dir, monkeypatch):
             np.mean([users[a][u][1] - users[b][u][1] for u in new]))
     run = per_user["42"]
     assert run["step0_features"]["uri"] != run["step0"]["uri"]  # the feature chain starts from its own model
-    assert result["warm_over_scratch_train_time"] == pytest.approx(
-        result["train_seconds"]["warm"] / result["train_seconds"]["scratch"])
+    seconds = result["train_seconds"]  # a one-epoch tiny scratch run can round to 0.0 s on a quiet machine: no ratio
+    assert result["warm_over_scratch_train_time"] == (
+        pytest.approx(seconds["warm"] / seconds["scratch"]) if seconds["scratch"] else None)
     assert result["warm_over_scratch_epochs"] == pytest.approx(step["arms"]["warm"]["epochs"] / step["arms"]["scratch"]["epochs"])
     _check_cold_figures(replay_dir, monkeypatch, log, bounds, step)
     _check_validation_figures(replay_dir, monkeypatch, log, bounds, step)
