@@ -42,33 +42,28 @@ from pathlib import Path
 
 import numpy as np
 
-from recsys_alibi.evaluation.popularity_prior import BETAS, GRID, HALF_LIVES, grid_metrics
+from recsys_alibi.evaluation.popularity_prior import BETAS, GRID, HALF_LIVES
 
 
 def grid_values(loaded, examples, logprior: np.ndarray) -> dict[str, np.ndarray]:
-    """{str(user_id): (len(GRID), 2) [NDCG@10, HR@10]} of one model on ``examples`` under every grid point.
+    """{str(user_id): (len(GRID), 2) [NDCG@10, HR@10]} of one model on ``examples`` under every grid point
+    (``pipelines.prior_choice.example_grid_metrics``, what the daily pipeline scores with).
 
     Args:
         loaded: a ``LoadedRanker`` whose numbering is the examples' (the step's catalog).
         examples: ``history`` and one-item ``targets`` (``replay.next_period_examples``).
         logprior: (len(HALF_LIVES), N + 1) float64 ``log(1 + c)`` per half-life (column 0 padding).
     """
-    import torch
+    from pipelines.prior_choice import example_grid_metrics
 
-    from recsys_alibi.data.splits import TARGETS
-    from replay_scoring import scored_batches
-
-    prior = torch.from_numpy(logprior)  # (H, N + 1)
-    out = {}
-    for part, scores in scored_batches(loaded, examples):
-        targets = torch.tensor([t[0] for t in part[TARGETS].to_list()], dtype=torch.int64)  # (B,)
-        out.update({str(u): v for u, v in zip(part["user_id"].to_list(), grid_metrics(scores, targets, prior))})
-    return out
+    values = example_grid_metrics(loaded, examples, logprior)
+    return {str(u): v for u, v in zip(examples["user_id"].to_list(), values)}
 
 
 def stale_values(loaded, prepared: Path, examples, logprior: np.ndarray) -> dict[str, np.ndarray]:
     """:func:`grid_values` of a model of an earlier step (``stale``): the examples and the prior mapped into its
     numbering by raw ``item_id``; a user whose target or whole history it does not know counts a miss (zeros)."""
+    from pipelines.prior_choice import in_model_numbering
     from pipelines.promotion import examples_in_vocabulary
     from recsys_alibi.data.sequences import read_items
     from serving.inputs import vocabulary_remap
@@ -76,9 +71,7 @@ def stale_values(loaded, prepared: Path, examples, logprior: np.ndarray) -> dict
     remap, _ = vocabulary_remap(read_items(prepared), loaded.items)
     if remap is None:
         return grid_values(loaded, examples, logprior)
-    known = remap > 0  # (N_k + 1,) step-k items the model knows
-    mapped = np.zeros((logprior.shape[0], loaded.items.height + 1))
-    mapped[:, remap[known]] = logprior[:, known]
+    mapped = in_model_numbering(logprior, remap, loaded.items.height)
     values = grid_values(loaded, examples_in_vocabulary(examples, remap)[0], mapped)
     return {str(u): values.get(str(u), np.zeros((len(GRID), 2))) for u in examples["user_id"].to_list()}
 

@@ -169,7 +169,7 @@ def run_pipeline(config: JobConfig, *, progress: bool = True) -> PipelineResult:
                     has_real_timestamps(prepared_dir, prepare_id))  # fmt: skip
     log_gate_to_run(trained.run_id, gate)
     # the champion's rankings replace those of an earlier pipeline run in the same output directory
-    prior, prior_line = chosen_prior(config, out / PRIOR_FILE)
+    prior, prior_line = chosen_prior(config, prepared_dir, out / PRIOR_FILE)
     rescore = with_overrides(config, score={"overwrite": True, "popularity_prior": prior})
     scored = run_score(rescore, gate.champion_uri, prepared_dir, out / "rankings", progress=progress)
     return PipelineResult(

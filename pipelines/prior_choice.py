@@ -79,6 +79,48 @@ def period_examples(sequences: pl.DataFrame, boundary: int, known: np.ndarray | 
     return before.select(schema.ITEM_IDX, schema.TIMESTAMP), examples
 
 
+def example_grid_metrics(loaded, examples: pl.DataFrame, logprior: np.ndarray) -> np.ndarray:
+    """(U, len(GRID), 2) [NDCG@10, HR@10] of a model on ``examples`` under every grid point, in the examples' order.
+
+    Args:
+        loaded: a ``LoadedRanker``; ``examples`` in its numbering: ``history`` (whole, read and excluded as
+            ``score`` does), one-item ``targets`` and, for a time-gap model, ``history_time_gaps``.
+        logprior: (len(HALF_LIVES), N + 1) float64 ``log(1 + c)`` in the model's numbering (:func:`in_model_numbering`).
+    """
+    import torch
+
+    from recsys_alibi.data.loader import pad_right
+    from recsys_alibi.data.splits import HISTORY, HISTORY_TIME_GAPS, TARGETS
+    from recsys_alibi.evaluation.popularity_prior import GRID, grid_metrics
+    from recsys_alibi.evaluation.ranking import mask_seen
+    from recsys_alibi.model.scorer import RankerScorer
+
+    scorer = RankerScorer(loaded.model, name="prior_choice")
+    prior = torch.from_numpy(logprior)
+    parts = [np.zeros((0, len(GRID), 2))]
+    for start in range(0, examples.height, BATCH):
+        part = examples.slice(start, BATCH)
+        history, lengths = pad_right([np.asarray(h) for h in part[HISTORY].to_list()])  # (B, L), (B,)
+        gaps = None
+        if HISTORY_TIME_GAPS in part.columns and scorer.uses_time_gaps:
+            gaps, _ = pad_right([np.asarray(g) for g in part[HISTORY_TIME_GAPS].to_list()])
+        scores = mask_seen(scorer.score(history, lengths, gaps), history)  # (B, N + 1)
+        targets = torch.tensor([t[0] for t in part[TARGETS].to_list()], dtype=torch.int64)  # (B,)
+        parts.append(grid_metrics(scores, targets, prior))
+    return np.concatenate(parts)
+
+
+def in_model_numbering(logprior: np.ndarray, remap: np.ndarray | None, n_model_items: int) -> np.ndarray:
+    """(H, N_data + 1) -> (H, N_model + 1): the data's ``log(1 + c)`` columns moved to the model's item indices by
+    ``remap`` (``serving.inputs.vocabulary_remap``; None: the same numbering); items the model does not know drop."""
+    if remap is None:
+        return logprior
+    known = remap > 0
+    mapped = np.zeros((logprior.shape[0], n_model_items + 1))
+    mapped[:, remap[known]] = logprior[:, known]
+    return mapped
+
+
 def newest_period_sums(loaded, prepared_dir: Path, boundary: int) -> tuple[int, np.ndarray]:
     """(users ranked, (len(GRID),) summed NDCG@10) of a model on the events of ``prepared_dir`` at or after
     ``boundary`` (module doc).
@@ -88,16 +130,10 @@ def newest_period_sums(loaded, prepared_dir: Path, boundary: int) -> tuple[int, 
         prepared_dir: the prepared data after this run's append.
         boundary: seconds (:func:`append_boundary`).
     """
-    import torch
-
     from pipelines.promotion import examples_in_vocabulary
-    from recsys_alibi.data.loader import pad_right
     from recsys_alibi.data.sequences import read_items, read_sequences
-    from recsys_alibi.data.splits import HISTORY, HISTORY_TIME_GAPS, TARGETS
     from recsys_alibi.data.time_gaps import sequences_for
-    from recsys_alibi.evaluation.popularity_prior import GRID, HALF_LIVES, grid_metrics, weighted_counts
-    from recsys_alibi.evaluation.ranking import mask_seen
-    from recsys_alibi.model.scorer import RankerScorer
+    from recsys_alibi.evaluation.popularity_prior import HALF_LIVES, weighted_counts
     from serving.inputs import vocabulary_remap
 
     items = read_items(prepared_dir)
@@ -106,26 +142,10 @@ def newest_period_sums(loaded, prepared_dir: Path, boundary: int) -> tuple[int, 
                                        None if remap is None else remap > 0)  # fmt: skip
     counts = weighted_counts(before[schema.ITEM_IDX].to_numpy(), before[schema.TIMESTAMP].to_numpy(), boundary,
                              items.height, HALF_LIVES)  # (H, N_data + 1)  # fmt: skip
-    logprior = np.log1p(counts)
-    if remap is not None:  # into the champion's numbering; items it does not know are not ranked
-        known = remap > 0
-        mapped = np.zeros((len(HALF_LIVES), loaded.items.height + 1))
-        mapped[:, remap[known]] = logprior[:, known]
-        logprior = mapped
+    logprior = in_model_numbering(np.log1p(counts), remap, loaded.items.height)
+    if remap is not None:
         examples = examples_in_vocabulary(examples, remap)[0]
-    scorer = RankerScorer(loaded.model, name="prior_choice")
-    prior = torch.from_numpy(logprior)
-    total = np.zeros(len(GRID))
-    for start in range(0, examples.height, BATCH):
-        part = examples.slice(start, BATCH)
-        history, lengths = pad_right([np.asarray(h) for h in part[HISTORY].to_list()])  # (B, L), (B,)
-        gaps = None
-        if HISTORY_TIME_GAPS in part.columns and scorer.uses_time_gaps:
-            gaps, _ = pad_right([np.asarray(g) for g in part[HISTORY_TIME_GAPS].to_list()])
-        scores = mask_seen(scorer.score(history, lengths, gaps), history)  # (B, N + 1)
-        targets = torch.tensor([t[0] for t in part[TARGETS].to_list()], dtype=torch.int64)  # (B,)
-        total += grid_metrics(scores, targets, prior)[:, :, 0].sum(0)
-    return examples.height, total
+    return examples.height, example_grid_metrics(loaded, examples, logprior)[:, :, 0].sum(0)
 
 
 def record_newest_period(config: JobConfig, prepared_dir: Path, boundary: int | None, record: Path) -> None:
@@ -197,12 +217,12 @@ def grid_labels() -> list[list]:
     return [["inf" if math.isinf(b) else b, h] for b, h in GRID]
 
 
-def chosen_prior(config: JobConfig, record: Path) -> tuple[dict, str]:
+def chosen_prior(config: JobConfig, prepared_dir: Path, record: Path) -> tuple[dict, str]:
     """The ``score.popularity_prior`` settings the run's rankings use and a line saying why.
 
     The best grid point over every recorded day (ties: the first, so the smaller weight); the configured
-    settings (and no line) when the choice is off, the run does not append or the data's time came from line order
-    (``OUTPUT/prepared`` beside ``record``), and (with a line) when no day is recorded yet.
+    settings (and no line) when the choice is off, the run does not append or the time of ``prepared_dir`` came
+    from line order, and (with a line) when no day is recorded yet.
     """
     from recsys_alibi.evaluation.popularity_prior import GRID, INF_WEIGHT
 
@@ -210,7 +230,7 @@ def chosen_prior(config: JobConfig, record: Path) -> tuple[dict, str]:
 
     prior = config.score.popularity_prior
     configured = {"weight": prior.weight, "half_life_days": prior.half_life_days}
-    if not (prior.choose and config.data.append) or not has_real_timestamps(record.parent / "prepared"):
+    if not (prior.choose and config.data.append) or not has_real_timestamps(prepared_dir):
         return configured, ""  # nothing to choose (line-order time: never anything to choose)
     days = read_record(record)
     users = sum(int(d["users"]) for d in days.values())
