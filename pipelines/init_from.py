@@ -41,7 +41,8 @@ class WarmStart:
     ``uri`` is None for a cold start asked for by ``champion`` with no champion yet (``reason``
     says so). ``new_users`` / ``new_events``: users and events of this data minus the parent's
     (its run tags); exact when the data only grew, as under ``data.append``; None when the parent
-    run has no counts. ``state``: the initial weights (not kept for a resumed run).
+    run has no counts or this data has fewer users or fewer events than the parent's (it is not the
+    parent's data grown, e.g. a champion trained in another output directory on another log). ``state``: the initial weights (not kept for a resumed run).
     """
 
     uri: str | None
@@ -166,7 +167,9 @@ def load_warm_start(config: JobConfig, prepared_dir: Path, uri: str) -> WarmStar
         now = data_counts(prepared_dir)
         parent = _parent_counts(loaded.run_id)
         if parent is not None:
-            new_users, new_events = int(now[USERS_TAG]) - parent[0], int(now[EVENTS_TAG]) - parent[1]
+            grown = int(now[USERS_TAG]) - parent[0], int(now[EVENTS_TAG]) - parent[1]
+            if min(grown) >= 0:  # fewer users or events: not the parent's data grown (another log): no count
+                new_users, new_events = grown
     return WarmStart(
         uri=uri, parent_run_id=loaded.run_id, kept_items=kept, new_items=unknown,
         dropped_items=loaded.items.height - kept, new_users=new_users, new_events=new_events, state=state,

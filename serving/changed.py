@@ -52,6 +52,18 @@ _FILE = "_file"
 _C = (np.uint64(0x9E3779B97F4A7C15), np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB))
 
 
+def _differences(name: str, before, now) -> list[str]:
+    """The dotted names under ``name`` whose values differ between two job identities, down to the
+    innermost setting: ``["popularity_prior.counts_of"]`` when only the scored input's counts moved,
+    ``["top_k"]`` for a plain value, ``[name]`` when one side lacks it or is not a mapping."""
+    if before == now:
+        return []
+    if isinstance(before, dict) and isinstance(now, dict):
+        return [path for key in sorted(set(before) | set(now)) for path in
+                _differences(f"{name}.{key}", before.get(key), now.get(key))]  # fmt: skip
+    return [name]
+
+
 def model_digest(model) -> str:
     """SHA-256 (hex) of a model's weights: every ``state_dict`` entry's name, dtype, shape and bytes."""
     import torch
@@ -139,7 +151,7 @@ class CarryOver:
             raise DataError(f"--changed-since {previous} has no {FINGERPRINTS_DIR}/ (scored by an older version); "
                             "score it once in full, then use --changed-since on that output")  # fmt: skip
         keys = sorted((set(manifest.identity) | set(identity)) - set(NOT_ROW_KEYS))
-        differs = [key for key in keys if manifest.identity.get(key) != identity.get(key)]
+        differs = [path for key in keys for path in _differences(key, manifest.identity.get(key), identity.get(key))]
         if differs:
             log.info("--changed-since %s: %s changed, so every user is ranked", previous, ", ".join(differs))
             return None

@@ -65,6 +65,21 @@ def test_warm_run_records_its_parent_and_what_is_new(tmp_path, mlflow_store, cap
     assert len(_runs()) == 2
 
 
+def test_a_parent_trained_on_more_data_gets_no_negative_counts(tmp_path, mlflow_store, capsys):
+    """A champion from another log (42 users) warm-starts a run on 30 users: "-12 new users" would be nonsense,
+    so the line says n/a and no lineage.new_* count is tagged; the item counts are still exact."""
+    day1, day2 = _walks(tmp_path / "day1", 30, 10), _walks(tmp_path / "day2", 42, 13)
+    assert main(_train(day2, tmp_path / "job")) == 0
+    (parent,) = _runs()
+    capsys.readouterr()
+    assert main(_train(day1, tmp_path / "job", f"train.init_from=runs:/{parent.info.run_id}/model",
+                       "train.warm.max_epochs=1")) == 0  # fmt: skip
+    printed = capsys.readouterr().out
+    assert "10 items kept, 0 new, 3 dropped; n/a new users, n/a new events" in printed
+    tags = _runs()[-1].data.tags
+    assert "lineage.new_users" not in tags and "lineage.new_events" not in tags and tags["lineage.dropped_items"] == "3"
+
+
 def parent_state_keys():
     """The state-dict keys of the TINY model (what InitialWeights loads)."""
     from recsys_alibi.config import load_config

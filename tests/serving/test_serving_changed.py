@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -231,15 +232,20 @@ def test_every_identity_setting_is_compared_a_new_one_too(previous, tmp_path, mo
     assert again.carried_users == N_USERS and again.users_scored == N_USERS
 
 
-def test_with_a_popularity_prior_nothing_is_carried_to_another_input(previous, tmp_path):
+def test_with_a_popularity_prior_nothing_is_carried_to_another_input(previous, tmp_path, caplog):
     """The prior moves every user's scores with the input's counts, so an unchanged history is no reason to keep
-    a row; on the same input (a resumed or repeated job) the rows are carried."""
+    a row; on the same input (a resumed or repeated job) the rows are carried. The log names the one setting
+    that moved (the counts' input), not the whole prior."""
     prepared, _ = previous
     prior = {"popularity_prior": {"weight": 2.0, "half_life_days": 1e-4}}
     before = _score(prepared, tmp_path / "before", **prior)
     new_input, _ = _changed_input(prepared, tmp_path / "new", 0.05)
     full = _score(new_input, tmp_path / "full", **prior)
-    delta = _score(new_input, tmp_path / "delta", changed_since=str(tmp_path / "before"), **prior)
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="serving.changed"):
+        delta = _score(new_input, tmp_path / "delta", changed_since=str(tmp_path / "before"), **prior)
+    said = [r.getMessage() for r in caplog.records if "every user is ranked" in r.getMessage()]
+    assert said == [f"--changed-since {tmp_path / 'before'}: popularity_prior.counts_of changed, so every user is ranked"]
     assert before.carried_users == 0 and delta.carried_users == 0 and delta.users_scored == N_USERS
     assert read_rankings(tmp_path / "delta").equals(read_rankings(tmp_path / "full"))
     assert not read_rankings(tmp_path / "full").equals(read_rankings(tmp_path / "before"))
