@@ -27,7 +27,8 @@ same choice restricted to ``beta = inf`` (recent popularity alone). Writes ``--o
 (unchanged, as the replay scored them), each with a percentile-bootstrap 95 % interval (``replay._difference``);
 and every grid point's mean over steps 1.. (``grid_means``, for reading only). ``--uris FILE.json``
 (``{seed: {step: model URI}}``) takes the chain's models from elsewhere (an arm trained again with its models
-kept). Refused with one line (exit 2): a file that is not a finished replay, an arm it did not run, a model not
+kept); ``--seeds`` scores only some of the replay's seeds (the others' models gone; ``replay_prior_pool.py`` pools
+outputs of disjoint seeds). Refused with one line (exit 2): a file that is not a finished replay, an arm it did not run, a model not
 in the tracking store, an ``--output`` that is a folder or one of the replay's files.
 """
 
@@ -112,6 +113,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--store", help="MLflow tracking URI of the models (default: MLFLOW_TRACKING_URI, else the "
                         "replay's workdir store)")
     parser.add_argument("--output", type=Path, help="JSON path (default: REPLAY.prior.json beside it)")
+    parser.add_argument("--seeds", nargs="+", help="score only these seeds of the replay (default: every seed with a "
+                        "finished step): the others' models may be gone; pool outputs with replay_prior_pool.py")
     parser.add_argument("--against", type=Path, help="an earlier output of this script (another chain of the same "
                         "replay): its prior paired with this one's")
     args = parser.parse_args(argv)
@@ -140,6 +143,12 @@ def main(argv: list[str] | None = None) -> None:
 
     config, events, bounds = replay_script.replayed_log(r, [o for o in r.overrides if o.startswith("data.")])
     seeds = [s for s in runs if runs[s].get("steps")]
+    if args.seeds is not None:
+        absent = sorted(set(args.seeds) - set(seeds))
+        if absent:
+            parser.error(f"--seeds: {args.replay} has no finished step of seed(s) {', '.join(absent)} (its seeds: "
+                         f"{', '.join(seeds) or 'none'})")  # fmt: skip
+        seeds = [s for s in seeds if s in args.seeds]
     last = min(max(st["step"] for st in runs[s]["steps"]) for s in seeds) if seeds else 0
     if uris is not None:
         seeds = [s for s in seeds if s in uris]

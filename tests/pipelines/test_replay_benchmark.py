@@ -203,11 +203,13 @@ def _check_prior_figures(replay_dir, monkeypatch, log, bounds, per_user) -> None
     (replay_dir / "bad-uris.json").write_text('{"42": "abc"}')
     (replay_dir / "few-uris.json").write_text('{"42": {"2": "runs:/x/model"}}')
     for bad in (["--output", "replay.txt"], ["--uris", "bad-uris.json"], ["--uris", "few-uris.json"],
-                ["--against", "replay.json"]):  # fmt: skip
+                ["--against", "replay.json"], ["--seeds", "7"]):  # fmt: skip
         with pytest.raises(SystemExit) as stopped:  # one line, before any model is scored
             prior.main(["replay.json", "--output", "p2.json", *bad] if bad[0] != "--output" else ["replay.json", *bad])
         assert stopped.value.code == 2, bad
     assert json.loads((replay_dir / "replay.per_user.json").read_text()) == per_user  # replay.txt's .per_user.json
+    prior.main(["replay.json", "--output", "only42.json", "--seeds", "42"])  # the one seed there is: the same figures
+    assert json.loads((replay_dir / "only42.per_user.json").read_text()) == values
     d = out["prior_minus_stale_with_prior"]["NDCG@10"]
     assert d["difference"] == pytest.approx(np.mean([v[1][0] - v[3][0] for v in values.values()]))
     assert d["pairs"] == len(warm)
