@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import numpy as np
 import polars as pl
 import pytest
+from benchmark_scripts import load_benchmark
 
-REPO = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("cold_items_benchmark", REPO / "benchmarks" / "cold_items.py")
-cold = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(cold)
+cold = load_benchmark("cold_items", "cold_items_benchmark")
 
 
 @pytest.fixture

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
-import importlib.util
 import json
 import sys
 import types
@@ -17,19 +16,14 @@ from pathlib import Path
 
 import polars as pl
 import pytest
+from benchmark_scripts import load_benchmark, load_module
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _load(name: str, path: Path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
-
-long_histories = _load("long_histories_benchmark", REPO / "benchmarks" / "long_histories.py")
-_walk_fixtures = _load("walk_fixtures", REPO / "tests" / "training" / "training_fixtures.py")
+long_histories = load_benchmark("long_histories", "long_histories_benchmark")
+_walk_fixtures = load_module(REPO / "tests" / "training" / "training_fixtures.py", "walk_fixtures")
 write_walks = _walk_fixtures.write_walks
 NO_TABLE = [arg for item in _walk_fixtures.NO_ITEM_TABLE for arg in ("--set", item)]  # default.yaml's item table
 
@@ -119,7 +113,7 @@ def test_a_run_killed_mid_way_resumes_from_its_checkpoint_and_equals_an_uninterr
     command from its epoch-1 ``last.ckpt`` (not from epoch 0) and records what an uninterrupted run does."""
     import pipelines.train
 
-    fixtures = _load("training_fixtures_for_resume", REPO / "tests" / "training" / "training_fixtures.py")
+    fixtures = load_module(REPO / "tests" / "training" / "training_fixtures.py", "training_fixtures_for_resume")
     prepared = write_walks(tmp_path / "prepared", n_users=60)
     monkeypatch.setitem(sys.modules, "worker_pool", types.SimpleNamespace(training_pool=_threads_pool))
     real_callbacks = pipelines.train.training_callbacks

@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import polars as pl
 import pytest
+from benchmark_scripts import load_benchmark
 
-REPO = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("movielens_items", REPO / "benchmarks" / "movielens_items.py")
-movielens_items = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(movielens_items)
+movielens_items = load_benchmark("movielens_items")
 
 
 def _folder(shared_data: Path, name: str, files: tuple[str, ...]) -> Path:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -11,11 +10,10 @@ from pathlib import Path
 
 import pytest
 from test_pipeline_end_to_end import TINY
+from benchmark_scripts import load_benchmark
 
 REPO = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("quality_benchmark", REPO / "benchmarks" / "quality.py")
-quality = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(quality)
+quality = load_benchmark("quality", "quality_benchmark")
 summarise = quality.summarise
 
 

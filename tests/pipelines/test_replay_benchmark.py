@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime as dt
-import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -15,19 +14,14 @@ import torch
 
 from recsys_alibi.config import DataConfig
 from recsys_alibi.data.prepare import prepare
+from benchmark_scripts import load_benchmark
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _load(name: str, path: Path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
-
-replay = _load("replay_benchmark", REPO / "benchmarks" / "replay.py")
-scoring = _load("replay_scoring", REPO / "benchmarks" / "replay_scoring.py")
+replay = load_benchmark("replay", "replay_benchmark")
+scoring = load_benchmark("replay_scoring")
 
 DAY = replay.DAY
 TINY = [
@@ -171,7 +165,7 @@ def _check_prior_figures(replay_dir, monkeypatch, log, bounds, per_user) -> None
     recent-popularity ranking agrees with counts weighted by hand (its target's rank lies between the items
     strictly above it and those tied with it); the stale model misses every target it does not know."""
     monkeypatch.setitem(sys.modules, "replay", replay)
-    prior = _load("replay_prior", REPO / "benchmarks" / "replay_prior.py")
+    prior = load_benchmark("replay_prior")
     prior.main(["replay.json", "--output", "prior.json"])
     out = json.loads((replay_dir / "prior.json").read_text())
     values = json.loads((replay_dir / "prior.per_user.json").read_text())
@@ -219,7 +213,7 @@ def _check_popularity_figures(replay_dir, monkeypatch, log, bounds, per_user) ->
     """benchmarks/replay_popularity.py on the finished tiny replay against a hand ranking: every catalog item by
     its events before b_1 (ties: the later last event first, then the lower raw id), seen items skipped."""
     monkeypatch.setitem(sys.modules, "replay", replay)
-    popularity = _load("replay_popularity", REPO / "benchmarks" / "replay_popularity.py")
+    popularity = load_benchmark("replay_popularity")
     popularity.main(["replay.json", "--output", "pop.json"])
     out = json.loads((replay_dir / "pop.json").read_text())
     rows = sorted(log.filter(pl.col("timestamp") < bounds[1]).rows(), key=lambda r: r[2])
@@ -243,7 +237,7 @@ def _check_paired_figures(replay_dir, monkeypatch, result) -> None:
     """benchmarks/replay_pair.py on the finished tiny replay: the replay's own pooled differences, to the last
     digit (the same pairs, the same resampling); steps outside --steps leave nothing, refused with exit 2."""
     monkeypatch.setitem(sys.modules, "replay", replay)
-    pairing = _load("replay_pair", REPO / "benchmarks" / "replay_pair.py")
+    pairing = load_benchmark("replay_pair")
     pairing.main(["--model", "scratch=replay.json:scratch", "--model", "warm=replay.json:warm",
                   "--model", "stale=replay.json:stale", "--output", "pair.json"])  # fmt: skip
     out = json.loads((replay_dir / "pair.json").read_text())
@@ -277,7 +271,7 @@ def _cold_users(log: pl.DataFrame, lo: int, hi: int) -> tuple[set, set]:
 def _check_cold_figures(replay_dir, monkeypatch, log, bounds, step) -> None:
     """benchmarks/replay_cold.py on the finished tiny replay: its cold targets and figures."""
     monkeypatch.setitem(sys.modules, "replay", replay)
-    cold = _load("replay_cold", REPO / "benchmarks" / "replay_cold.py")
+    cold = load_benchmark("replay_cold")
     cold.main(["replay.json"])
     out = json.loads((replay_dir / "replay.cold.json").read_text())
     fresh, users = _cold_users(log, bounds[1], bounds[2])
@@ -310,7 +304,7 @@ def _check_validation_figures(replay_dir, monkeypatch, log, bounds, step) -> Non
     """benchmarks/replay_validation.py on the finished tiny replay: over all users it is each arm's own
     validation figure (what training recorded), and the returning users are counted by hand."""
     monkeypatch.setitem(sys.modules, "replay", replay)
-    validation = _load("replay_validation", REPO / "benchmarks" / "replay_validation.py")
+    validation = load_benchmark("replay_validation")
     validation.main(["--model", "warm=replay.json:warm", "--model", "scratch=replay.json:scratch", "--output", "v.json"])
     out = json.loads((replay_dir / "v.json").read_text())
     (row,) = out["steps"]
@@ -378,7 +372,7 @@ def _check_validation_over_steps(replay_dir, monkeypatch, done) -> None:
     figure over all users is the run's own val_NDCG@10 (the last max_len items read, as training validates);
     what it cannot score is refused with one line, exit 2."""
     monkeypatch.setitem(sys.modules, "replay", replay)
-    validation = _load("replay_validation", REPO / "benchmarks" / "replay_validation.py")
+    validation = load_benchmark("replay_validation")
     lengths = pl.read_parquet(replay_dir / "work" / "seed-42" / "prepared" / "sequences.parquet")["length"]
     assert lengths.max() > 8 + 2  # a validation history longer than the window
     validation.main(["--model", "warm=replay.json:warm", "--model", "scratch=replay.json:scratch", "--output", "v.json"])
@@ -457,7 +451,7 @@ def test_a_model_scores_the_next_period_in_its_own_vocabulary_and_misses_what_it
 
 
 def test_replay_tables_quote_the_json():
-    tables = _load("replay_tables", REPO / "benchmarks" / "replay_tables.py")
+    tables = load_benchmark("replay_tables")
     arm = {"NDCG@10": 0.05, "epochs": 9, "train_seconds": 12.4}
     ci = {"difference": -0.0125, "ci95": [-0.05, 0.025], "pairs": 3}
     kinds = {"top10_share_new": 0.00125, "new_this_period": {"n": 0}, "new_earlier": {"n": 2, "HR@10": 0.5, "NDCG@10": 0.25},
@@ -485,7 +479,7 @@ def test_replay_tables_quote_the_json():
 
 
 def test_replay_tables_follow_the_arms_and_comparisons_of_the_json():
-    tables = _load("replay_tables", REPO / "benchmarks" / "replay_tables.py")
+    tables = load_benchmark("replay_tables")
     arm = {"NDCG@10": 0.05, "epochs": 9, "train_seconds": 12.4}
     ci = {"difference": -0.0125, "ci95": [-0.05, 0.025], "pairs": 3}
     gain = {"difference": 0.0375, "ci95": [0.0, 0.075], "pairs": 3}
@@ -562,7 +556,7 @@ def test_feature_arms_keep_the_configured_feature_settings_and_id_only_arms_drop
 
 
 def test_the_prior_is_chosen_on_earlier_periods_only():
-    prior = _load("replay_prior_alone", REPO / "benchmarks" / "replay_prior.py")
+    prior = load_benchmark("replay_prior", "replay_prior_alone")
     g = len(prior.GRID)
     step = lambda best, value: {"u": np.array([[value if i == best else 0.0, 0.0] for i in range(g)])}  # noqa: E731
     chain = [step(5, 1.0), step(7, 1.0), step(7, 1.0), step(2, 9.0)]  # model k's values on its own next period

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 import types
@@ -16,26 +15,21 @@ import torch
 from recsys_alibi.config import DataConfig
 from recsys_alibi.data.prepare import prepare
 from serving.new_items import NewItems
+from benchmark_scripts import load_benchmark
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
-
-scoring = _load("replay_scoring")
+scoring = load_benchmark("replay_scoring")
 
 
 @pytest.fixture
 def cold(monkeypatch):
     """The script, with its neighbours importable by name as when it runs from benchmarks/."""
     monkeypatch.setitem(sys.modules, "replay_scoring", scoring)
-    monkeypatch.setitem(sys.modules, "replay", _load("replay"))
-    return _load("replay_cold")
+    monkeypatch.setitem(sys.modules, "replay", load_benchmark("replay"))
+    return load_benchmark("replay_cold")
 
 
 def test_a_cold_target_is_the_first_next_period_event_on_an_item_new_that_period(tmp_path, cold):

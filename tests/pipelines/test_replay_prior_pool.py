@@ -2,26 +2,20 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from benchmark_scripts import load_benchmark
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _load(name: str, path: Path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
-
-replay = _load("replay_for_pool", REPO / "benchmarks" / "replay.py")
-pool = _load("replay_prior_pool", REPO / "benchmarks" / "replay_prior_pool.py")
+replay = load_benchmark("replay", "replay_for_pool")
+pool = load_benchmark("replay_prior_pool")
 
 
 def _replay(path: Path, log: str = "log.parquet") -> str:

@@ -60,21 +60,17 @@ def test_diagnose_asks_for_a_number_when_max_len_is_auto():
 
 def test_the_gpu_fit_benchmark_resolves_the_recipe_rule(tmp_path):
     """benchmarks/gpu_fit.py builds its data module itself: it must resolve ``max_len: auto`` as ``train`` does."""
-    import importlib.util
     import json
-    from pathlib import Path
 
+    from benchmark_scripts import BENCHMARKS, load_benchmark
     from training_fixtures import NO_ITEM_TABLE, TINY
 
-    repo = Path(__file__).resolve().parents[2]
-    spec = importlib.util.spec_from_file_location("gpu_fit", repo / "benchmarks" / "gpu_fit.py")
-    gpu_fit = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(gpu_fit)
+    gpu_fit = load_benchmark("gpu_fit")
     prepared = write_walks(tmp_path / "prepared")
     overrides = [*TINY, *NO_ITEM_TABLE, "model.max_len=auto", "train.max_epochs=1"]
     sets = [arg for item in overrides for arg in ("--set", item)]
     out = tmp_path / "fit.json"
-    gpu_fit.main(["--config", str(repo / "configs" / "default.yaml"), "--prepared", str(prepared),
+    gpu_fit.main(["--config", str(BENCHMARKS.parent / "configs" / "default.yaml"), "--prepared", str(prepared),
                   "--output", str(tmp_path / "fit"), "--json", str(out), *sets])  # fmt: skip
     assert json.loads(out.read_text())["epochs"] == 1
 

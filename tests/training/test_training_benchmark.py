@@ -6,7 +6,6 @@ ML-1M-shaped data is a prepared directory written with pyarrow.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -14,11 +13,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 from without_modules import run_without
+from benchmark_scripts import load_benchmark
 
-REPO = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("training_benchmark", REPO / "benchmarks" / "training.py")
-bench = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bench)
+bench = load_benchmark("training", "training_benchmark")
 
 
 def _prepared(path: Path, lengths: list[int], n_items: int = 50) -> Path:
