@@ -41,7 +41,7 @@ from recsys_alibi.data.ingest import DataError, resolve_paths
 from recsys_alibi.data.loader import FlatSequences
 from recsys_alibi.data.prepared import check_file, check_prepared, read_consistent
 from recsys_alibi.data.sequences import read_parquet_file, vocabulary_difference
-from recsys_alibi.data.time_gaps import checked_timestamps, gap_buckets, has_real_timestamps
+from recsys_alibi.data.time_gaps import checked_timestamps, gap_buckets, sequences_have_real_timestamps
 from recsys_alibi.data.timestamps import seconds_of_lists
 
 log = logging.getLogger(__name__)
@@ -269,10 +269,10 @@ def _check_timestamps(sequences: Path, name: str | None = None) -> None:
             "(prepare rejects earlier events as bad_timestamp)"
         )
     shown = name or sequences.parent
-    if not has_real_timestamps(sequences.parent):  # a prepared or staged dir records where time came from
+    if not sequences_have_real_timestamps(sequences):  # the folder or the file's footer records it
         raise DataError(
             f"the model reads time gaps but the data in {shown} has no timestamps (time came from "
-            f"line order, {schema.STATS_FILE}); score it with a model trained with model.time_gap_buckets=0"
+            f"line order); score it with a model trained with model.time_gap_buckets=0"
         )
 
 

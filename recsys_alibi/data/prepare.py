@@ -81,7 +81,7 @@ from recsys_alibi.data.prepare_ingest import (
 )
 from recsys_alibi.data.prepare_state import STATE_KEY, Base, file_sha256, settings
 from recsys_alibi.data.prepare_write import write_outputs
-from recsys_alibi.data.prepared import PREPARE_ID_KEY, STAGING_PREFIX, clean_stale, keep_failed_rejects, prepare_lock, publish
+from recsys_alibi.data.prepared import LINE_ORDER_KEY, PREPARE_ID_KEY, STAGING_PREFIX, clean_stale, keep_failed_rejects, prepare_lock, publish
 from recsys_alibi.data.schema import CLEANED_FILE, COUNT, EVENT_TYPE, ITEM_ID, ITEM_IDX, ITEMS_FILE, REJECT_REASON, REJECTS_FILE, STATS_FILE, TIMESTAMP, USER_ID
 from recsys_alibi.data.sequences import build_vocabulary, read_items, read_sequences
 from recsys_alibi.data.stats import HISTOGRAM_FILE, history_length_summary, plot_history_lengths, sparsity
@@ -185,7 +185,8 @@ def _prepare(
     if cfg.items is not None:  # a table that cannot match its declaration is refused before the events are read
         check_declaration(read_item_table(cfg.items), cfg.item_features)
     prepare_id = uuid.uuid4().hex
-    tag = {PREPARE_ID_KEY: prepare_id}
+    # every Parquet footer says where time came from, so a sequences file copied out alone still says it
+    tag = {PREPARE_ID_KEY: prepare_id, **({LINE_ORDER_KEY: "true"} if TIMESTAMP not in source.columns else {})}
     with ThreadPoolExecutor(1) as hasher:  # hashlib releases the GIL: the input is hashed while polars reads it
         hashing = hasher.submit(lambda: digests if digests is not None else [file_sha256(p) for p in source.paths])
         ingested = _ingest(cfg, source, out, work, tag, base)

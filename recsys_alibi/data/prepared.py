@@ -56,6 +56,7 @@ from recsys_alibi.staging import stale_temps
 log = logging.getLogger(__name__)
 
 PREPARE_ID_KEY = "recsys_alibi.prepare_id"  # Parquet footer key and stats.json field
+LINE_ORDER_KEY = "recsys_alibi.time_from_line_order"  # Parquet footer key, b"true" when time is the line order
 STAGING_PREFIX = ".prepare-"
 PREPARE_AGAIN = (
     "run `recsys-alibi prepare` again with every input the directory was prepared from (without --append it "

@@ -27,7 +27,7 @@ import polars as pl
 import pyarrow as pa
 
 from recsys_alibi.data.loader import FlatSequences
-from recsys_alibi.data.prepared import read_consistent, read_json_file, read_manifest
+from recsys_alibi.data.prepared import LINE_ORDER_KEY, read_consistent, read_json_file, read_manifest
 from recsys_alibi.data.schema import ITEM_IDX, STATS_FILE, TIME_GAPS, TIMESTAMP
 
 FIRST_EVENT = 1
@@ -113,6 +113,22 @@ def has_real_timestamps(data_dir: str | Path, prepare_id: str | None = None) -> 
         return True
     stats = read_consistent(data_dir, STATS_FILE, read_json_file, prepare_id)
     return not stats.get("time_from_line_order")
+
+
+def sequences_have_real_timestamps(sequences: str | Path) -> bool:
+    """False when a ``sequences.parquet`` took its time from line order: its folder says so
+    (:func:`has_real_timestamps`), or the file itself does, wherever it was copied (its Parquet footer's
+    ``recsys_alibi.time_from_line_order``, written by ``prepare`` since 2026-12-06; a file from an earlier
+    prepare copied out of its folder says nothing and counts as real time).
+
+    Raises:
+        DataError: as :func:`has_real_timestamps`.
+    """
+    import pyarrow.parquet as pq
+
+    if not has_real_timestamps(Path(sequences).parent):
+        return False
+    return (pq.read_metadata(sequences).metadata or {}).get(LINE_ORDER_KEY.encode()) != b"true"
 
 
 def check_time_protocol(data_dir: str | Path, protocol: str, prepare_id: str | None = None) -> None:

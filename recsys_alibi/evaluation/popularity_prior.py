@@ -115,13 +115,13 @@ def item_popularity(sequences: Path, items: pl.DataFrame, half_life_days: float 
         ``item_id`` (the vocabulary's dtype), ``popularity`` float64, one row per item with an event.
 
     Raises:
-        DataError: no ``timestamp`` lists, or time taken from line order (``has_real_timestamps``): the
+        DataError: no ``timestamp`` lists, or time taken from line order (``sequences_have_real_timestamps``): the
             prior would weigh events by their position in a file.
     """
     from recsys_alibi.data.ingest import DataError
-    from recsys_alibi.data.time_gaps import has_real_timestamps
+    from recsys_alibi.data.time_gaps import sequences_have_real_timestamps
 
-    if "timestamp" not in pl.read_parquet_schema(sequences) or not has_real_timestamps(Path(sequences).parent):
+    if "timestamp" not in pl.read_parquet_schema(sequences) or not sequences_have_real_timestamps(sequences):
         raise DataError(f"score.popularity_prior needs event times and {name or sequences} has none (or took them from "
                         "line order); set score.popularity_prior.weight=0 or score a log with timestamps")  # fmt: skip
     events = pl.read_parquet(sequences, columns=["item_idx", "timestamp"]).explode("item_idx", "timestamp").drop_nulls()

@@ -69,6 +69,39 @@ def test_a_prior_needs_event_times(tmp_path):
         item_popularity(tmp_path / "bare.parquet", vocabulary(), 7.0)
 
 
+@pytest.mark.parametrize("line_order", [True, False])
+def test_a_sequences_file_copied_out_of_its_folder_still_says_where_time_came_from(tmp_path, line_order):
+    """A SASRec-format log (``user item`` lines: the line order is the time) prepared, then its sequences.parquet
+    copied alone elsewhere: the folder's stats.json is gone, the file's footer still says line order, so the prior
+    (and a time-gap model) refuses it; the same copy of a log with real times is counted."""
+    import shutil
+
+    from recsys_alibi.config import DataConfig
+    from recsys_alibi.data.prepare import prepare
+    from recsys_alibi.data.sequences import read_items
+    from recsys_alibi.data.time_gaps import sequences_have_real_timestamps
+
+    lines = [(u, (u + 2 * j) % 9, 100 + 5 * j * DAY) for u in range(6) for j in range(5)]
+    if line_order:
+        (tmp_path / "log.txt").write_text("".join(f"{u} {i}\n" for u, i, _ in lines))
+        source, fmt = tmp_path / "log.txt", "sasrec"
+    else:
+        (tmp_path / "log.csv").write_text("user_id,item_id,timestamp\n" + "".join(f"{u},{i},{t}\n" for u, i, t in lines))
+        source, fmt = tmp_path / "log.csv", "csv"
+    prepare(DataConfig(format=fmt, min_events_per_user=1, min_events_per_item=1), source, tmp_path / "prepared")
+    copied = tmp_path / "elsewhere" / "histories.parquet"
+    copied.parent.mkdir()
+    shutil.copy(tmp_path / "prepared" / schema.SEQUENCES_FILE, copied)
+    assert sequences_have_real_timestamps(copied) is not line_order
+    assert sequences_have_real_timestamps(tmp_path / "prepared" / schema.SEQUENCES_FILE) is not line_order
+    items = read_items(tmp_path / "prepared")
+    if line_order:
+        with pytest.raises(DataError, match="needs event times .* line order"):
+            item_popularity(copied, items, 7.0)
+    else:  # 5 events of each user, every item counted once per event (plain counts)
+        assert item_popularity(copied, items, None)["popularity"].sum() == 30.0
+
+
 def test_the_job_ranks_by_the_model_score_plus_the_prior(tmp_path):
     path, sequences, times = _timed_prepared(tmp_path)
     model = tiny_model()
