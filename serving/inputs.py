@@ -252,7 +252,7 @@ def _n_rows(path: Path) -> int:
 
 def _check_timestamps(sequences: Path, name: str | None = None) -> None:
     """DataError unless a time-gap model can read real per-event timestamps from ``sequences``
-    (messages name ``name``, default ``sequences``; the data's folder for the line-order case)."""
+    (messages name ``name``, default ``sequences``)."""
     shown = name or sequences
     found = pl.read_parquet_schema(sequences).get(schema.TIMESTAMP)
     if not isinstance(found, pl.List) or not found.inner.is_integer():
@@ -268,8 +268,7 @@ def _check_timestamps(sequences: Path, name: str | None = None) -> None:
             f"{shown}: {negative} timestamps before the epoch (first: row {first}); give seconds since 1970 "
             "(prepare rejects earlier events as bad_timestamp)"
         )
-    shown = name or sequences.parent
-    if not sequences_have_real_timestamps(sequences):  # the folder or the file's footer records it
+    if not sequences_have_real_timestamps(sequences):  # the file's footer or its folder records it
         raise DataError(
             f"the model reads time gaps but the data in {shown} has no timestamps (time came from "
             f"line order); score it with a model trained with model.time_gap_buckets=0"

@@ -27,7 +27,7 @@ import polars as pl
 import pyarrow as pa
 
 from recsys_alibi.data.loader import FlatSequences
-from recsys_alibi.data.prepared import LINE_ORDER_KEY, read_consistent, read_json_file, read_manifest
+from recsys_alibi.data.prepared import LINE_ORDER_KEY, PREPARE_ID_KEY, read_consistent, read_json_file, read_manifest, unreadable_error
 from recsys_alibi.data.schema import ITEM_IDX, STATS_FILE, TIME_GAPS, TIMESTAMP
 
 FIRST_EVENT = 1
@@ -116,19 +116,33 @@ def has_real_timestamps(data_dir: str | Path, prepare_id: str | None = None) -> 
 
 
 def sequences_have_real_timestamps(sequences: str | Path) -> bool:
-    """False when a ``sequences.parquet`` took its time from line order: its folder says so
-    (:func:`has_real_timestamps`), or the file itself does, wherever it was copied (its Parquet footer's
-    ``recsys_alibi.time_from_line_order``, written by ``prepare`` since 2026-12-06; a file from an earlier
-    prepare copied out of its folder says nothing and counts as real time).
+    """False when a ``sequences.parquet`` took its time from line order.
+
+    The file's Parquet footer says so wherever the file was copied byte for byte
+    (``recsys_alibi.time_from_line_order``, written by ``prepare`` since 2026-12-06); otherwise its folder's
+    ``stats.json`` decides (:func:`has_real_timestamps`), unless the file carries another prepare's id than the
+    folder's manifest (a file placed in a foreign prepared folder speaks for itself). Not covered: a file
+    rewritten by another tool (polars, pyarrow, pandas) loses the footer key, and one from an earlier prepare
+    copied out alone says nothing; both count as real time.
 
     Raises:
-        DataError: as :func:`has_real_timestamps`.
+        DataError: the file is missing or not Parquet; the folder's stats are unreadable or another
+            prepare's (as :func:`has_real_timestamps`).
     """
     import pyarrow.parquet as pq
 
-    if not has_real_timestamps(Path(sequences).parent):
+    path = Path(sequences)
+    try:
+        footer = pq.read_metadata(path).metadata or {}
+    except (OSError, ValueError) as err:  # ArrowInvalid is a ValueError
+        raise unreadable_error(path, err) from None
+    if footer.get(LINE_ORDER_KEY.encode()) == b"true":
         return False
-    return (pq.read_metadata(sequences).metadata or {}).get(LINE_ORDER_KEY.encode()) != b"true"
+    own = footer.get(PREPARE_ID_KEY.encode())
+    folder = (read_manifest(path.parent) or {}).get("prepare_id")
+    if own is not None and folder is not None and own.decode() != folder:
+        return True
+    return has_real_timestamps(path.parent)
 
 
 def check_time_protocol(data_dir: str | Path, protocol: str, prepare_id: str | None = None) -> None:

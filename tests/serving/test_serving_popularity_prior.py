@@ -102,6 +102,31 @@ def test_a_sequences_file_copied_out_of_its_folder_still_says_where_time_came_fr
         assert item_popularity(copied, items, None)["popularity"].sum() == 30.0
 
 
+def test_a_file_placed_in_another_prepare_s_folder_is_judged_by_its_own_footer(tmp_path):
+    """A real-time sequences file copied into a line-order prepared folder is real time (its footer carries its
+    own prepare id and no line-order key), a line-order file copied into a real-time folder is line order; a
+    missing file is a one-line DataError."""
+    import shutil
+
+    from recsys_alibi.config import DataConfig
+    from recsys_alibi.data.prepare import prepare
+    from recsys_alibi.data.time_gaps import sequences_have_real_timestamps
+
+    lines = [(u, (u + 2 * j) % 9, 100 + 5 * j * DAY) for u in range(6) for j in range(5)]
+    (tmp_path / "log.txt").write_text("".join(f"{u} {i}\n" for u, i, _ in lines))
+    (tmp_path / "log.csv").write_text("user_id,item_id,timestamp\n" + "".join(f"{u},{i},{t}\n" for u, i, t in lines))
+    for name, fmt in (("sas", "sasrec"), ("csv", "csv")):
+        prepare(DataConfig(format=fmt, min_events_per_user=1, min_events_per_item=1), tmp_path / f"log.{'txt' if fmt == 'sasrec' else 'csv'}",
+                tmp_path / name)  # fmt: skip
+    shutil.copy(tmp_path / "csv" / schema.SEQUENCES_FILE, tmp_path / "sas" / "real.parquet")
+    shutil.copy(tmp_path / "sas" / schema.SEQUENCES_FILE, tmp_path / "csv" / "line_order.parquet")
+    assert sequences_have_real_timestamps(tmp_path / "sas" / "real.parquet") is True
+    assert sequences_have_real_timestamps(tmp_path / "sas" / schema.SEQUENCES_FILE) is False
+    assert sequences_have_real_timestamps(tmp_path / "csv" / "line_order.parquet") is False
+    with pytest.raises(DataError, match=r"missing\.parquet not found"):
+        sequences_have_real_timestamps(tmp_path / "csv" / "missing.parquet")
+
+
 def test_the_job_ranks_by_the_model_score_plus_the_prior(tmp_path):
     path, sequences, times = _timed_prepared(tmp_path)
     model = tiny_model()
