@@ -11,7 +11,8 @@ Run from the repository root (seconds):
 Writes ``--output``: the inputs, their arm, ``seeds``, ``chosen`` (each seed's walk-forward choices, as its input
 made them), ``mean_NDCG@10`` of the arm, ``prior``, ``recent`` and ``stale_prior`` (the previous model of the chain
 with the same choice), and the percentile-bootstrap paired differences ``prior_minus_arm``,
-``prior_minus_recent``, ``recent_minus_arm`` and ``prior_minus_stale_with_prior`` (``replay._difference``). When
+``prior_minus_recent``, ``recent_minus_arm`` and ``prior_minus_stale_with_prior`` (``replay._difference``), the
+last also per step over the seeds (``by_step``: does retraining pay after a small append?). When
 every input was made ``--against`` another chain, also ``prior_minus_their_prior`` and ``arm_minus_their_arm``
 over the (seed, step, user) each input shares with its own ``--against`` file (``against_arm`` names that chain).
 
@@ -85,6 +86,9 @@ def pool(inputs: list[tuple[Path, dict, dict]], parser) -> dict:
         "recent_minus_arm": replay_script._difference(column["recent"], column["arm"]),
         "prior_minus_stale_with_prior": replay_script._difference(column["prior"], column["stale_prior"]),
     }  # fmt: skip
+    steps = sorted({key.split("/")[1] for key in order}, key=int)  # the same per step, over the seeds
+    out["by_step"] = {k: {"prior_minus_stale_with_prior": replay_script._difference(
+        *([values[key][i] for key in order if key.split("/")[1] == k] for i in (1, 3)))} for k in steps}  # fmt: skip
     if all(with_against):
         mine_prior, their_prior, mine_arm, their_arm, their_arms = [], [], [], [], set()
         for path, doc, mine in inputs:

@@ -63,6 +63,9 @@ def test_disjoint_seeds_pool_as_one_run(outputs):
     assert out["prior_minus_arm"]["NDCG@10"]["difference"] == pytest.approx((0.4 + 0.2 + 0.3 + 0.0) / 4)
     assert out["mean_NDCG@10"]["recent"] == pytest.approx((0.4 + 0.2 + 0.6 + 0.1) / 4)
     assert "prior_minus_their_prior" not in out
+    by_step = {k: v["prior_minus_stale_with_prior"]["NDCG@10"] for k, v in out["by_step"].items()}
+    assert sorted(by_step) == ["1", "2"] and by_step["2"]["pairs"] == 1 and by_step["2"]["difference"] == 0.0
+    assert by_step["1"]["difference"] == pytest.approx(((0.5 - 0.3) + (0.2 - 0.2) + (0.6 - 0.1)) / 3)
     pool.main([str(scratch12), str(scratch3), "--output", "against.json"])  # each input against its own chain
     out = json.loads((tmp_path / "against.json").read_text())
     d = out["prior_minus_their_prior"]["NDCG@10"]  # scratch's prior - warm's prior on 1/1/a, 3/1/a, 3/2/b
