@@ -86,9 +86,11 @@ def pool(inputs: list[tuple[Path, dict, dict]], parser) -> dict:
         "recent_minus_arm": replay_script._difference(column["recent"], column["arm"]),
         "prior_minus_stale_with_prior": replay_script._difference(column["prior"], column["stale_prior"]),
     }  # fmt: skip
-    steps = sorted({key.split("/")[1] for key in order}, key=int)  # the same per step, over the seeds
-    out["by_step"] = {k: {"prior_minus_stale_with_prior": replay_script._difference(
-        *([values[key][i] for key in order if key.split("/")[1] == k] for i in (1, 3)))} for k in steps}  # fmt: skip
+    at_step: dict[str, list] = {}  # the same per step, over the seeds
+    for key in order:
+        at_step.setdefault(key.split("/")[1], []).append(values[key])
+    out["by_step"] = {k: {"prior_minus_stale_with_prior": replay_script._difference([v[1] for v in rows], [v[3] for v in rows])}
+                      for k, rows in sorted(at_step.items(), key=lambda item: int(item[0]))}  # fmt: skip
     if all(with_against):
         mine_prior, their_prior, mine_arm, their_arm, their_arms = [], [], [], [], set()
         for path, doc, mine in inputs:

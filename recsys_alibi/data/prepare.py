@@ -404,7 +404,7 @@ def _clean_and_write(
         "sparsity": sparsity(kept, n_users, n_items),
         "timestamp_min": t_min,
         "timestamp_max": t_max,
-        "time_from_line_order": TIMESTAMP not in source.columns,
+        "time_from_line_order": LINE_ORDER_KEY in tag,
         "partitions": ingested.n_parts,
         PREPARE_ID_KEY: tag[PREPARE_ID_KEY],
         STATE_KEY: {

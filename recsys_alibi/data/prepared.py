@@ -222,6 +222,18 @@ def _manifest_of(directory: str | Path, prepare_id: str | None) -> dict | None:
     return manifest
 
 
+def parquet_footer(path: Path) -> dict[bytes, bytes]:
+    """The key-value metadata of a Parquet file's footer (``PREPARE_ID_KEY``, ``LINE_ORDER_KEY``, ...).
+
+    Raises:
+        DataError: the file is missing or not Parquet (:func:`unreadable_error`).
+    """
+    try:
+        return pq.read_metadata(path).metadata or {}
+    except (OSError, ValueError) as err:  # ArrowInvalid is a ValueError
+        raise unreadable_error(path, err) from None
+
+
 def file_prepare_id(path: Path) -> str | None:
     """The prepare id a prepared file carries (Parquet footer or ``stats.json``), None without one.
 
@@ -229,14 +241,14 @@ def file_prepare_id(path: Path) -> str | None:
         DataError: the file is missing or unreadable (:func:`unreadable_error`), never reported
             as a mixed directory.
     """
+    if path.suffix != ".json":
+        raw = parquet_footer(path).get(PREPARE_ID_KEY.encode())
+        return raw.decode() if raw is not None else None
     try:
-        if path.suffix == ".json":
-            value = json.loads(path.read_text()).get(PREPARE_ID_KEY)
-            return value if isinstance(value, str) else None
-        raw = (pq.read_metadata(path).metadata or {}).get(PREPARE_ID_KEY.encode())
-    except (OSError, ValueError, AttributeError) as err:  # ArrowInvalid is a ValueError
+        value = json.loads(path.read_text()).get(PREPARE_ID_KEY)
+    except (OSError, ValueError, AttributeError) as err:
         raise unreadable_error(path, err) from None
-    return raw.decode() if raw is not None else None
+    return value if isinstance(value, str) else None
 
 
 def read_json_file(path: Path) -> dict:

@@ -27,7 +27,7 @@ import polars as pl
 import pyarrow as pa
 
 from recsys_alibi.data.loader import FlatSequences
-from recsys_alibi.data.prepared import LINE_ORDER_KEY, PREPARE_ID_KEY, read_consistent, read_json_file, read_manifest, unreadable_error
+from recsys_alibi.data.prepared import LINE_ORDER_KEY, file_prepare_id, parquet_footer, read_consistent, read_json_file, read_manifest
 from recsys_alibi.data.schema import ITEM_IDX, STATS_FILE, TIME_GAPS, TIMESTAMP
 
 FIRST_EVENT = 1
@@ -129,18 +129,11 @@ def sequences_have_real_timestamps(sequences: str | Path) -> bool:
         DataError: the file is missing or not Parquet; the folder's stats are unreadable or another
             prepare's (as :func:`has_real_timestamps`).
     """
-    import pyarrow.parquet as pq
-
     path = Path(sequences)
-    try:
-        footer = pq.read_metadata(path).metadata or {}
-    except (OSError, ValueError) as err:  # ArrowInvalid is a ValueError
-        raise unreadable_error(path, err) from None
-    if footer.get(LINE_ORDER_KEY.encode()) == b"true":
+    if parquet_footer(path).get(LINE_ORDER_KEY.encode()) == b"true":
         return False
-    own = footer.get(PREPARE_ID_KEY.encode())
-    folder = (read_manifest(path.parent) or {}).get("prepare_id")
-    if own is not None and folder is not None and own.decode() != folder:
+    own, folder = file_prepare_id(path), (read_manifest(path.parent) or {}).get("prepare_id")
+    if own is not None and folder is not None and own != folder:
         return True
     return has_real_timestamps(path.parent)
 

@@ -69,6 +69,22 @@ def test_a_prior_needs_event_times(tmp_path):
         item_popularity(tmp_path / "bare.parquet", vocabulary(), 7.0)
 
 
+def _prepare_log(tmp_path, line_order: bool, out):
+    """6 users x 5 events (one 5 days apart), prepared into ``out``: as SASRec ``user item`` lines (time is the
+    line order) or as a CSV with real timestamps."""
+    from recsys_alibi.config import DataConfig
+    from recsys_alibi.data.prepare import prepare
+
+    lines = [(u, (u + 2 * j) % 9, 100 + 5 * j * DAY) for u in range(6) for j in range(5)]
+    if line_order:
+        source, fmt = tmp_path / "log.txt", "sasrec"
+        source.write_text("".join(f"{u} {i}\n" for u, i, _ in lines))
+    else:
+        source, fmt = tmp_path / "log.csv", "csv"
+        source.write_text("user_id,item_id,timestamp\n" + "".join(f"{u},{i},{t}\n" for u, i, t in lines))
+    prepare(DataConfig(format=fmt, min_events_per_user=1, min_events_per_item=1), source, out)
+
+
 @pytest.mark.parametrize("line_order", [True, False])
 def test_a_sequences_file_copied_out_of_its_folder_still_says_where_time_came_from(tmp_path, line_order):
     """A SASRec-format log (``user item`` lines: the line order is the time) prepared, then its sequences.parquet
@@ -76,19 +92,10 @@ def test_a_sequences_file_copied_out_of_its_folder_still_says_where_time_came_fr
     (and a time-gap model) refuses it; the same copy of a log with real times is counted."""
     import shutil
 
-    from recsys_alibi.config import DataConfig
-    from recsys_alibi.data.prepare import prepare
     from recsys_alibi.data.sequences import read_items
     from recsys_alibi.data.time_gaps import sequences_have_real_timestamps
 
-    lines = [(u, (u + 2 * j) % 9, 100 + 5 * j * DAY) for u in range(6) for j in range(5)]
-    if line_order:
-        (tmp_path / "log.txt").write_text("".join(f"{u} {i}\n" for u, i, _ in lines))
-        source, fmt = tmp_path / "log.txt", "sasrec"
-    else:
-        (tmp_path / "log.csv").write_text("user_id,item_id,timestamp\n" + "".join(f"{u},{i},{t}\n" for u, i, t in lines))
-        source, fmt = tmp_path / "log.csv", "csv"
-    prepare(DataConfig(format=fmt, min_events_per_user=1, min_events_per_item=1), source, tmp_path / "prepared")
+    _prepare_log(tmp_path, line_order, tmp_path / "prepared")
     copied = tmp_path / "elsewhere" / "histories.parquet"
     copied.parent.mkdir()
     shutil.copy(tmp_path / "prepared" / schema.SEQUENCES_FILE, copied)
@@ -108,16 +115,10 @@ def test_a_file_placed_in_another_prepare_s_folder_is_judged_by_its_own_footer(t
     missing file is a one-line DataError."""
     import shutil
 
-    from recsys_alibi.config import DataConfig
-    from recsys_alibi.data.prepare import prepare
     from recsys_alibi.data.time_gaps import sequences_have_real_timestamps
 
-    lines = [(u, (u + 2 * j) % 9, 100 + 5 * j * DAY) for u in range(6) for j in range(5)]
-    (tmp_path / "log.txt").write_text("".join(f"{u} {i}\n" for u, i, _ in lines))
-    (tmp_path / "log.csv").write_text("user_id,item_id,timestamp\n" + "".join(f"{u},{i},{t}\n" for u, i, t in lines))
-    for name, fmt in (("sas", "sasrec"), ("csv", "csv")):
-        prepare(DataConfig(format=fmt, min_events_per_user=1, min_events_per_item=1), tmp_path / f"log.{'txt' if fmt == 'sasrec' else 'csv'}",
-                tmp_path / name)  # fmt: skip
+    _prepare_log(tmp_path, True, tmp_path / "sas")
+    _prepare_log(tmp_path, False, tmp_path / "csv")
     shutil.copy(tmp_path / "csv" / schema.SEQUENCES_FILE, tmp_path / "sas" / "real.parquet")
     shutil.copy(tmp_path / "sas" / schema.SEQUENCES_FILE, tmp_path / "csv" / "line_order.parquet")
     assert sequences_have_real_timestamps(tmp_path / "sas" / "real.parquet") is True
