@@ -31,7 +31,10 @@ install: $(INSTALLED)
 pipeline: install
 	$(VENV)/bin/recsys-alibi pipeline --config configs/default.yaml
 
+# TEST_WORKERS: pytest-xdist processes; each test file stays on one worker (its module fixtures start once)
+TEST_WORKERS ?= 2
+
 test: install
-	$(VENV)/bin/python -m pytest
+	$(VENV)/bin/python -m pytest -n $(TEST_WORKERS) --dist loadfile
 
 .PHONY: install pipeline test

@@ -75,10 +75,10 @@ def test_a_model_trained_on_held_out_events_is_refused(trained, protocol, cutoff
     assert f"was trained on split {trained}" in str(caught.value) and "\n" not in str(caught.value)
 
 
-def _prepared(tmp_path, monkeypatch) -> Path:
+def _prepared(tmp_path, monkeypatch, new_store) -> Path:
     """A tiny generated log prepared into ``tmp_path/prepared``, the cwd and the MLflow store in ``tmp_path``."""
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", new_store(tmp_path / "mlflow.db"))
     small = ["--set", "generate.min_events=5", "--set", "generate.max_events=12"]
     assert main(["generate", "--users", "30", "--items", "20", "--output", "events.parquet", *small]) == 0
     assert main(["prepare", "--input", "events.parquet", "--output", "prepared", "--set", "data.min_events_per_user=3",
@@ -111,10 +111,10 @@ def _random_model(n_items: int):
     return AlibiRanker(ModelConfig(d_model=16, n_heads=2, n_layers=1, max_len=8), n_items=n_items).eval()
 
 
-def test_evaluate_temporal_refuses_a_leave_one_out_model_with_one_line(tmp_path, monkeypatch, capsys):
+def test_evaluate_temporal_refuses_a_leave_one_out_model_with_one_line(tmp_path, monkeypatch, capsys, new_store):
     from recsys_alibi.data.prepare import read_items
 
-    items = read_items(_prepared(tmp_path, monkeypatch))
+    items = read_items(_prepared(tmp_path, monkeypatch, new_store))
     run_id = _log_model(_random_model(items.height), items, tmp_path)
     capsys.readouterr()
     args = ["evaluate", "--model-uri", f"runs:/{run_id}/model", "--prepared", "prepared", "--output", "r"]
@@ -125,7 +125,7 @@ def test_evaluate_temporal_refuses_a_leave_one_out_model_with_one_line(tmp_path,
     assert main(args) == 0  # the protocol it was trained on
 
 
-def test_a_model_with_the_same_ids_at_other_indices_is_evaluated_by_raw_id(tmp_path, monkeypatch):
+def test_a_model_with_the_same_ids_at_other_indices_is_evaluated_by_raw_id(tmp_path, monkeypatch, new_store):
     """The same model with its item table and vocabulary renumbered scores every raw id the same: same metrics."""
     import json
 
@@ -133,7 +133,7 @@ def test_a_model_with_the_same_ids_at_other_indices_is_evaluated_by_raw_id(tmp_p
 
     from recsys_alibi.data.prepare import read_items
 
-    items = read_items(_prepared(tmp_path, monkeypatch))
+    items = read_items(_prepared(tmp_path, monkeypatch, new_store))
     model = _random_model(items.height)
     n = items.height
     new_index = torch.tensor([0, *range(n, 0, -1)])  # item_idx i -> n + 1 - i (0 stays padding)
@@ -154,7 +154,7 @@ def test_a_model_with_the_same_ids_at_other_indices_is_evaluated_by_raw_id(tmp_p
     assert reports[1] == pytest.approx(reports[0], abs=1e-6)
 
 
-def test_an_ad_hoc_evaluation_is_its_own_run_and_leaves_the_training_run_as_it_was(tmp_path, monkeypatch, capsys):
+def test_an_ad_hoc_evaluation_is_its_own_run_and_leaves_the_training_run_as_it_was(tmp_path, monkeypatch, capsys, new_store):
     import json
 
     import mlflow
@@ -164,7 +164,7 @@ def test_an_ad_hoc_evaluation_is_its_own_run_and_leaves_the_training_run_as_it_w
     from recsys_alibi.data.prepare import read_items
     from recsys_alibi.data.prepared import data_sha256
 
-    prepared = _prepared(tmp_path, monkeypatch)
+    prepared = _prepared(tmp_path, monkeypatch, new_store)
     items = read_items(prepared)
     run_id = _log_model(_random_model(items.height), items, tmp_path)
     before = mlflow.get_run(run_id).data
@@ -208,12 +208,12 @@ def test_temporal_protocol_on_data_timed_by_line_order_is_refused_with_one_line(
     assert main(["evaluate", "--baseline", "popularity", "--prepared", "prepared", "--output", "r"]) == 0
 
 
-def test_evaluate_reads_one_prepare_and_refuses_a_directory_prepared_again_meanwhile(tmp_path, monkeypatch, capsys):
+def test_evaluate_reads_one_prepare_and_refuses_a_directory_prepared_again_meanwhile(tmp_path, monkeypatch, capsys, new_store):
     import pipelines.evaluate as evaluate_job
     from recsys_alibi.config import DataConfig
     from recsys_alibi.data.prepare import prepare
 
-    prepared = _prepared(tmp_path, monkeypatch)
+    prepared = _prepared(tmp_path, monkeypatch, new_store)
     other = tmp_path / "other.csv"
     other.write_text("user_id,item_id,timestamp\n" + "\n".join(f"v{u},z{(u + t) % 7},{t}" for u in range(9) for t in range(5)))
     real_read = evaluate_job.read_sequences

@@ -61,8 +61,9 @@ def _stop(proc: subprocess.Popen) -> None:
 
 
 @pytest.fixture
-def mlflow_server(tmp_path, monkeypatch):
-    """A real tracking server on a free local port; stopped at teardown whatever the test did."""
+def mlflow_server(tmp_path, monkeypatch, new_store):
+    """A real tracking server on a free local port (on a store made from the session's template); stopped at
+    teardown whatever the test did."""
     if not MLFLOW.exists():
         pytest.skip(f"no mlflow executable beside {sys.executable}")
     port = _free_port()
@@ -72,7 +73,7 @@ def mlflow_server(tmp_path, monkeypatch):
     proc = subprocess.Popen(
         [
             str(MLFLOW), "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
-            "--backend-store-uri", f"sqlite:///{root / 'db.sqlite'}",
+            "--backend-store-uri", new_store(root / "db.sqlite"),
             "--artifacts-destination", str(root / "artifacts"), "--serve-artifacts",
         ],
         stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True,

@@ -89,9 +89,9 @@ def _args(steps: int, arms: list[str], output: str = "replay.json") -> list[str]
 
 
 @pytest.fixture
-def replay_dir(tmp_path, monkeypatch, one_torch_thread) -> Path:
+def replay_dir(tmp_path, monkeypatch, one_torch_thread, new_store) -> Path:
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", new_store(tmp_path / "mlflow.db"))
     log = _log()
     log.write_parquet(tmp_path / "log.parquet")
     items = log.select("item_id").unique().sort("item_id")
@@ -389,14 +389,14 @@ def _check_validation_over_steps(replay_dir, monkeypatch, done) -> None:
         assert exit_.value.code == 2
 
 
-def test_a_replay_whose_tracking_store_is_gone_starts_the_seed_over(replay_dir, monkeypatch, capsys):
+def test_a_replay_whose_tracking_store_is_gone_starts_the_seed_over(replay_dir, monkeypatch, capsys, new_store):
     """A new checkout keeps the committed JSON but not ``<workdir>`` nor the MLflow store: the unfinished
     seed cannot continue its warm chain, so it starts over (with a line) instead of failing on a lost run."""
     calls, stop = _stop_at(monkeypatch, "step-001-warm")
     with pytest.raises(Stopped):
         replay.main(_args(1, ["scratch", "warm", "stale"]))
     assert calls == ["step-000", "step-001-scratch", "step-001-warm"]
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{replay_dir / 'another.db'}")  # the old store is gone
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", new_store(replay_dir / "another.db"))  # the old store is gone
     calls.clear()
     stop[0] = False
     replay.main(_args(1, ["scratch", "warm", "stale"]))

@@ -138,9 +138,9 @@ def test_torchrun_two_processes_validate_like_one_and_a_killed_run_resumes_on_on
     assert resumed.val_metrics[MONITOR] == pytest.approx(one_process.val_metrics[MONITOR], abs=SGD_TOL)
 
 
-def test_cli_ddp_two_processes_one_mlflow_run_close_to_one_process(prepared, one_process, tmp_path):
+def test_cli_ddp_two_processes_one_mlflow_run_close_to_one_process(prepared, one_process, tmp_path, new_store):
     """``train.devices=2 train.strategy=ddp``: Lightning starts the second process itself."""
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = new_store(tmp_path / "mlflow.db")
     args = [sys.executable, "-m", "pipelines.cli", "train", "--prepared", str(prepared), "--quiet"]
     for item in [*TINY, f"output={tmp_path / 'job'}", "train.devices=2", "train.strategy=ddp", "train.accelerator=cpu"]:
         args += ["--set", item]

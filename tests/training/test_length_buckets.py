@@ -93,7 +93,7 @@ def test_ddp_ranks_take_equal_token_budget_steps_every_epoch(tmp_path):
 
 
 @pytest.mark.slow
-def test_cli_ddp_with_batch_tokens_trains_on_two_processes(tmp_path):
+def test_cli_ddp_with_batch_tokens_trains_on_two_processes(tmp_path, new_store):
     """``train.batch_tokens`` with ``train.devices=2 train.strategy=ddp`` (gloo): exit 0, one run."""
     prepared = write_walks(tmp_path / "prepared")
     args = [sys.executable, "-m", "pipelines.cli", "train", "--prepared", str(prepared), "--quiet"]
@@ -101,7 +101,7 @@ def test_cli_ddp_with_batch_tokens_trains_on_two_processes(tmp_path):
                  "train.devices=2", "train.strategy=ddp", "train.accelerator=cpu"]:  # fmt: skip
         args += ["--set", item]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore",
-           "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}  # fmt: skip
+           "MLFLOW_TRACKING_URI": new_store(tmp_path / "mlflow.db")}  # fmt: skip
     proc = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "trained 1 epochs on 2 processes" in proc.stdout and proc.stdout.count("mlflow_run_id: ") == 1

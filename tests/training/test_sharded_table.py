@@ -177,11 +177,11 @@ def test_item_lookup_equals_the_table_rows():
 
 
 @pytest.fixture(scope="module")
-def sharded_run(tmp_path_factory) -> dict:
+def sharded_run(tmp_path_factory, new_store) -> dict:
     """``torchrun_sharded_fit.py`` once: validate, train job, killed fit, resumed fit (2 processes)."""
     root = tmp_path_factory.mktemp("sharded")
     prepared = write_walks(root / "prepared")
-    uri = f"sqlite:///{root / 'mlflow.db'}"
+    uri = new_store(root / "mlflow.db")
     env = {**QUIET_ENV, "MLFLOW_TRACKING_URI": uri}
     result = _torchrun(HERE / "torchrun_sharded_fit.py", str(prepared), str(root / "out"), cwd=root, env=env)
     return result | {"prepared": prepared, "uri": uri, "root": root}
