@@ -36,25 +36,19 @@ def shared_data() -> Path:
 
 
 @pytest.fixture(scope="session")
-def empty_store_template(tmp_path_factory) -> Path:
-    """An empty MLflow SQLite store, its tables created and migrated by MLflow once per session (about 3 s a
-    store on a 2-core machine; some 70 tests need a new one). Tests take copies through ``new_store``."""
+def new_store(tmp_path_factory):
+    """``new_store(db) -> uri``: at ``db`` the store MLflow would create there on first use: a copy of one empty
+    store whose tables MLflow created and migrated once per session (about 3 s a store on a 2-core machine; some
+    70 tests need a new one), its Default experiment keeping artifacts under ``db``'s folder (``mlruns/0``) as
+    MLflow's would in that working directory. Tests of a store that does not exist yet do not use it."""
     from mlflow import MlflowClient
 
-    path = tmp_path_factory.mktemp("mlflow-template") / "mlflow.db"
-    MlflowClient(tracking_uri=f"sqlite:///{path}").search_experiments()
-    return path
-
-
-@pytest.fixture(scope="session")
-def new_store(empty_store_template):
-    """``new_store(db) -> uri``: at ``db`` the store MLflow would create there on first use (a copy of the
-    template; its Default experiment keeps artifacts under ``db``'s folder, ``mlruns/0``, as MLflow's would
-    in that working directory). Tests of what happens on a store that does not exist yet do not use it."""
+    template = tmp_path_factory.mktemp("mlflow-template") / "mlflow.db"
+    MlflowClient(tracking_uri=f"sqlite:///{template}").search_experiments()
 
     def make(db: Path) -> str:
         db.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(empty_store_template, db)
+        shutil.copyfile(template, db)
         with contextlib.closing(sqlite3.connect(db)) as con, con:
             con.execute("UPDATE experiments SET artifact_location = ? WHERE experiment_id = 0",
                         [str(db.parent / "mlruns" / "0")])  # fmt: skip

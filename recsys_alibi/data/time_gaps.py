@@ -27,7 +27,14 @@ import polars as pl
 import pyarrow as pa
 
 from recsys_alibi.data.loader import FlatSequences
-from recsys_alibi.data.prepared import LINE_ORDER_KEY, file_prepare_id, parquet_footer, read_consistent, read_json_file, read_manifest
+from recsys_alibi.data.prepared import (
+    LINE_ORDER_KEY,
+    PREPARE_ID_KEY,
+    parquet_footer,
+    read_consistent,
+    read_json_file,
+    read_manifest,
+)
 from recsys_alibi.data.schema import ITEM_IDX, STATS_FILE, TIME_GAPS, TIMESTAMP
 
 FIRST_EVENT = 1
@@ -130,9 +137,11 @@ def sequences_have_real_timestamps(sequences: str | Path) -> bool:
             prepare's (as :func:`has_real_timestamps`).
     """
     path = Path(sequences)
-    if parquet_footer(path).get(LINE_ORDER_KEY.encode()) == b"true":
+    footer = parquet_footer(path)  # read once: the line-order key and the file's own prepare id
+    if footer.get(LINE_ORDER_KEY.encode()) == b"true":
         return False
-    own, folder = file_prepare_id(path), (read_manifest(path.parent) or {}).get("prepare_id")
+    own = footer.get(PREPARE_ID_KEY.encode(), b"").decode() or None
+    folder = (read_manifest(path.parent) or {}).get("prepare_id")
     if own is not None and folder is not None and own != folder:
         return True
     return has_real_timestamps(path.parent)
