@@ -18,6 +18,12 @@ scratch. Step ``k >= 1`` appends the period ``[b_(k-1), b_k)`` to the prepared d
   warm starts, as the daily job runs), with the config's ``train.warm`` schedule;
 * ``stale``: no training: the previous step's warm model, scored as it is (targets it does not
   know are its misses);
+* with ``--gate``, the warm chain is the daily ``pipeline``'s: each warm model goes through its promotion
+  gate (:func:`pipelines.promotion.against_loaded`: the step's leave-one-out validation,
+  ``tracking.promotion_metric`` and ``promotion_margin``, the champion's unknown targets its misses) against
+  the previous step's ``warm`` model (the champion); ``warm`` is then the model the pipeline serves (the new
+  one when promoted, else the champion: ``candidate_uri`` and ``gate`` say which), and the next step
+  warm-starts from it. Without ``--gate`` every warm model is served (the chain of warm starts alone);
 * ``warm_full`` (diagnosis): the warm initialisation with the scratch schedule;
 * ``scratch_budget`` (diagnosis): from scratch in the warm run's time: its number of epochs (an
   epoch costs the same on the same data; a clock budget would follow the machine's load);
@@ -247,14 +253,32 @@ def rebuild(config, files: list[Path], prepared: Path, upto: int) -> None:
         grow(config, files[k], prepared, first=False)
 
 
+def gate_record(config, prepared: Path, candidate_uri: str, champion_uri: str) -> dict:
+    """The daily pipeline's promotion decision (``--gate``, module doc) of the warm model ``candidate_uri``
+    against ``champion_uri`` on ``prepared``: ``promoted``, ``reason``, ``new`` and ``champion`` (their
+    ``tracking.promotion_metric`` on the validation examples; ``champion`` None when it can serve none)."""
+    from pipelines.promotion import against_loaded, validation_examples, validation_metrics
+    from recsys_alibi.data.prepare import read_items, read_sequences
+    from recsys_alibi.data.time_gaps import sequences_for
+    from recsys_alibi.tracking import load_ranker
+
+    new, champion = load_ranker(candidate_uri), load_ranker(champion_uri)
+    items, sequences = read_items(prepared), read_sequences(prepared)
+    examples = validation_examples(sequences_for(new.model, sequences), config)
+    value = validation_metrics(config, new.model, examples, items.height)[config.tracking.promotion_metric]
+    decision, held = against_loaded(config, champion, "(the previous step's model)", value, items, sequences)
+    return {"promoted": decision.promote, "reason": decision.reason, "new": value, "champion": held}
+
+
 def replay_seed(config, events: pl.DataFrame, bounds: list[int], workdir: Path, arms: list[str], last: int,
-                state: dict, save, reused: dict[str, list[dict]] | None = None) -> None:  # fmt: skip
+                state: dict, save, reused: dict[str, list[dict]] | None = None, gate: bool = False) -> None:  # fmt: skip
     """Every step of one seed (module doc), continuing after the steps already in ``state``.
 
     ``state`` (this seed's part of the JSON): ``step0`` (the first model), ``steps`` (finished steps) and
     ``partial`` (the arms of the step in progress); ``save()`` is called after every trained arm and step.
     ``reused``: arm -> the steps (with ``per_user``) of an earlier replay of this seed whose records of that
-    arm are taken as they are, neither trained nor scored again (``--reuse``).
+    arm are taken as they are, neither trained nor scored again (``--reuse``). ``gate``: the warm chain goes
+    through the pipeline's promotion gate (``--gate``).
 
     Raises:
         SystemExit: a reused replay lacks a step, or scored other test users at it (one line).
@@ -297,13 +321,19 @@ def replay_seed(config, events: pl.DataFrame, bounds: list[int], workdir: Path, 
                 cfg = arm_config(config, arm, workdir / f"step-{k:03d}-{arm}", parents.get(arm), budget)
                 partial["arms"][arm] = train_arm(cfg, prepared)
                 save()
+        if gate and "gate" not in partial["arms"]["warm"]:
+            partial["arms"]["warm"]["gate"] = gate_record(config, prepared, partial["arms"]["warm"]["uri"], parent)
+            save()
         lo, hi = bounds[k], bounds[k + 1]
         record = {
             "step": k, "period_end": dt.datetime.fromtimestamp(lo, dt.timezone.utc).date().isoformat(),
             "new_events": now[0] - before[0], "new_items": len(now[2] - before[2]), "new_users": len(now[1] - before[1]),
             "arms": {},
         }  # fmt: skip
-        uris = {arm: partial["arms"][arm]["uri"] for arm in partial["arms"]} | ({"stale": parent} if "stale" in arms else {})
+        trained = {arm: partial["arms"][arm]["uri"] for arm in partial["arms"]}
+        uris = trained | ({"stale": parent} if "stale" in arms else {})
+        if gate and not partial["arms"]["warm"]["gate"]["promoted"]:
+            uris["warm"] = parent  # the champion is kept: the pipeline serves it, and the next step starts from it
         per_user = {}
         back = {str(u) for u in returning_users(events, bounds[k - 1], lo)}  # users with an event in this step's period
         for arm, uri in uris.items():
@@ -311,13 +341,15 @@ def replay_seed(config, events: pl.DataFrame, bounds: list[int], workdir: Path, 
             examples = next_period_examples(prepared, events, lo, hi, loaded.model)
             scored = score_model(loaded, prepared, examples, entry, k)
             per_user[arm], kinds = scored.pop("per_user"), scored.pop("target_kinds")
-            record["arms"][arm] = {**partial["arms"].get(arm, {"train_seconds": 0.0, "uri": uri}), **scored}
-            if arm in partial["arms"]:  # trained at this step: its validation split, on the users who just came back
-                values = [v[0] for u, v in validation_per_user(loaded, prepared).items() if u in back]
+            record["arms"][arm] = {**partial["arms"].get(arm, {"train_seconds": 0.0}), "uri": uri, **scored}
+            if arm in trained:  # trained at this step: its validation split, on the users who just came back
+                values = [v[0] for u, v in validation_per_user(load_ranker(trained[arm]), prepared).items() if u in back]
                 record["arms"][arm]["val_returning_NDCG@10"] = float(np.mean(values)) if values else None
             if arm in WARM_ARMS:
                 record["arms"][arm]["moved"] = movement(arm_config(config, arm, workdir, parents[arm]), prepared,
-                                                        parents[arm], uri)  # fmt: skip
+                                                        parents[arm], trained[arm])  # fmt: skip
+        if gate:
+            record["arms"]["warm"]["candidate_uri"] = trained["warm"]
         for arm, earlier in reused.items():
             found = [st for st in earlier if st["step"] == k]
             if not found or set(found[0]["per_user"][arm]) != set(per_user["warm"]):
@@ -335,8 +367,8 @@ def replay_seed(config, events: pl.DataFrame, bounds: list[int], workdir: Path, 
         d = record["differences"]["warm_minus_scratch"]["NDCG@10"] if "scratch" in per_user else None
         print(f"seed {config.seed} step {k} (to {record['period_end']}): {record['test_users']} test users; NDCG@10 "
               + ", ".join(f"{a} {record['arms'][a]['NDCG@10']:.4f} ({record['arms'][a]['train_seconds']:.0f} s)" for a in uris)
-              + (f"; warm - scratch {d['difference']:+.4f} [{d['ci95'][0]:+.4f}, {d['ci95'][1]:+.4f}]" if d else ""),
-              flush=True)  # fmt: skip
+              + (f"; warm - scratch {d['difference']:+.4f} [{d['ci95'][0]:+.4f}, {d['ci95'][1]:+.4f}]" if d else "")
+              + (f"; gate: {partial['arms']['warm']['gate']['reason']}" if gate else ""), flush=True)  # fmt: skip
 
 
 def _lost_models(state: dict) -> bool:
@@ -510,6 +542,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--workdir", type=Path, default=Path("runs/replay"))
     parser.add_argument("--output", type=Path, required=True, help="JSON path")
     parser.add_argument("--plot", type=Path, help="PNG path (default: the JSON path with .png)")
+    parser.add_argument("--gate", action="store_true",
+                        help="the warm chain goes through the daily pipeline's promotion gate (module doc)")
     parser.add_argument("--reuse", action="append", default=[], metavar="ARM=JSON",
                         help="take ARM of every step from an earlier replay's JSON (its .per_user.json), e.g. "
                              "scratch=docs/results/replay-ml100k.json after a change of train.warm only")
@@ -607,11 +641,11 @@ def main(argv: list[str] | None = None) -> None:
     command = shlex.join(["python", "benchmarks/replay.py", *(argv if argv is not None else sys.argv[1:])])
     doc = json.loads(args.output.read_text()) if args.output.exists() else {}
     if "runs" not in doc or doc.get("arms") != args.arms or doc.get("start_quantile") != args.start \
-            or doc.get("period_days") != args.period_days:  # fmt: skip
+            or doc.get("period_days") != args.period_days or doc.get("gate", False) != args.gate:  # fmt: skip
         doc = {"runs": {}}  # another replay (or the earlier format): start over
     doc.update({
         "command": command, "config": args.config, "overrides": args.overrides, "start_quantile": args.start,
-        "period_days": args.period_days, "arms": args.arms, "seeds": seeds, "steps_planned": last,
+        "period_days": args.period_days, "arms": args.arms, "gate": args.gate, "seeds": seeds, "steps_planned": last,
         "protocol": "next period: each test user's first next-period event with a catalog item not in the history, "
                     "full catalog, seen items excluded; a model that does not know the target counts a miss",
         "machine": f"{cpu_name()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
@@ -635,7 +669,7 @@ def main(argv: list[str] | None = None) -> None:
         # a seed the earlier replay lacks trains the arm (more seeds after a change of train.warm)
         reused = {arm: runs[str(seed)]["steps"] for arm, runs in earlier.items() if runs.get(str(seed), {}).get("steps")}
         replay_seed(with_overrides(config, seed=seed), events, bounds, args.workdir / f"seed-{seed}", args.arms, last,
-                    state, save, reused)  # fmt: skip
+                    state, save, reused, args.gate)  # fmt: skip
     save()
     print(f"wrote {args.output}")
 

@@ -295,7 +295,7 @@ def _against(config: JobConfig, held, new_value: float, items: pl.DataFrame, seq
     from recsys_alibi.tracking import ModelUriError, load_ranker
 
     tracking = config.tracking
-    metric, held_version = tracking.promotion_metric, _version(held)
+    held_version = _version(held)
     if held is None:
         return Decision(True, "no champion yet"), None
     try:
@@ -307,7 +307,6 @@ def _against(config: JobConfig, held, new_value: float, items: pl.DataFrame, seq
             f"or point the alias '{tracking.champion_alias}' at a version that loads, then run again"
         ) from None
     why_not = None
-    remap, unknown = vocabulary_remap(items, champion.items)  # by raw item_id, as ``score`` does
     if champion.model.uses_time_gaps and not real_timestamps:
         why_not = "reads time gaps and this data has no timestamps (time from line order)"
     elif not _split_fits(config, sequences, trained := _training_split(held)):
@@ -316,6 +315,18 @@ def _against(config: JobConfig, held, new_value: float, items: pl.DataFrame, seq
         decision = Decision(True, f"champion v{held_version} {why_not}: not comparable, new version promoted")
         log.warning("promotion: %s", decision.reason)
         return decision, None
+    return against_loaded(config, champion, f"v{held_version}", new_value, items, sequences)
+
+
+def against_loaded(config: JobConfig, champion, label: str, new_value: float, items: pl.DataFrame,
+                   sequences: pl.DataFrame) -> tuple[Decision, float | None]:  # fmt: skip
+    """The gate's decision against a loaded champion (``load_ranker``'s result; ``label`` names it in the reasons)
+    on the validation examples of ``sequences``, ranked by raw item id (its unknown targets its misses; module doc
+    of :func:`run_gate`), and its metric value (None: it can serve no example, the new model is promoted).
+    ``benchmarks/replay.py --gate`` decides with it as the pipeline does."""
+    tracking = config.tracking
+    metric = tracking.promotion_metric
+    remap, unknown = vocabulary_remap(items, champion.items)
     examples = validation_examples(sequences_for(champion.model, sequences), config)
     unservable = 0
     if remap is not None:  # rank in the champion's numbering, by raw id (its unknown items: module doc of run_gate)
@@ -323,12 +334,12 @@ def _against(config: JobConfig, held, new_value: float, items: pl.DataFrame, seq
     if unknown:
         difference = vocabulary_difference(champion.items.get_column(schema.ITEM_ID), items.get_column(schema.ITEM_ID))
         if examples.height == 0:  # it can serve none of them: a champion of another catalog
-            decision = Decision(True, f"champion v{held_version} has another item vocabulary ({difference}) and can serve "
+            decision = Decision(True, f"champion {label} has another item vocabulary ({difference}) and can serve "
                                       "none of the validation examples: not comparable, new version promoted")  # fmt: skip
             log.warning("promotion: %s", decision.reason)
             return decision, None
-        log.info("promotion: champion v%s has another item vocabulary (%s): %d of %d validation examples have a target "
-                 "or a history it does not know and count as its misses", held_version, difference, unservable,
+        log.info("promotion: champion %s has another item vocabulary (%s): %d of %d validation examples have a target "
+                 "or a history it does not know and count as its misses", label, difference, unservable,
                  unservable + examples.height)  # fmt: skip
     champion_value = champion_metric(config, champion.model, examples, champion.items.height, unservable)
     return decide(new_value, champion_value, tracking.promotion_margin, metric), champion_value

@@ -541,6 +541,54 @@ def test_a_reused_arm_is_taken_from_the_earlier_replay_without_training(replay_d
     assert set(more["43"]["steps"][0]["per_user"]["scratch"]) == set(more["43"]["steps"][0]["per_user"]["warm"])
 
 
+def test_the_gated_chain_serves_and_warm_starts_from_the_model_the_gate_keeps(replay_dir, monkeypatch):
+    """``--gate``: the warm chain is the daily pipeline's. With a margin no model beats, every warm model is
+    rejected: the served model stays the step-0 champion (warm and stale rank alike), and step 2 warm-starts
+    from it, not from step 1's rejected model; with a margin every model beats, the chain is the ungated one."""
+    calls, _ = _stop_at(monkeypatch, "never")
+    inits, patched = {}, replay.train_arm
+
+    def train_arm(config, prepared):
+        inits[(config.tracking.promotion_margin, Path(config.output).name)] = config.train.init_from
+        return patched(config, prepared)
+
+    monkeypatch.setattr(replay, "train_arm", train_arm)
+    replay.main([*_args(2, ["warm", "stale"], output="kept.json"), "--gate", "--set", "tracking.promotion_margin=1"])
+    result = json.loads((replay_dir / "kept.json").read_text())
+    run = json.loads((replay_dir / "kept.per_user.json").read_text())["42"]
+    assert result["gate"] is True
+    step0 = run["step0"]["uri"]
+    for step in run["steps"]:
+        warm = step["arms"]["warm"]
+        assert warm["gate"]["promoted"] is False and "does not beat champion" in warm["gate"]["reason"]
+        assert warm["uri"] == step["arms"]["stale"]["uri"] == step0 != warm["candidate_uri"]
+        assert step["per_user"]["warm"] == step["per_user"]["stale"]
+        assert step["differences"]["warm_minus_stale"]["NDCG@10"] == {"difference": 0.0, "ci95": [0.0, 0.0],
+                                                                      "pairs": step["test_users"]}  # fmt: skip
+        assert 0 <= warm["gate"]["champion"] <= 1 and warm["gate"]["new"] - warm["gate"]["champion"] <= 1
+    assert inits[(1.0, "step-002-warm")] == step0  # the champion kept at step 1
+    # the gate's value of the new model: its validation NDCG@10, the whole history read as the gate and `score` read
+    # it (training validates on the last model.max_len items), scored here another way (replay_scoring)
+    from pipelines.promotion import validation_examples
+    from recsys_alibi.data.prepare import read_sequences
+    from recsys_alibi.evaluation.metrics import per_user_metrics
+    from recsys_alibi.tracking import load_ranker
+
+    last = run["steps"][-1]["arms"]["warm"]
+    loaded = load_ranker(last["candidate_uri"])
+    examples = validation_examples(read_sequences(replay_dir / "work" / "seed-42" / "prepared"))
+    ranks, _ = scoring.rank_examples(loaded, examples)
+    assert last["gate"]["new"] == pytest.approx(float(np.mean(per_user_metrics(ranks, [10])["NDCG@10"])), abs=1e-6)
+
+    replay.main([*_args(2, ["warm", "stale"], output="moved.json"), "--gate", "--set", "tracking.promotion_margin=-1",
+                 "--workdir", "work-moved"])  # fmt: skip
+    run = json.loads((replay_dir / "moved.per_user.json").read_text())["42"]
+    for step in run["steps"]:
+        assert step["arms"]["warm"]["gate"]["promoted"] is True
+        assert step["arms"]["warm"]["uri"] == step["arms"]["warm"]["candidate_uri"]
+    assert inits[(-1.0, "step-002-warm")] == run["steps"][0]["arms"]["warm"]["uri"] == run["steps"][1]["arms"]["stale"]["uri"]
+
+
 def test_feature_arms_keep_the_configured_feature_settings_and_id_only_arms_drop_them(tmp_path):
     from recsys_alibi.config import load_config
 
