@@ -10,7 +10,9 @@ export writes exactly these vectors:
 
 ================== ===============================================================================
 ``items.parquet``   ``item_id`` (raw), ``vector`` fixed-size list<float32>[D]: rows 1..N of the
-                    item table, in item-index order (index 0, padding, is not exported)
+                    item table, in item-index order (index 0, padding, is not exported), then the
+                    items ``score`` ranks from their features alone (``score.items``, by default
+                    the prepared input's item table: :mod:`serving.new_items`), by raw id
 ``users.parquet``   ``user_id`` (raw), ``vector`` fixed-size list<float32>[D], one row per user
                     of the input with at least one event the model knows
 ``items.faiss``     with ``--index faiss`` (``export.index``): a FAISS index over the item vectors,
@@ -51,6 +53,7 @@ from recsys_alibi.data.ingest import DataError
 from recsys_alibi.staging import staging_dir
 from serving.changed import model_digest
 from serving.inputs import open_input
+from serving.new_items import with_default_items
 from serving.rank import ShardRanker
 
 log = logging.getLogger(__name__)
@@ -65,9 +68,10 @@ class ExportResult:
     """What an export wrote.
 
     Attributes:
-        output_dir: the export directory; items: N item vectors; users: user vectors written;
-        users_without_vector: input users with no event the model knows (not exported);
-        width: D; seconds: wall time; index: the manifest's index entry (None without one).
+        output_dir: the export directory; items: item vectors written (the model's N, then the new items);
+        users: user vectors written; users_without_vector: input users with no event the model knows (not
+        exported); width: D; seconds: wall time; index: the manifest's index entry (None without one);
+        new_items: items of ``items`` that the model never saw, vectors from their features alone.
     """
 
     output_dir: Path
@@ -77,9 +81,11 @@ class ExportResult:
     width: int
     seconds: float
     index: dict | None = field(default=None)
+    new_items: int = 0
 
     def summary(self) -> str:
-        line = (f"exported {self.items} item and {self.users} user vectors (D={self.width}, inner product) -> "
+        fresh = f" ({self.new_items} of them new, from their features alone)" if self.new_items else ""
+        line = (f"exported {self.items} item{fresh} and {self.users} user vectors (D={self.width}, inner product) -> "
                 f"{self.output_dir} in {self.seconds:.1f} s; users without a known item: {self.users_without_vector}")  # fmt: skip
         if self.index:
             recall = ("not measured (export.recall_queries=0)" if self.index["recall"] is None else
@@ -120,6 +126,7 @@ def export_model(config: JobConfig, model, items: pl.DataFrame, input_path: str 
     started = time.perf_counter()
     output_dir = Path(output_dir)
     output_dir.parent.mkdir(parents=True, exist_ok=True)
+    config = with_default_items(config, model, input_path)  # the new items score ranks are exported too
     ranker = ShardRanker(model, items, config.score, 1)
     with staging_dir(output_dir) as staging:  # a killed export's staging removed first, no other's
         # messages name the user's input, and rejects they name are kept in <output>/_input (the staging goes)
@@ -137,7 +144,8 @@ def export_model(config: JobConfig, model, items: pl.DataFrame, input_path: str 
         publish_files(staging, output_dir, (ITEMS, USERS, INDEX, MANIFEST), last=MANIFEST)
     return ExportResult(output_dir=output_dir, items=ranker.n_items, users=n_users,
                         users_without_vector=source.n_users - n_users, width=int(item_vectors.shape[1]),
-                        seconds=time.perf_counter() - started, index=index)  # fmt: skip
+                        seconds=time.perf_counter() - started, index=index,
+                        new_items=ranker.new_items.count if ranker.new_items else 0)  # fmt: skip
 
 
 def _vectors(matrix: np.ndarray) -> pl.Series:
@@ -238,6 +246,7 @@ def _manifest(ranker: ShardRanker, model, model_ref: dict, input_path, n_users: 
         "input": str(Path(input_path).resolve()) if "*" not in str(input_path) else str(input_path),
         "width": int(ranker.table.shape[1]),
         "items": ranker.n_items,
+        "new_items": ranker.new_items.count if ranker.new_items else 0,
         "users": n_users,
         "users_without_vector": input_users - n_users,
         "similarity": "inner_product",

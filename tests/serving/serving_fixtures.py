@@ -87,3 +87,25 @@ def killed_temp(target: Path, content: bytes = b"half a file") -> Path:
 def snapshot(output_dir: Path) -> dict[str, bytes]:
     """Every file below ``output_dir`` by relative path (part files, manifest, staged input)."""
     return {str(p.relative_to(output_dir)): p.read_bytes() for p in sorted(output_dir.rglob("*")) if p.is_file()}
+
+
+def dot_product_rankings(export_dir: Path, prepared: Path, k: int) -> pl.DataFrame:
+    """Top-``k`` of ``users.vector @ items.vector`` with each user's history removed, ties to the lower
+    row: what a serving stack computes from the export (numpy reference), in the rankings schema."""
+    items = pl.read_parquet(export_dir / "items.parquet")
+    users = pl.read_parquet(export_dir / "users.parquet")
+    item_ids = items.get_column(schema.ITEM_ID)
+    scores = users.get_column("vector").to_numpy() @ items.get_column("vector").to_numpy().T  # (U, N)
+    row_of = {raw: row for row, raw in enumerate(item_ids.to_list())}
+    vocab = pl.read_parquet(prepared / schema.ITEMS_FILE).sort(schema.ITEM_IDX).get_column(schema.ITEM_ID).to_list()
+    histories = dict(pl.read_parquet(prepared / schema.SEQUENCES_FILE).select(schema.USER_ID, schema.ITEM_IDX).iter_rows())
+    frames = []
+    for u, user in enumerate(users.get_column(schema.USER_ID).to_list()):
+        row = scores[u].astype(np.float32)
+        row[[row_of[vocab[i - 1]] for i in histories[user]]] = -np.inf  # seen items
+        order = np.argsort(-row, kind="stable")[:k]
+        order = order[np.isfinite(row[order])]
+        frames.append(pl.DataFrame({schema.USER_ID: [user] * len(order),
+                                    schema.RANK: pl.Series(np.arange(1, len(order) + 1), dtype=pl.Int32),
+                                    schema.ITEM_ID: item_ids.gather(order), schema.SCORE: pl.Series(row[order], dtype=pl.Float32)}))  # fmt: skip
+    return pl.concat(frames).sort(schema.USER_ID, schema.RANK)

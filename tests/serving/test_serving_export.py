@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 import pytest
-from engine_fixtures import ML1M_SCORE, ml1m_prepared
-from serving_fixtures import read_rankings, score_config, tiny_model, vocabulary
+from engine_fixtures import ML1M_SCORE, assert_same_rankings, ml1m_prepared
+from serving_fixtures import dot_product_rankings, read_rankings, score_config, tiny_model, vocabulary
 
 from pipelines.cli import main
 from recsys_alibi.config import with_overrides
@@ -31,35 +31,6 @@ def _sets(items: list[str]) -> list[str]:
     return [arg for item in items for arg in ("--set", item)]
 
 
-def dot_product_rankings(export_dir: Path, prepared: Path, k: int) -> pl.DataFrame:
-    """Top-``k`` of ``users.vector @ items.vector`` with each user's history removed, ties to the lower
-    row: what a serving stack computes from the export (numpy reference), in the rankings schema."""
-    items = pl.read_parquet(export_dir / "items.parquet")
-    users = pl.read_parquet(export_dir / "users.parquet")
-    item_ids = items.get_column(schema.ITEM_ID)
-    scores = users.get_column("vector").to_numpy() @ items.get_column("vector").to_numpy().T  # (U, N)
-    row_of = {raw: row for row, raw in enumerate(item_ids.to_list())}
-    vocab = pl.read_parquet(prepared / schema.ITEMS_FILE).sort(schema.ITEM_IDX).get_column(schema.ITEM_ID).to_list()
-    histories = dict(pl.read_parquet(prepared / schema.SEQUENCES_FILE).select(schema.USER_ID, schema.ITEM_IDX).iter_rows())
-    frames = []
-    for u, user in enumerate(users.get_column(schema.USER_ID).to_list()):
-        row = scores[u].astype(np.float32)
-        row[[row_of[vocab[i - 1]] for i in histories[user]]] = -np.inf  # seen items
-        order = np.argsort(-row, kind="stable")[:k]
-        order = order[np.isfinite(row[order])]
-        frames.append(pl.DataFrame({schema.USER_ID: [user] * len(order),
-                                    schema.RANK: pl.Series(np.arange(1, len(order) + 1), dtype=pl.Int32),
-                                    schema.ITEM_ID: item_ids.gather(order), schema.SCORE: pl.Series(row[order], dtype=pl.Float32)}))  # fmt: skip
-    return pl.concat(frames).sort(schema.USER_ID, schema.RANK)
-
-
-def _same(got: pl.DataFrame, expected: pl.DataFrame) -> None:
-    key = [schema.USER_ID, schema.RANK, schema.ITEM_ID]
-    assert got.height == expected.height > 0
-    assert got.select(key).equals(expected.select(key))
-    assert np.allclose(got[schema.SCORE].to_numpy(), expected[schema.SCORE].to_numpy(), rtol=1e-5, atol=1e-5)
-
-
 def test_export_of_a_trained_model_ranks_every_user_like_score_on_default_data(tmp_path, mlflow_store, capsys):
     assert main(["generate", "--output", str(tmp_path / "events.parquet"), *_sets(TINY)]) == 0
     assert main(["prepare", "--input", str(tmp_path / "events.parquet"), "--output", str(tmp_path / "prep"), *_sets(TINY)]) == 0
@@ -70,7 +41,7 @@ def test_export_of_a_trained_model_ranks_every_user_like_score_on_default_data(t
     assert main(["export", *common, "--output", str(tmp_path / "export")]) == 0
     printed = capsys.readouterr().out
     assert "\nexported 50 item and " in printed and "(D=16, inner product)" in printed
-    _same(dot_product_rankings(tmp_path / "export", tmp_path / "prep", 10), read_rankings(tmp_path / "rankings"))
+    assert_same_rankings(dot_product_rankings(tmp_path / "export", tmp_path / "prep", 10), read_rankings(tmp_path / "rankings"), atol=1e-4)
     manifest = json.loads((tmp_path / "export" / "export.json").read_text())
     assert manifest["model"]["model_uri"] == uri and manifest["width"] == 16 and manifest["similarity"] == "inner_product"
     assert manifest["users"] + manifest["users_without_vector"] == pl.read_parquet(tmp_path / "prep" / "sequences.parquet").height
@@ -89,7 +60,7 @@ def test_export_on_ml1m_ranks_like_score(shared_data, tmp_path):
     score_with_model(config, model, items, prepared, tmp_path / "rankings", progress=False)
     result = export_model(config, model, items, prepared, tmp_path / "export")
     assert (result.items, result.users, result.users_without_vector) == (3_416, 6_040, 0)
-    _same(dot_product_rankings(tmp_path / "export", prepared, 10), read_rankings(tmp_path / "rankings"))
+    assert_same_rankings(dot_product_rankings(tmp_path / "export", prepared, 10), read_rankings(tmp_path / "rankings"), atol=1e-4)
 
 
 def test_faiss_index_exact_for_small_catalogs_hnsw_above_with_recall_measured(prepared, tmp_path):

@@ -8,7 +8,8 @@ import mlflow
 import numpy as np
 import polars as pl
 import pytest
-from serving_fixtures import score_config, tiny_model, vocabulary, write_prepared
+from engine_fixtures import assert_same_rankings
+from serving_fixtures import dot_product_rankings, score_config, tiny_model, vocabulary, write_prepared
 
 from pipelines.cli import main
 from recsys_alibi.data.errors import DataError
@@ -62,6 +63,12 @@ def test_unseen_items_are_ranked_for_users_of_their_category(tmp_path, mlflow_st
     reached = rankings.filter(pl.col("item_id") >= 30).group_by("item_id").agg(_genre_of(pl.col("user_id")).unique().sort())
     assert sorted(reached.rows()) == [(30, [0]), (31, [1]), (32, [2])]  # each only to users of its genre
     assert rankings.filter(pl.col("item_id") >= 30).height == 90  # ... and to every one of them (top 3)
+    # export writes the vectors score ranked with, the new items' too: top 3 by dot product is score's ranking
+    assert main(["export", "--quiet", "--model-uri", uri, "--input", str(prepared), "--output", str(tmp_path / "ex")]) == 0
+    assert "exported 33 item (3 of them new, from their features alone) and 90 user vectors" in capsys.readouterr().out
+    exported = pl.read_parquet(tmp_path / "ex" / "items.parquet")
+    assert exported["item_id"].to_list()[-3:] == [30, 31, 32] and exported.height == 33
+    assert_same_rankings(dot_product_rankings(tmp_path / "ex", prepared, 3), rankings, atol=1e-4)
 
     # a table of the day: 40 is a duplicate (rejected), 41 is a comedy with a genre the model never saw,
     # 42 has only that genre (zero vector), 7 is known (ranked by its trained vector, not as new)
