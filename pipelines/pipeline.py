@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from pipelines.collisions import check_pipeline_paths
@@ -38,11 +38,13 @@ from pipelines.promotion import (
 from pipelines.preflight import check_before_data
 from pipelines.prior_choice import PRIOR_FILE, append_boundary, check_prior_data, chosen_prior, record_newest_period
 from pipelines.train import TrainJobResult, run_train
+from recsys_alibi.atomic import replace_dir
 from recsys_alibi.config import ConfigError, JobConfig, with_overrides
 from recsys_alibi.data.sequences import read_items, read_sequences
 from recsys_alibi.data.time_gaps import has_real_timestamps, sequences_for
 from recsys_alibi.evaluation.report import format_metrics_table
 from serving.engines import engine_scorer, run_score
+from recsys_alibi.staging import staging_dir
 from serving.score import ScoreJobResult
 
 log = logging.getLogger(__name__)
@@ -168,10 +170,9 @@ def run_pipeline(config: JobConfig, *, progress: bool = True) -> PipelineResult:
     gate = run_gate(config, model, str(trained.model.version), items, sequences,
                     has_real_timestamps(prepared_dir, prepare_id))  # fmt: skip
     log_gate_to_run(trained.run_id, gate)
-    # the champion's rankings replace those of an earlier pipeline run in the same output directory
     prior, prior_line = chosen_prior(config, prepared_dir, out / PRIOR_FILE)
-    rescore = with_overrides(config, score={"overwrite": True, "popularity_prior": prior})
-    scored = run_score(rescore, gate.champion_uri, prepared_dir, out / "rankings", progress=progress)
+    rescore = with_overrides(config, score={"popularity_prior": prior})
+    scored = score_into_place(rescore, gate.champion_uri, prepared_dir, out / "rankings", progress)
     return PipelineResult(
         output_dir=out,
         prepare_summary=prepared.summary(),
@@ -186,6 +187,18 @@ def run_pipeline(config: JobConfig, *, progress: bool = True) -> PipelineResult:
         same_lineage_runs=tuple(same_lineage),
         prior_line=prior_line,
     )
+
+
+def score_into_place(config: JobConfig, model_uri: str, prepared_dir: Path, rankings: Path,
+                     progress: bool) -> ScoreJobResult:  # fmt: skip
+    """Score into a staging directory beside ``rankings`` (a link followed to its directory), then put it in the
+    place of the earlier run's rankings as a whole (:func:`recsys_alibi.atomic.replace_dir`): a run killed or
+    failing while it scores leaves the earlier rankings as they were, and a reader never sees a mix of two runs."""
+    rankings = Path(os.path.realpath(rankings))
+    with staging_dir(rankings) as staging:  # a killed run's staging is removed first, never a running one's
+        scored = run_score(config, model_uri, prepared_dir, staging / rankings.name, progress=progress)
+        replace_dir(staging / rankings.name, rankings)
+    return replace(scored, output_dir=rankings)
 
 
 def check_pipeline_launch(config: JobConfig, env: dict[str, str] | None = None) -> None:

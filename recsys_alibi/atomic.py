@@ -3,7 +3,8 @@
 A reader (or a job started again after a kill) sees either the old file or the complete new
 one, never half of it. ``os.replace`` is atomic on POSIX within one directory. Several files
 that belong together are written into a staging directory and moved into place together, the
-commit file last (:func:`publish_files`).
+commit file last (:func:`publish_files`), or the staging directory takes the place of the old
+directory as a whole (:func:`replace_dir`).
 
 Only a regular file is ever replaced. A target that exists and is anything else (a character or
 block device such as ``/dev/null``, a FIFO, a socket, a directory) is refused with
@@ -16,6 +17,8 @@ target.
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import json
 import math
 import os
@@ -172,3 +175,49 @@ def publish_files(staging: Path, directory: Path, owned: tuple[str, ...], last: 
     for name in names:
         replace_file(staging / name, directory / name)
     return names
+
+
+_AT_FDCWD, _RENAME_EXCHANGE = -100, 2  # <fcntl.h>, <linux/fs.h>
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two existing paths in one step (Linux ``renameat2`` with ``RENAME_EXCHANGE``, glibc 2.28+); False where
+    the C library or the file system lacks it. Raises OSError for any other failure."""
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return False
+    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    if renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, os.strerror(err), str(a), None, str(b))
+
+
+def replace_dir(source: Path, target: Path) -> None:
+    """Put the directory ``source`` at ``target`` as a whole; the old ``target`` directory ends at ``source``
+    (the caller removes it: ``source`` lies in a staging directory, :func:`recsys_alibi.staging.staging_dir`).
+
+    A reader of ``target`` sees the old directory or the new one, never a mix of their files: on Linux the two
+    are swapped in one ``renameat2(RENAME_EXCHANGE)``; where that is missing the old one is renamed aside into
+    ``source``'s folder first, so for a moment there is no ``target``, and a kill then leaves the old directory
+    in the staging folder and no ``target`` (a run started again writes it). Both paths must be on one file
+    system (``source`` beside ``target``).
+
+    Raises:
+        OutputKindError: ``target`` exists and is not a directory (nothing is moved).
+    """
+    if not os.path.lexists(target):
+        os.rename(source, target)
+        return
+    if not target.is_dir() or target.is_symlink():
+        raise OutputKindError(f"output {describe_path(target)} is a {path_kind(target) or 'symbolic link'}, not a "
+                              "directory, and is never replaced by one; remove it or write elsewhere")  # fmt: skip
+    if _exchange(source, target):
+        return
+    aside = source.parent / f"{source.name}.previous"
+    os.rename(target, aside)
+    os.rename(source, target)
+    os.rename(aside, source)

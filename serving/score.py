@@ -25,6 +25,7 @@ manifest after a barrier. Any number of processes gives the same files as one.
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -454,10 +455,13 @@ def _speed_label(task) -> str:
 
 
 class _progress_bar:
-    """Rich progress bar over users with users/s; a no-op when disabled. Yields ``advance(n)``."""
+    """Rich progress bar over users with users/s; a no-op when disabled or when standard output (where it draws)
+    is not a terminal: a log file gets the summary line only, as training logs lines instead of a bar. Yields
+    ``advance(n)``."""
 
     def __init__(self, enabled: bool, total: int, world: World) -> None:
-        self.enabled, self.total, self.world = enabled, total, world
+        self.enabled = enabled and getattr(sys.stdout, "isatty", lambda: False)()
+        self.total, self.world = total, world
 
     def __enter__(self) -> Callable[[int], None]:
         if not self.enabled:

@@ -180,3 +180,35 @@ def test_json_writer_refuses_nan_and_infinity_naming_the_key_and_writes_nothing(
         write_json_atomic(target, {"index": {"runs": [1.0, bad]}, "ok": None})
     assert target.read_text() == '{"old": 1}\n' and [p.name for p in tmp_path.iterdir()] == ["out.json"]
     assert json_text({"b": None, "a": 1.5}) == '{\n  "a": 1.5,\n  "b": null\n}\n'
+
+
+@pytest.mark.parametrize("exchange", [True, False], ids=["renameat2", "two renames"])
+def test_replace_dir_puts_the_new_directory_in_place_and_the_old_one_at_the_source(tmp_path, monkeypatch, exchange):
+    from recsys_alibi import atomic
+
+    if not exchange:  # a C library or file system without RENAME_EXCHANGE
+        monkeypatch.setattr(atomic, "_exchange", lambda a, b: False)
+    target, staging = tmp_path / "rankings", tmp_path / ".staging"
+    target.mkdir()
+    (target / "part-00000.parquet").write_bytes(b"old")
+    (target / "part-00001.parquet").write_bytes(b"old, a shard the new run does not have")
+    (staging / "rankings").mkdir(parents=True)
+    (staging / "rankings" / "part-00000.parquet").write_bytes(b"new")
+    atomic.replace_dir(staging / "rankings", target)
+    assert sorted(p.name for p in target.iterdir()) == ["part-00000.parquet"]  # no file of the old one
+    assert (target / "part-00000.parquet").read_bytes() == b"new"
+    assert sorted(p.name for p in (staging / "rankings").iterdir()) == ["part-00000.parquet", "part-00001.parquet"]
+    assert sorted(p.name for p in staging.iterdir()) == ["rankings"]
+    (staging / "fresh").mkdir()
+    atomic.replace_dir(staging / "fresh", tmp_path / "fresh")
+    assert (tmp_path / "fresh").is_dir() and not (staging / "fresh").exists()  # nothing there before: one rename
+
+
+def test_replace_dir_refuses_a_target_that_is_not_a_directory(tmp_path):
+    from recsys_alibi.atomic import replace_dir
+
+    (tmp_path / "new").mkdir()
+    (tmp_path / "rankings").write_text("a file")
+    with pytest.raises(OutputKindError, match="is a regular file, not a directory"):
+        replace_dir(tmp_path / "new", tmp_path / "rankings")
+    assert (tmp_path / "rankings").read_text() == "a file" and (tmp_path / "new").is_dir()

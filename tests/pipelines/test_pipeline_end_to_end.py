@@ -72,6 +72,44 @@ def test_pipeline_command_runs_every_step_and_writes_contract_files(tmp_path, ml
     assert run.data.tags["lineage.data.users"] == str(sequences.height) and run.data.tags["lineage.seed"] == "42"
 
 
+def _files(folder) -> dict[str, bytes]:
+    return {str(f.relative_to(folder)): f.read_bytes() for f in sorted(folder.rglob("*")) if f.is_file()}
+
+
+def test_a_run_that_fails_while_scoring_leaves_the_earlier_rankings_whole(tmp_path, mlflow_store, capsys, monkeypatch):
+    """The rankings of a run replace the earlier run's as a whole: a run that fails (or is killed) while it scores
+    leaves them as they were, and the next run removes what a killed one left beside them."""
+    import pipelines.pipeline as pipeline_module
+    from recsys_alibi.staging import held_temp, release
+
+    out = tmp_path / "job"
+    args = ["pipeline", "--output", str(out), "--quiet", *[a for item in TINY for a in ("--set", item)]]
+    assert main(args) == 0
+    before = _files(out / "rankings")
+    assert "_manifest.json" in before and any(name.startswith("part-") for name in before)
+    real, written = pipeline_module.run_score, []
+
+    def fails_after_writing(config, model_uri, input_path, output_dir, progress):
+        real(config, model_uri, input_path, output_dir, progress=progress)
+        written.append(_files(output_dir))
+        raise RuntimeError("the disk went away")
+
+    monkeypatch.setattr(pipeline_module, "run_score", fails_after_writing)
+    assert main([*args, "--set", "score.k=5"]) == 1  # other rankings: 5 rows a user
+    assert "pipeline failed: RuntimeError: the disk went away" in capsys.readouterr().err
+    assert written and written[0] != before and _files(out / "rankings") == before
+    assert sorted(p.name for p in out.iterdir() if p.name.startswith(".rankings")) == []  # its staging is gone
+
+    killed, fd = held_temp(out / "rankings", directory=True)  # what a run killed while it scored leaves
+    (killed / "rankings").mkdir()
+    release(fd)
+    monkeypatch.setattr(pipeline_module, "run_score", real)
+    assert main([*args, "--set", "score.k=5"]) == 0
+    after = pl.read_parquet(out / "rankings" / "part-*.parquet")
+    assert after.group_by(schema.USER_ID).len()["len"].max() == 5 and _files(out / "rankings") != before
+    assert sorted(p.name for p in out.iterdir() if p.name.startswith(".rankings")) == []
+
+
 def test_bad_config_key_is_a_one_line_error(capsys):
     assert main(["train", "--set", "model.d_modle=8"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
