@@ -43,8 +43,8 @@ class Output:
         flag: the flag or config key that named it (for the message).
         path: the directory (or, for ``kind="file"``, the file) written.
         kind: ``prepared``, ``rankings``, ``export``, ``report`` (directories with the files of
-            that kind), ``folder`` (a directory of its own files: checkpoints, daily files) or
-            ``file``.
+            that kind), ``folder`` (a directory of its own files: checkpoints, daily files),
+            ``pipeline`` (the pipeline's output folder, which holds one folder of each) or ``file``.
     """
 
     flag: str
@@ -52,12 +52,17 @@ class Output:
     kind: str
 
 
-def owned(kind: str) -> tuple[str, ...]:
-    """The names (glob patterns) a directory output of ``kind`` writes or replaces inside it while
-    its input may still be read. None for a prepared directory: ``prepare`` reads its whole input
-    before it replaces a file (``prepare --input PREPARED/events.parquet --output PREPARED`` works)."""
+def owned(kind: str, target: Path | None = None) -> tuple[str, ...]:
+    """The names (glob patterns) a directory output of ``kind`` at ``target`` writes or replaces inside it while
+    its input may still be read. For a prepared directory, the files ``prepare`` writes, except when ``target``
+    is one already: ``prepare`` reads its whole input before it replaces a file, so re-preparing a prepared
+    directory's own file works (``prepare --input PREPARED/events.parquet --output PREPARED``), while a raw
+    ``DIR/events.parquet`` prepared into ``DIR`` would be replaced by the cleaned events and lost."""
     if kind == "prepared":
-        return ()
+        from recsys_alibi.data.prepared import OUTPUTS
+        from recsys_alibi.data.schema import MANIFEST_FILE
+
+        return () if target is not None and held_kind(target) == "prepared" else (*OUTPUTS, MANIFEST_FILE)
     if kind == "rankings":
         from serving.manifest import FINGERPRINTS_DIR, SKIPPED_DIR, STAGED_INPUT
 
@@ -125,7 +130,7 @@ def check_apart(outputs: list[Output], inputs: dict[str, str | Path | None]) -> 
                                       f"input by the next run; write it outside that folder")  # fmt: skip
             if out.kind != "file" and _inside(source, target):
                 name = source.relative_to(target).parts[0]
-                if any(fnmatch.fnmatch(name, pattern) for pattern in owned(out.kind)):
+                if any(fnmatch.fnmatch(name, pattern) for pattern in owned(out.kind, target)):
                     raise OutputPathError(f"{what}holds the input {flag} {inputs[flag]} at {name}, which it writes; "
                                           f"choose another {out.flag}")  # fmt: skip
         _check_kind(out, target)
@@ -157,6 +162,7 @@ def check_pipeline_paths(config) -> None:
         OutputPathError: as :func:`check_apart`, before anything is generated, prepared or trained.
     """
     out = Path(config.output)
+    _check_kind(Output("output", out, "pipeline"), out.resolve())  # its folders would mix with that output's files
     outputs = [Output("output (prepared)", out / "prepared", "prepared"), Output("output (report)", out / "report", "report"),
                Output("output (rankings)", out / "rankings", "rankings"),
                Output("output (checkpoints)", out / "checkpoints", "folder")]  # fmt: skip

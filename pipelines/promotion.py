@@ -47,11 +47,12 @@ CONFIG_HASH_TAG = "lineage.config_sha256"
 
 
 def config_sha256(config: JobConfig) -> str:
-    """sha256 of the resolved config without where things go (``output``, ``tracking``).
+    """sha256 of the resolved config without where things go (``output``, ``tracking``) and how a run is
+    controlled (``train.resume``: a killed run continued trains the same config).
 
-    Two runs that differ only in their output directory or MLflow store hash the same.
+    Two runs that differ only in their output directory, MLflow store or ``--resume`` hash the same.
     """
-    tree = config.model_dump(mode="json", exclude={"output", "tracking"})
+    tree = config.model_dump(mode="json", exclude={"output": True, "tracking": True, "train": {"resume"}})
     return hashlib.sha256(json.dumps(tree, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 

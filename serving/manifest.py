@@ -216,6 +216,21 @@ def withdraw_manifest(output_dir: Path, *, remove_dir: bool = False, keep: tuple
         output_dir.rmdir()
 
 
+def withdraw_rankings(output_dir: Path) -> None:
+    """Undo the rankings of a job that ranked no user (``score`` then fails with exit 2): its part files hold no
+    row, and with a complete manifest they would read as a result and a run started again would return them as
+    done. Deletes the manifest (first: nothing is left that says complete), the rank manifests, the part files
+    and the fingerprints; ``_skipped/`` and the staged input report stay (the error message points at them)."""
+    import shutil
+
+    (output_dir / MANIFEST).unlink(missing_ok=True)
+    for path in output_dir.glob("_manifest.rank-*.json"):
+        path.unlink(missing_ok=True)
+    for path in output_dir.glob("part-*.parquet"):
+        path.unlink(missing_ok=True)
+    shutil.rmtree(output_dir / FINGERPRINTS_DIR, ignore_errors=True)
+
+
 def done_shards(output_dir: Path, manifest: Manifest) -> set[int]:
     """Indices of shards recorded in ``manifest`` whose part file exists (rule 2)."""
     done = set()

@@ -53,6 +53,7 @@ from serving.manifest import (
     record_shard,
     write_atomic,
     withdraw_manifest,
+    withdraw_rankings,
     write_json_atomic,
 )
 from serving.new_items import with_default_items
@@ -232,7 +233,10 @@ def score_with_model(
 
 
 def _checked(result: ScoreJobResult, main: bool) -> ScoreJobResult:
-    """Warn about users that were not ranked; raise when no user at all was (nothing to serve)."""
+    """Warn about users that were not ranked; raise when no user at all was (nothing to serve), the empty rankings
+    withdrawn first (:func:`serving.manifest.withdraw_rankings`: only the skipped users' list stays)."""
+    if result.users and not result.users_ranked and main:
+        withdraw_rankings(result.output_dir)
     if result.users and not result.users_ranked and result.rules:
         raise DataError(
             f"no user was ranked: the allow / deny rules (score.allow, score.deny) and seen-item exclusion left none of "

@@ -134,3 +134,29 @@ def test_the_names_an_export_and_a_report_write_are_the_writers_own():
 
     assert EXPORT_FILES == (export.ITEMS, export.USERS, export.INDEX, export.MANIFEST)
     assert REPORT_FILES == (report.REPORT_JSON, report.REPORT_MD, report.CONTEXT_PLOT, report.HISTORY_PLOT)
+
+
+def test_prepare_into_the_folder_of_its_raw_input_file_refuses_to_replace_it(tmp_path, folders, capsys):
+    """``prepare --input DIR/events.parquet --output DIR``: the cleaned events would replace the raw log (lost); a
+    prepared directory's own file prepared into it again is fine (it is read whole before anything is replaced)."""
+    import polars as pl
+
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    pl.read_csv(folders["events"] / "day1.csv").write_parquet(raw / "events.parquet")
+    before = _snapshot(raw)
+    assert main(["prepare", "--input", str(raw / "events.parquet"), "--output", str(raw), *COMMON]) == 2
+    assert _error(capsys) == (f"error: --output {raw} holds the input --input {raw / 'events.parquet'} at events.parquet, "
+                              "which it writes; choose another --output")  # fmt: skip
+    assert _snapshot(raw) == before
+    prepared = folders["prepared"]
+    assert main(["prepare", "--input", str(prepared / "events.parquet"), "--output", str(prepared), *COMMON]) == 0
+
+
+def test_pipeline_into_a_folder_that_holds_another_output_is_refused_before_any_work(tmp_path, folders, capsys):
+    for kind, marker in (("rankings", "_manifest.json"), ("prepared", "manifest.json"), ("export", "export.json")):
+        before = _snapshot(folders[kind])
+        assert main(["pipeline", "--output", str(folders[kind]), "--set", "generate.enabled=false",
+                     "--set", f"data.input={folders['events']}"]) == 2  # fmt: skip
+        assert f"error: output {folders[kind]} already holds " in (line := _error(capsys)) and f"({marker})" in line
+        assert _snapshot(folders[kind]) == before

@@ -146,6 +146,8 @@ def test_lineage_hashes_and_same_lineage_lookup(tmp_path, mlflow_store):
     config = _config()
     assert promotion.config_sha256(config) == promotion.config_sha256(load_config(None, [
         f"tracking.registered_model={NAME}", "evaluate.ks=[1,5,10]", "output=elsewhere"]))
+    assert promotion.config_sha256(config) == promotion.config_sha256(load_config(None, [  # --resume: the same run
+        f"tracking.registered_model={NAME}", "evaluate.ks=[1,5,10]", "train.resume=true"]))
     assert promotion.config_sha256(config) != promotion.config_sha256(load_config(None, ["evaluate.ks=[1,5,10]", "seed=7"]))
     prepared = tmp_path / "prepared"
     prepared.mkdir()

@@ -82,6 +82,11 @@ def test_nothing_ranked_at_all_is_an_error(tmp_path):
     with pytest.raises(DataError, match="no user was ranked: none of the 2 users has an event whose item the model knows and an item left"):
         _run(path, tmp_path / "out")
     assert pl.read_parquet(tmp_path / "out" / "_skipped" / "*.parquet")["reason"].to_list() == ["no_events", "no_events"]
+    # no empty rankings that read as a result: no manifest, no part file; run again, the same error (not "complete")
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["_skipped"]
+    with pytest.raises(DataError, match="no user was ranked: none of the 2 users"):
+        _run(path, tmp_path / "out")
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["_skipped"]
 
 
 @pytest.mark.parametrize(
