@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipelines.outputs import OutputPathError
+from recsys_alibi.data.formats import is_glob
 
 EXPORT_FILES = ("items.parquet", "users.parquet", "items.faiss", "export.json")  # serving.export (held equal by a test)
 REPORT_FILES = ("report.json", "report.md", "context_length.png", "history_length.png")  # evaluation.report (same)
@@ -81,10 +82,11 @@ names, not as a whole: a folder inside it is never read back, so an output may g
 
 
 def _input_paths(given: str | Path) -> tuple[Path, bool]:
-    """``(path, read_whole)`` of an input: a glob's folder before its first wildcard (read whole),
+    """``(path, read_whole)`` of an input: a glob's folder before its first wildcard (read whole; a glob only when
+    nothing has that exact name: :func:`recsys_alibi.data.formats.is_glob`),
     a directory (read whole unless :data:`READ_BY_NAME`), or a file."""
     text = str(given)
-    if any(ch in text for ch in "*?["):
+    if is_glob(text):  # a path that exists is taken literally, whatever its characters (as the readers take it)
         parts = Path(text).parts
         first = next(i for i, part in enumerate(parts) if any(ch in part for ch in "*?["))
         return (Path(*parts[:first]) if first else Path(".")).resolve(), True

@@ -100,6 +100,26 @@ def invalid_utf8(path: Path) -> tuple[int, int, int] | None:
     return None
 
 
+class _OutOfRange(ValueError):
+    """A valid JSON number that the NDJSON reader cannot hold: its whole file fails to read."""
+
+
+def _json_number(text: str) -> float:
+    """A JSON number as the NDJSON reader takes it: one beyond float64 (``1e400``, 400 digits) fails the read."""
+    try:
+        number = float(text)
+    except OverflowError:  # float(int) of a huge integer
+        number = float("inf")
+    if number in (float("inf"), float("-inf")):
+        raise _OutOfRange(f"{text[:40]}{'...' if len(text) > 40 else ''}")
+    return number
+
+
+def _json_constant(text: str) -> float:
+    """``NaN`` / ``Infinity``, which Python's ``json`` reads but JSON (and the NDJSON reader) does not."""
+    raise ValueError(f"{text} is not a JSON value")
+
+
 def bad_ndjson_line(path: Path) -> tuple[int, str] | None:
     """``(line, problem)`` of the first non-blank line of ``path`` that is not a JSON object, or None.
 
@@ -116,7 +136,9 @@ def bad_ndjson_line(path: Path) -> tuple[int, str] | None:
             if not raw.strip():
                 continue
             try:
-                value = json.loads(raw)
+                value = json.loads(raw, parse_int=_json_number, parse_float=_json_number, parse_constant=_json_constant)
+            except _OutOfRange as err:
+                return number, f"not readable: its number {err} is beyond the float64 range NDJSON numbers are read in"
             except ValueError as err:  # includes UnicodeDecodeError
                 return number, f"not valid JSON ({first_line(err)})"
             if not isinstance(value, dict):
@@ -134,8 +156,9 @@ def bad_parquet_file(paths: list[Path]) -> tuple[Path, str] | None:
                     frame = pl.read_parquet(fh.read())
                 schema = frame.schema
             else:
-                schema = pl.read_parquet_schema(path)
-                pl.scan_parquet(path).collect(engine="streaming")
+                frame = pl.scan_parquet(path, glob=False)  # a resolved path: 'p[1].parquet' is that file
+                schema = frame.collect_schema()
+                frame.collect(engine="streaming")
         except (pl.exceptions.PolarsError, OSError, ValueError) as err:
             return path, first_line(err)
         if reference is None:

@@ -1,7 +1,8 @@
 """Which files an input names and which format they are in (read from names and first lines only).
 
 * :func:`resolve_paths`: a file, a directory (every file below it, hidden ones and ``_``-prefixed
-  ones skipped: a Spark folder's ``_SUCCESS`` and ``.part-*.crc``) or a glob -> files in natural
+  ones skipped: a Spark folder's ``_SUCCESS`` and ``.part-*.crc``) or a glob (only when nothing has
+  that exact name, :func:`is_glob`) -> files in natural
   name order (``day9`` before ``day10``), the order their lines are read in. The one rule of every
   reader of a user-given file or folder (events, ``score.allow`` / ``score.deny``): a path that is
   not a regular file or directory (a FIFO, a socket, a device), given or found in the folder, is
@@ -62,8 +63,28 @@ def _regular(paths: list[Path], what: str, flag: str) -> list[Path]:
     return [p for p in paths if p.is_file()]
 
 
+def is_glob(path: str | Path) -> bool:
+    """Whether ``path`` is read as a glob: it has ``*``, ``?`` or ``[`` and nothing has that exact name.
+
+    A file, folder or link named ``we[1].csv`` is that file (as a glob it would read ``we1.csv``,
+    another file), so a path that exists is always taken literally.
+    """
+    text = str(path)
+    return any(ch in text for ch in "*?[") and not os.path.lexists(text)
+
+
+def literal(path: str | Path) -> str:
+    """``path`` for a Polars reader that always expands globs (``scan_ndjson``, ``read_ndjson``): the
+    characters ``*?[`` escaped, so an existing ``we[1].ndjson`` is read and not ``we1.ndjson``.
+    Every other Polars reader of a resolved path is given ``glob=False``."""
+    return glob.escape(str(path))
+
+
 def resolve_paths(input_path: str | Path, what: str = "input", flag: str = "--input") -> list[Path]:
     """The files behind a file, directory (all files below it, hidden and ``_``-prefixed ones skipped) or glob.
+
+    A path that exists is taken literally, whatever its characters; only one that does not is a
+    glob (:func:`is_glob`).
 
     Several files are returned in natural order (:func:`natural_key`: ``day9, day10, day11``),
     which is also the order their lines are read in, so line-order time follows it.
@@ -77,10 +98,10 @@ def resolve_paths(input_path: str | Path, what: str = "input", flag: str = "--in
             (:func:`not_a_file`).
     """
     text = str(input_path)
-    if any(ch in text for ch in "*?["):
+    if is_glob(text):
         paths = sorted(_regular([Path(p) for p in glob.glob(text, recursive=True)], what, flag), key=natural_key)
         if not paths:
-            raise DataError(f"no files match '{text}'; check the pattern given as {flag}")
+            raise DataError(f"no file is named '{text}' and no files match it as a glob pattern; check the path given as {flag}")
         return paths
     path = Path(text)
     if path.is_dir():

@@ -15,7 +15,8 @@ Rules (docs/data.md has the full table):
   becomes Int64 only when EVERY kept value round-trips exactly (``str(int(x)) == x``: no
   ``007``, ``+7``, ``-0``), decided over all rows by :func:`integer_id_columns` after reading;
   otherwise it stays String, so two spellings never merge. ``int``/``str`` force it (``int``:
-  a value that is not an integer is rejected as ``bad_user_id`` / ``bad_item_id``).
+  a value that is not an integer is rejected as ``bad_user_id`` / ``bad_item_id``). An NDJSON id
+  that is an object, an array, true or false is rejected the same way (``readers.SCALAR_ID``).
 * timestamps (:mod:`recsys_alibi.data.timestamps`): seconds plus the nanoseconds within the
   second (``schema.SUBSECOND``), so ``prepare`` sorts and de-duplicates at full precision.
   Negative or unparseable timestamps are rejected (``bad_timestamp``).
@@ -35,7 +36,7 @@ from recsys_alibi.config import DataConfig
 from recsys_alibi.data.errors import DataError
 from recsys_alibi.data.formats import infer_format, resolve_paths
 from recsys_alibi.data.ids import cast_integer_ids, id_expr, integer_id_columns
-from recsys_alibi.data.readers import FIELDS_OK, QuotedLinesError, Source, scan_source
+from recsys_alibi.data.readers import FIELDS_OK, SCALAR_ID, QuotedLinesError, Source, scan_source
 from recsys_alibi.data.schema import (
     EVENT_TYPE,
     ITEM_ID,
@@ -90,6 +91,11 @@ def tag_rows(source: Source, cfg: DataConfig) -> pl.LazyFrame:
     cols = source.columns
     user, user_missing = id_expr(cols[USER_ID], schema[cols[USER_ID]], source.text, cfg.id_type)
     item, item_missing = id_expr(cols[ITEM_ID], schema[cols[ITEM_ID]], source.text, cfg.id_type)
+    # an NDJSON id that is an object, array or boolean is no id: null, so a bad_user_id / bad_item_id
+    if SCALAR_ID[USER_ID] in schema:
+        user = pl.when(pl.col(SCALAR_ID[USER_ID])).then(user)
+    if SCALAR_ID[ITEM_ID] in schema:
+        item = pl.when(pl.col(SCALAR_ID[ITEM_ID])).then(item)
     exprs = [user.alias(PREFIX + USER_ID), item.alias(PREFIX + ITEM_ID)]
     if TIMESTAMP in cols:
         raw, dtype = cols[TIMESTAMP], schema[cols[TIMESTAMP]]

@@ -44,7 +44,7 @@ import polars as pl
 
 from recsys_alibi.config import ItemFeaturesConfig
 from recsys_alibi.data.errors import DataError, first_line
-from recsys_alibi.data.formats import not_a_file, stem_suffix
+from recsys_alibi.data.formats import literal, not_a_file, stem_suffix
 from recsys_alibi.data.ids import round_trips
 from recsys_alibi.data.schema import ITEM_ID, ITEM_IDX, REJECT_REASON
 
@@ -82,12 +82,12 @@ def read_item_table(path: str | Path) -> ItemTable:
         raise DataError(f"item table '{path}': unknown format; name it .parquet, .csv, .tsv or .ndjson (.gz ok)")
     try:
         if fmt == "parquet":
-            frame = pl.read_parquet(path)
+            frame = pl.read_parquet(path, glob=False)  # 'items[1].parquet' is that file, not a glob
         elif fmt == "csv":
             sep = "\t" if Path(name).suffix == ".tsv" else ","
-            frame = pl.read_csv(path, separator=sep, infer_schema=False)  # every column text: parsed per cell
+            frame = pl.read_csv(path, separator=sep, infer_schema=False, glob=False)  # every column text: parsed per cell
         else:
-            frame = pl.read_ndjson(path)
+            frame = pl.read_ndjson(literal(path))  # read_ndjson always globs
     except (pl.exceptions.PolarsError, OSError, ValueError) as err:
         raise DataError(f"cannot read item table '{path}': {first_line(err)}") from None
     if not frame.width:

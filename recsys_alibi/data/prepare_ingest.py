@@ -32,7 +32,7 @@ def parquet_rows(source: Source) -> int | None:
     if source.fmt != "parquet":
         return None
     try:
-        return pl.scan_parquet(list(source.paths)).select(pl.len()).collect().item()
+        return pl.scan_parquet(list(source.paths), glob=False).select(pl.len()).collect().item()
     except (pl.exceptions.PolarsError, OSError):  # e.g. gzipped Parquet
         return None
 

@@ -7,6 +7,10 @@ is read. :mod:`recsys_alibi.data.ingest` maps the raw columns onto the canonical
 
 * CSV/TSV, MovieLens, SASRec and S3-Rec are read as text (every column String); NDJSON reads the
   mapped fields as text; Parquet keeps its types.
+* an NDJSON id that is an object, an array, true or false gets ``SCALAR_ID[...]`` False (a
+  ``bad_user_id`` / ``bad_item_id`` reject); finding them takes one pass over the lines (a regex),
+  the one read of a whole input here.
+* every Polars reader gets the resolved paths literally (``glob=False``, or :func:`literal`).
 * a CSV row with more or fewer fields than the header, or a MovieLens / SASRec line with the
   wrong number of fields, gets ``_fields_ok`` False (a ``bad_field_count`` reject).
 * formats without timestamps (SASRec, S3-Rec) have no timestamp column: the line order is the time.
@@ -14,7 +18,9 @@ is read. :mod:`recsys_alibi.data.ingest` maps the raw columns onto the canonical
 
 from __future__ import annotations
 
+import csv
 import gzip
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,6 +36,7 @@ from recsys_alibi.data.formats import (
     header_separator,
     infer_format,
     is_movielens_csv,
+    literal,
     resolve_paths,
     stem_suffix,
 )
@@ -37,6 +44,10 @@ from recsys_alibi.data.schema import EVENT_TYPE, ITEM_ID, SOURCE_ROW, TIMESTAMP,
 
 FIELDS_OK = "_fields_ok"  # internal: False for a line/row with the wrong number of fields
 INFER_ROWS = 1000  # NDJSON lines read to infer the column types (mapped columns are then read as text)
+# internal: False where an NDJSON id is an object, an array, true or false (a bad_user_id / bad_item_id)
+SCALAR_ID = {USER_ID: "_user_id_scalar", ITEM_ID: "_item_id_scalar"}
+INTERNAL = (SOURCE_ROW, FIELDS_OK, *SCALAR_ID.values())
+JSON_BLANK = " \t\r"  # a line of only these is skipped by the NDJSON reader (JSON whitespace)
 
 
 @dataclass(frozen=True)
@@ -74,7 +85,8 @@ Read = tuple[pl.LazyFrame, dict[str, str], bool, tuple[str, ...]]  # frame, colu
 def scan_source(
     cfg: DataConfig, input_path: str | Path | list[Path], fmt: str | None = None, *, count_fields: bool = True
 ) -> Source:
-    """Scan the input lazily; nothing but a few sniffed lines is read here.
+    """Scan the input lazily; nothing but a few sniffed lines is read here (NDJSON: also one regex
+    pass over the lines, for ids that are objects, arrays or booleans).
 
     Args:
         cfg: ``format``, ``columns``, ``separator``, ``has_header``, ``id_type`` are used.
@@ -107,7 +119,7 @@ def scan_source(
             fix = "point --input at the event log" if len(paths) == 1 else "remove it from the input"
             raise DataError(f"empty input: '{empty}' has no rows; {fix}") from None
         raise read_error(paths, fmt, err, f"check the file or {FORMAT_HELP}") from None
-    raw = tuple(name for name in schema.names() if name not in (SOURCE_ROW, FIELDS_OK))
+    raw = tuple(name for name in schema.names() if name not in INTERNAL)
     if text and any("\ufffd" in name for name in raw):  # polars replaced bytes of a non-UTF-8 header
         raise read_error(paths, fmt, ValueError("the header is not UTF-8"), "convert the file to UTF-8")
     _check_columns(cfg, fmt, columns, raw)
@@ -149,7 +161,7 @@ def _check_columns(cfg: DataConfig, fmt: str, columns: dict[str, str], raw: tupl
 def _read_parquet(cfg: DataConfig, paths: list[Path]) -> Read:
     plain = [p for p in paths if not stem_suffix(p)[1]]
     if len(plain) == len(paths):
-        lf = pl.scan_parquet(paths, hive_partitioning=False)
+        lf = pl.scan_parquet(paths, hive_partitioning=False, glob=False)  # resolved paths: never globs again
     else:  # Parquet compresses inside; a gzipped Parquet file is read whole into memory
         frames = []
         for p in paths:
@@ -157,7 +169,7 @@ def _read_parquet(cfg: DataConfig, paths: list[Path]) -> Read:
                 with gzip.open(p, "rb") as fh:
                     frames.append(pl.read_parquet(fh.read()).lazy())
             else:
-                frames.append(pl.scan_parquet(p))
+                frames.append(pl.scan_parquet(p, glob=False))
         lf = pl.concat(frames, how="vertical")
     return _with_row(lf), _mapped(cfg), False, ()
 
@@ -175,9 +187,26 @@ def _separator(cfg: DataConfig, paths: list[Path]) -> str:
 
 def _field_counts(paths: list[Path], separator: str, skip_header: bool) -> pl.LazyFrame:
     """(rows,) Int64 ``_fields``: fields per line of the files (quoted separators not counted)."""
-    frames = [pl.scan_lines(p).slice(1) if skip_header else pl.scan_lines(p) for p in paths]
+    frames = [pl.scan_lines(p, glob=False).slice(1) if skip_header else pl.scan_lines(p, glob=False) for p in paths]
     line = pl.col("line").str.replace_all(r'"[^"]*"', "")
     return pl.concat(frames, how="vertical").select(line.str.count_matches(separator, literal=True).alias("_fields") + 1)
+
+
+def _check_header_unique(cfg: DataConfig, path: Path, separator: str) -> None:
+    """Refuse a header that names a mapped column twice: Polars renames the second one
+    (``user_id_duplicated_0``) and the first would be read without a word.
+
+    Raises:
+        DataError: naming the column and its ``data.columns`` key.
+    """
+    head = head_bytes(path, 1 << 16).decode("utf-8", "replace").splitlines()
+    header = next(csv.reader(head[:1], delimiter=separator), []) if head else []
+    for canon, raw in _mapped(cfg).items():
+        if header.count(raw) > 1:
+            raise DataError(
+                f"the header of '{path}' has the column '{raw}' (data.columns.{canon}) {header.count(raw)} times; "
+                "rename or remove all but one, or map another column"
+            )
 
 
 def _read_csv(cfg: DataConfig, paths: list[Path], count_fields: bool = True) -> Read:
@@ -193,10 +222,13 @@ def _read_csv(cfg: DataConfig, paths: list[Path], count_fields: bool = True) -> 
         separator=separator,
         has_header=cfg.has_header,
         infer_schema=False,  # every column as String: bad values become rejects, not read errors
+        glob=False,  # resolved paths: 'we[1].csv' is that file
         truncate_ragged_lines=True,
         raise_if_empty=True,
     )
     names = lf.collect_schema().names()
+    if cfg.has_header:
+        _check_header_unique(cfg, paths[0], separator)
     if not cfg.has_header:  # name columns column_1, column_2, ... whatever the polars version
         lf = lf.rename({old: f"column_{i}" for i, old in enumerate(names, start=1)})
     if count_fields:
@@ -210,20 +242,105 @@ def _read_csv(cfg: DataConfig, paths: list[Path], count_fields: bool = True) -> 
 def _read_ndjson(cfg: DataConfig, paths: list[Path]) -> Read:
     """One JSON object per line; only the mapped fields are read, as text, so a late type change is no error.
 
-    The fields and their types are inferred from the first ``INFER_ROWS`` lines (a mapped field
-    absent there is reported missing); then only the mapped fields are read, each as String (a
-    JSON number as its text), so a string timestamp or id after those lines, or an unmapped
-    field that changes type, is parsed like any other line. Id fields that were numbers there
-    are typed later by :func:`integer_id_columns` (Int64 when every value round-trips); string
-    ids stay strings. A rejects file holds the mapped fields only.
+    Which fields exist and whether an id field holds numbers is read from the first
+    ``INFER_ROWS`` lines (:func:`_ndjson_fields`; a mapped field absent there is reported
+    missing); then only the mapped fields are read, each as String (a JSON number as its text),
+    so a string timestamp or id after those lines, or an unmapped field that changes type, is
+    parsed like any other line. Id fields that were numbers there are typed later by
+    :func:`integer_id_columns` (Int64 when every value round-trips); string ids stay strings.
+    An id that is an object, an array, ``true`` or ``false`` is no id: its row gets
+    ``SCALAR_ID[...]`` False (a ``bad_user_id`` / ``bad_item_id`` reject), wherever it is, so
+    it never decides the column's type (:func:`_non_scalar_rows`). A rejects file holds the
+    mapped fields only.
     """
-    inferred = pl.scan_ndjson(paths, infer_schema_length=INFER_ROWS).collect_schema()
     mapped = _mapped(cfg)
-    schema = {raw: inferred[raw] if inferred[raw].is_nested() else pl.String for raw in mapped.values() if raw in inferred}
-    lf = pl.scan_ndjson(paths, schema=schema) if schema else pl.scan_ndjson(paths, infer_schema_length=INFER_ROWS)
-    numbers = {raw for raw in schema if not inferred[raw].is_nested() and inferred[raw] != pl.String}
-    text_ids = tuple(c for c in (USER_ID, ITEM_ID) if mapped[c] in numbers)
-    return _with_row(lf), mapped, False, text_ids
+    keys, texts = _ndjson_fields(paths)
+    present = [raw for raw in mapped.values() if raw in keys]
+    # every field as text; no mapped field there: all of them, so the error lists what the input has
+    schema = {raw: pl.String for raw in (present or keys)}
+    files = [literal(p) for p in paths]  # scan_ndjson always globs
+    lf = pl.scan_ndjson(files, schema=schema) if schema else pl.scan_ndjson(files, infer_schema_length=INFER_ROWS)
+    text_ids = tuple(c for c in (USER_ID, ITEM_ID) if mapped[c] in present and mapped[c] not in texts)
+    lf = _with_row(lf)
+    ids = {canon: mapped[canon] for canon in (USER_ID, ITEM_ID) if mapped[canon] in present}
+    for canon, rows in _non_scalar_rows(paths, ids).items():
+        lf = lf.with_columns(pl.col(SOURCE_ROW).is_in(pl.Series(rows, dtype=pl.Int64).implode()).not_().alias(SCALAR_ID[canon]))
+    return lf, mapped, False, text_ids
+
+
+def _open_bytes(path: Path):
+    return gzip.open(path, "rb") if stem_suffix(path)[1] else open(path, "rb")
+
+
+def _ndjson_fields(paths: list[Path]) -> tuple[list[str], set[str]]:
+    """(every field of the first ``INFER_ROWS`` non-blank lines, in order; those holding a JSON string there).
+
+    Read with Python's ``json`` rather than the Polars inference, which fails on an id that is
+    an object in one line and a number in another ("failed to determine supertype") and would
+    let an object or array decide a column's type. Only scalar values count: a field whose
+    values there are numbers (or null, or objects) is typed by :func:`integer_id_columns`.
+
+    Raises:
+        DataError: a line there that is not a JSON object (naming the file and line, via :func:`read_error`).
+    """
+    keys: dict[str, None] = {}
+    texts: set[str] = set()
+    seen = 0
+    for path in paths:
+        with _open_bytes(path) as fh:
+            for raw in fh:
+                if not raw.strip(JSON_BLANK.encode() + b"\n"):
+                    continue
+                try:
+                    row = json.loads(raw.decode("utf-8"))  # utf-8, not utf-8-sig: a BOM is an error, as for Polars
+                    if not isinstance(row, dict):
+                        raise ValueError(f"a JSON {type(row).__name__}, not an object")
+                except ValueError as err:
+                    raise read_error(paths, "ndjson", err, "fix or remove that line") from None
+                keys.update(dict.fromkeys(row))
+                texts.update(key for key, value in row.items() if isinstance(value, str))
+                seen += 1
+                if seen >= INFER_ROWS:
+                    return list(keys), texts
+    return list(keys), texts
+
+
+def _json_key_pattern(name: str) -> str:
+    """A regex matching ``"name":`` followed by an object, an array, true or false (as JSON writes it)."""
+    key = "".join("\\" + ch if ch in r"\.+*?()|[]{}^$#&-~" else ch for ch in json.dumps(name, ensure_ascii=False))
+    return key + r"\s*:\s*(?:[\[{]|true|false)"
+
+
+def _non_scalar_rows(paths: list[Path], ids: dict[str, str]) -> dict[str, list[int]]:
+    """Rows (``source_row``) whose id field is an object, an array, true or false, per canonical id.
+
+    The NDJSON reader gives such a value as its JSON text (``[7]``, ``{"a": 1}``, ``true``), the
+    same text as a string id spelled so; only the line tells them apart. One pass over the lines
+    (a regex, no JSON parsing: about a third of the time of a read) finds the candidates, and
+    Python's ``json`` decides on those few (the key may also be a nested object's). Rows are
+    counted as the NDJSON reader counts them: blank lines skipped. A line that is no JSON is
+    left to the read, which reports it.
+    """
+    if not ids:
+        return {}
+    line = pl.col("line")
+    candidates = (
+        pl.scan_lines(paths, glob=False)
+        .filter(line.str.strip_chars(JSON_BLANK) != "")
+        .with_row_index(SOURCE_ROW)
+        .filter(pl.any_horizontal(line.str.contains(_json_key_pattern(raw)) for raw in ids.values()))
+        .collect(engine="streaming")
+    )
+    found: dict[str, list[int]] = {}
+    for row, text in candidates.iter_rows():
+        try:
+            values = json.loads(text)
+        except ValueError:
+            continue
+        for canon, raw in ids.items():
+            if isinstance(values, dict) and isinstance(values.get(raw), (dict, list, bool)):
+                found.setdefault(canon, []).append(row)
+    return found
 
 
 def _split_lines(
@@ -237,7 +354,7 @@ def _split_lines(
     line = pl.col("line").str.strip_chars()
     parts = line.str.replace_all(pattern, "\x1f").str.split("\x1f")  # a regex split: mark, then split
     keep = (line != "") if skip is None else (line != "") & (line.str.to_lowercase() != skip)
-    lf = pl.scan_lines(paths).filter(keep).select(parts.alias("_parts"))
+    lf = pl.scan_lines(paths, glob=False).filter(keep).select(parts.alias("_parts"))
     picked = [pl.col("_parts").list.get(i, null_on_oob=True).alias(name) for i, name in names]
     return lf.select(*picked, (pl.col("_parts").list.len() == fields).alias(FIELDS_OK))
 
@@ -262,7 +379,7 @@ def _read_s3rec(cfg: DataConfig, paths: list[Path]) -> Read:
     """``user item item ...`` per line in time order; one event per item, the event order is the time."""
     tokens = pl.col("line").str.replace_all(r"\s+", " ").str.strip_chars().str.split(" ")
     lf = (
-        pl.scan_lines(paths)
+        pl.scan_lines(paths, glob=False)
         .filter(pl.col("line").str.strip_chars() != "")
         .select(tokens.list.first().alias(USER_ID), tokens.list.slice(1).alias(ITEM_ID))
         .explode(ITEM_ID, empty_as_null=True)  # a line with a user only: one event with a missing item (a reject)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import io
+import json
 
 import polars as pl
 import pytest
@@ -137,3 +138,16 @@ def test_a_truncated_gz_named_first_fails_in_format_sniffing_with_one_line(tmp_p
     path = tmp_path / "events.gz"  # no format in the name: the first lines are sniffed
     path.write_bytes(whole[:200])
     assert f"cannot read '{path}': a truncated or corrupt gzip file" in _error(path)
+
+
+@pytest.mark.parametrize("number", ["1e400", "-1e400", "9" * 400])
+@pytest.mark.parametrize("field", ["user_id", "item_id", "timestamp"])
+def test_ndjson_number_beyond_float64_names_the_file_and_line(tmp_path, field, number):
+    rows = [{"user_id": 1, "item_id": 7, "timestamp": t} for t in range(3)]
+    lines = [json.dumps(row) for row in rows]
+    lines.insert(2, json.dumps(rows[0]).replace(f'"{field}": {rows[0][field]}', f'"{field}": {number}'))
+    path = tmp_path / "big.ndjson"
+    path.write_text("\n".join(lines) + "\n")
+    shown = number if len(number) <= 40 else number[:40] + "..."
+    assert _error(path) == (f"'{path}' line 3 is not readable: its number {shown} is beyond the float64 range "
+                            "NDJSON numbers are read in; fix or remove that line")

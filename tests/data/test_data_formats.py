@@ -96,3 +96,28 @@ def test_a_spark_rule_folder_reads_its_part_files_only(tmp_path):
     os.mkfifo(folder / "part-00002.parquet")
     with pytest.raises(DataError, match=r"score.deny rule file '.*part-00002.parquet' is a FIFO"):
         RuleFile.open("deny", str(folder))
+
+
+def test_an_existing_path_with_glob_characters_is_taken_literally(tmp_path):
+    d = tmp_path / "gl"
+    d.mkdir()
+    (d / "we[1].csv").write_text("user_id,item_id,timestamp\nA,x,1\nA,y,2\n")
+    (d / "we1.csv").write_text("user_id,item_id,timestamp\nB,z,1\n")  # what the name matches as a glob
+    for name in ("we[1].csv", "we[1].ndjson", "we[1].parquet", "s*t.csv"):
+        path = d / name
+        if name.endswith(".ndjson"):
+            path.write_text('{"user_id":"A","item_id":"x","timestamp":1}\n{"user_id":"A","item_id":"y","timestamp":2}\n')
+        elif name.endswith(".parquet"):
+            pl.DataFrame({"user_id": ["A", "A"], "item_id": ["x", "y"], "timestamp": [1, 2]}).write_parquet(path)
+        elif name != "we[1].csv":
+            path.write_text((d / "we[1].csv").read_text())
+        assert resolve_paths(path) == [path]
+        assert main(["prepare", "--input", str(path), "--output", str(tmp_path / "out"),
+                     "--set", "data.min_events_per_user=1", "--set", "data.min_events_per_item=1"]) == 0
+        events = pl.read_parquet(tmp_path / "out" / "events.parquet")
+        assert events.select("user_id", "item_id").rows() == [("A", "x"), ("A", "y")], name
+    assert resolve_paths(d / "we[0-9].csv") == [d / "we1.csv"]  # nothing of that name: a glob
+    with pytest.raises(DataError, match="no file is named '.*x\\[1\\].csv' and no files match it as a glob pattern"):
+        resolve_paths(d / "x[1].csv")
+    (d / "we1.csv").unlink()
+    assert read_item_table(d / "we[1].parquet").frame.height == 2

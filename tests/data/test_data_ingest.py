@@ -414,3 +414,64 @@ def test_an_empty_file_among_several_is_named_itself(tmp_path):
     _write(folder / "day2.csv", "")  # zero bytes: no header either
     msg = _one_line_error(prepare, LOOSE, folder, tmp_path / "out")
     assert f"empty input: '{folder / 'day2.csv'}' has no rows; remove it from the input" in msg
+
+
+# ----------------------------------------------------------------------------- NDJSON ids that are no ids
+
+
+def _ndjson_lines(n: int) -> list[str]:
+    return [json.dumps({"user_id": i % 50, "item_id": i % 30, "timestamp": 1000 + i}) for i in range(n)]
+
+
+@pytest.mark.parametrize("late", [False, True])
+def test_ndjson_object_array_or_boolean_id_is_rejected_not_typing_the_column(tmp_path, late):
+    bad = [
+        '{"user_id":{"a":1},"item_id":3,"timestamp":4}',
+        '{"user_id":[7],"item_id":3,"timestamp":4}',
+        '{"user_id":2,"item_id":true,"timestamp":4}',
+        '{"user_id" : false,"item_id":[1, 2],"timestamp":4}',
+        '{"user_id":3,"item_id":4,"timestamp":5,"ctx":{"user_id":[9]}}',  # a nested key of the same name: a good row
+    ]
+    good = _ndjson_lines(1500)
+    lines = good + bad if late else bad + good  # after line 1,000 and within the inferred lines
+    result = prepare(LOOSE, _write(tmp_path / "ids.ndjson", "\n".join(lines) + "\n"), tmp_path / "out")
+    assert result.counts["rejected"] == 4 and result.counts["kept"] == 1501
+    assert result.stats["rejects_by_reason"] == {"bad_item_id": 1, "bad_user_id": 3}
+    events = pl.read_parquet(tmp_path / "out" / "events.parquet")
+    assert (events.schema["user_id"], events.schema["item_id"]) == (pl.Int64, pl.Int64)
+    rejects = pl.read_parquet(tmp_path / "out" / "rejects.parquet").sort("source_row")
+    first = 1500 if late else 0
+    assert rejects.select("user_id", "item_id", "source_row", "reject_reason").rows() == [
+        ('{"a": 1}', "3", first, "bad_user_id"),
+        ("[7]", "3", first + 1, "bad_user_id"),
+        ("2", "true", first + 2, "bad_item_id"),
+        ("false", "[1, 2]", first + 3, "bad_user_id"),  # as Polars writes JSON
+    ]
+    assert not any(name.startswith("_") for name in rejects.columns)
+
+
+def test_ndjson_string_ids_that_look_like_json_are_kept_as_strings(tmp_path):
+    lines = ['{"user_id":"[7]","item_id":"true","timestamp":1}', '{"user_id":"u","item_id":"{}","timestamp":2}', ""]
+    events = _events(LOOSE, _write(tmp_path / "s.ndjson", "\n".join(lines) + "\n"))
+    assert events.select("user_id", "item_id", "source_row").rows() == [("[7]", "true", 0), ("u", "{}", 1)]
+
+
+# ----------------------------------------------------------------------------- CSV headers and rejects
+
+
+def test_csv_header_with_a_mapped_column_twice_is_refused(tmp_path):
+    path = _write(tmp_path / "dup.csv", "user_id,item_id,timestamp,user_id\nu1,i1,1,u9\n")
+    msg = _one_line_error(prepare, LOOSE, path, tmp_path / "out")
+    assert msg == (f"the header of '{path}' has the column 'user_id' (data.columns.user_id) 2 times; "
+                   "rename or remove all but one, or map another column")
+    assert not (tmp_path / "out" / "events.parquet").exists()
+    path = _write(tmp_path / "extra.csv", "user_id,item_id,timestamp,note,note\nu1,i1,1,a,b\n")  # unmapped: read
+    assert _events(LOOSE, path)["user_id"].to_list() == ["u1"]
+
+
+def test_bad_field_count_reject_points_at_its_line(tmp_path):
+    text = "user_id,item_id,timestamp\nu1,i1,1\nu3,i4,7,8\nu1,i2,2\n"
+    prepare(LOOSE, _write(tmp_path / "f.csv", text), tmp_path / "out")
+    rejects = pl.read_parquet(tmp_path / "out" / "rejects.parquet")
+    assert rejects.rows() == [("u3", "i4", "7", 1, "bad_field_count")]  # the extra field 8 is not kept (docs/data.md)
+    assert text.splitlines()[rejects["source_row"][0] + 1] == "u3,i4,7,8"  # line source_row + 2, 1-based

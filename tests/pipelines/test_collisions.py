@@ -125,6 +125,10 @@ def test_check_apart_rules(tmp_path):
     with pytest.raises(OutputPathError, match="holds the input --input .* at part-00001.parquet, which it writes"):
         check_apart([Output("--output", tmp_path / "r", "rankings")], {"--input": tmp_path / "r" / "part-00001.parquet"})
     assert local_model_path("runs:/abc/model") is None and local_model_path("models:/m@champion") is None
+    (tmp_path / "we[1].csv").write_text("user_id,item_id,timestamp\n")  # a file of that name is no glob
+    check_apart([Output("--output", tmp_path / "out", "prepared")], {"--input": tmp_path / "we[1].csv"})
+    with pytest.raises(OutputPathError, match="is inside the input --input"):  # a glob reads its folder whole
+        check_apart([Output("--output", tmp_path / "out", "prepared")], {"--input": tmp_path / "we[2].csv"})
     assert local_model_path(str(prepared)) == str(prepared) and local_model_path(f"file://{prepared}") == str(prepared)
 
 
