@@ -77,7 +77,7 @@ class TrainJobResult:
         resumed = f" (resumed from {self.resumed_from})" if self.resumed_from else ""
         warm = f"\n{self.warm_start.line()}" if self.warm_start else ""
         return (
-            f"trained {self.epochs} epochs{where} in {self.train_seconds:.0f} s{resumed}; best validation NDCG@10 "
+            f"trained {self.epochs} epoch{'' if self.epochs == 1 else 's'}{where} in {self.train_seconds:.0f} s{resumed}; best validation NDCG@10 "
             f"{self.best_val_ndcg_at_10:.4f}; model runs:/{self.run_id}/model{version}{warm}"
         )
 

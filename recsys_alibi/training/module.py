@@ -116,9 +116,10 @@ class RankerModule(L.LightningModule):
                 self.loss = build_loss(self.train_cfg, counts)
             if features is not None:  # model.item_features.id_min_events: rare items are their features alone
                 dropped = features.set_id_counts(counts, self.model_cfg.item_features.id_min_events)
-                log.info("item features: %d of %d items have no id part (fewer than %d training events); id dropout %g "
-                         "per training step", dropped, self.model.n_items, self.model_cfg.item_features.id_min_events,
-                         self.model_cfg.item_features.id_dropout)  # fmt: skip
+                if self.model_cfg.item_features.id_min_events > 0:
+                    log.info("item features: %d of %d items have no id part (fewer than %d training events)", dropped,
+                             self.model.n_items, self.model_cfg.item_features.id_min_events)  # fmt: skip
+                log.info("item features: id dropout %g per training step", self.model_cfg.item_features.id_dropout)
 
     def configure_model(self) -> None:
         """Shard the item table row-wise when ``model.shard_embeddings`` and W > 1 (once)."""

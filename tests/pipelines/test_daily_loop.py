@@ -117,7 +117,9 @@ def test_the_second_day_chooses_the_popularity_prior_on_the_appended_events(tmp_
     best = int(np.argmax(np.array(day["ndcg_sum"])))
     beta, half_life = GRID[best]
     line = next(line for line in printed.splitlines() if line.startswith("popularity prior: weight "))
-    assert line.startswith(f"popularity prior: weight {'inf' if math.isinf(beta) else f'{beta:g}'}, half-life ")
+    days = "none" if half_life is None else f"{half_life:g} day{'' if half_life == 1 else 's'}"
+    assert line.startswith("popularity prior: weight 0 (no prior), chosen on 1 appended day(s)" if beta == 0 else
+                           f"popularity prior: weight {'inf' if math.isinf(beta) else f'{beta:g}'}, half-life {days}, ")
     identity = json.loads((out / "rankings" / "_manifest.json").read_text())["identity"]
     if beta == 0:  # the model alone: no prior in the rankings
         assert "popularity_prior" not in identity

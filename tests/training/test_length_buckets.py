@@ -104,4 +104,4 @@ def test_cli_ddp_with_batch_tokens_trains_on_two_processes(tmp_path, new_store):
            "MLFLOW_TRACKING_URI": new_store(tmp_path / "mlflow.db")}  # fmt: skip
     proc = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "trained 1 epochs on 2 processes" in proc.stdout and proc.stdout.count("mlflow_run_id: ") == 1
+    assert "trained 1 epoch on 2 processes" in proc.stdout and proc.stdout.count("mlflow_run_id: ") == 1
