@@ -20,10 +20,13 @@ from pipelines.collisions import Output, check_apart, local_model_path
 from pipelines.outputs import (
     EXIT_FAILURE,
     EXIT_USER_ERROR,
+    GivenPathError,
     OutputPathError,
     as_os_error,
+    check_given_path,
     check_output_dir,
     check_output_file,
+    describe_error_path,
     describe_os_error,
     forget_new_folders,
     remove_new_empty_folders,
@@ -39,8 +42,31 @@ RESUME_HELP = (
 )
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, with a usage error as one ``error: ...`` line (exit code 2) naming ``--help`` instead of the usage text."""
+
+    def error(self, message: str):  # noqa: D102 - argparse's hook
+        self.exit(EXIT_USER_ERROR, f"error: {message} (see {self.prog} --help)\n")
+
+
+EMPTY_PATH = "an empty path (an unset variable?); give a path"
+
+
+def _path(text: str) -> Path:
+    """A path flag's value; an empty one (``--output "$OUT"`` with ``OUT`` unset) is refused, not the working directory."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(EMPTY_PATH)
+    return Path(text)
+
+
+def _path_text(text: str) -> str:
+    """As :func:`_path`, kept as text (a glob, or a path read later)."""
+    _path(text)
+    return text
+
+
 def _common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", type=Path, default=None, help="YAML job config")
+    parser.add_argument("--config", type=_path, default=None, help="YAML job config")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override a config key, e.g. --set model.n_layers=4 (repeatable)")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -48,12 +74,12 @@ def _common(parser: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand (flags per CONTRACT.md)."""
-    parser = argparse.ArgumentParser(prog="recsys-alibi", description=__doc__.splitlines()[0])
+    parser = _Parser(prog="recsys-alibi", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("generate", help="write the synthetic behaviour log (embedded default data)")
     _common(p)
-    p.add_argument("--output", type=Path, help="events Parquet path")
+    p.add_argument("--output", type=_path, help="events Parquet path")
     p.add_argument("--users", type=int)
     p.add_argument("--items", type=int)
     p.add_argument("--seed", type=int)
@@ -61,50 +87,50 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("prepare", help="events -> cleaned events, vocabulary, sequences, rejects")
     _common(p)
-    p.add_argument("--input", help="events: Parquet file/dir/glob, CSV/TSV, NDJSON, MovieLens, SASRec, S3-Rec (.gz ok)")
+    p.add_argument("--input", type=_path_text, help="events: Parquet file/dir/glob, CSV/TSV, NDJSON, MovieLens, SASRec, S3-Rec (.gz ok)")
     p.add_argument("--format", choices=["parquet", "csv", "ndjson", "movielens", "sasrec", "s3rec"])
-    p.add_argument("--output", type=Path, help="prepared directory")
+    p.add_argument("--output", type=_path, help="prepared directory")
     p.add_argument("--append", action="store_true", default=None,
                    help="merge --input (new events) into the existing prepared --output (data.append)")
-    p.add_argument("--items", dest="item_table", metavar="PATH",
+    p.add_argument("--items", dest="item_table", metavar="PATH", type=_path_text,
                    help="item table (Parquet/CSV/NDJSON) keyed by raw item_id, columns per data.item_features (data.items)")
 
     p = sub.add_parser("train", help="train the ranker; logs to MLflow and prints mlflow_run_id")
     _common(p)
-    p.add_argument("--prepared", type=Path, help="prepared directory")
+    p.add_argument("--prepared", type=_path, help="prepared directory")
     p.add_argument("--resume", action="store_true", help=RESUME_HELP)
 
     p = sub.add_parser("evaluate", help="full-catalog ranking evaluation of a model or baseline")
     _common(p)
-    p.add_argument("--prepared", type=Path)
+    p.add_argument("--prepared", type=_path)
     group = p.add_mutually_exclusive_group(required=True)
     group.add_argument("--model-uri")
     group.add_argument("--baseline", choices=["popularity"])
-    p.add_argument("--output", type=Path, help="report directory")
+    p.add_argument("--output", type=_path, help="report directory")
 
     p = sub.add_parser("score", help="batch top-K rankings per user to Parquet")
     _common(p)
     p.add_argument("--model-uri", required=True)
-    p.add_argument("--input", type=Path, help="prepared dir, sequences Parquet, or raw events (any prepare format)")
-    p.add_argument("--output", type=Path, help="rankings directory")
+    p.add_argument("--input", type=_path, help="prepared dir, sequences Parquet, or raw events (any prepare format)")
+    p.add_argument("--output", type=_path, help="rankings directory")
     p.add_argument("--k", type=int)
     p.add_argument("--engine", choices=["local", "ray"],
                    help="local: this process (or torchrun shards); ray: a Ray Data actor pool (score.ray.*)")
-    p.add_argument("--changed-since", metavar="PREVIOUS_OUTPUT",
+    p.add_argument("--changed-since", metavar="PREVIOUS_OUTPUT", type=_path_text,
                    help="rank only users whose history changed since that output (same model); carry the rest over")
-    p.add_argument("--items", dest="item_table", metavar="PATH",
+    p.add_argument("--items", dest="item_table", metavar="PATH", type=_path_text,
                    help="item table or prepared dir: items the model never saw are ranked from their features (score.items)")
 
     p = sub.add_parser("export", help="item and user vectors (inner product) for a nearest-neighbour index")
     _common(p)
     p.add_argument("--model-uri", required=True)
-    p.add_argument("--input", type=Path, help="prepared dir, sequences Parquet, or raw events (any prepare format)")
-    p.add_argument("--output", type=Path, help="export directory (items.parquet, users.parquet, export.json)")
+    p.add_argument("--input", type=_path, help="prepared dir, sequences Parquet, or raw events (any prepare format)")
+    p.add_argument("--output", type=_path, help="export directory (items.parquet, users.parquet, export.json)")
     p.add_argument("--index", choices=["none", "faiss"], help="faiss: also a FAISS index over the items (export.*)")
 
     p = sub.add_parser("pipeline", help="generate -> prepare -> train -> evaluate -> register -> score")
     _common(p)
-    p.add_argument("--output", type=Path, help="output directory of every step")
+    p.add_argument("--output", type=_path, help="output directory of every step")
     p.add_argument("--resume", action="store_true", help=RESUME_HELP)
 
     p = sub.add_parser("diagnose", help="ALiBi numerics per head, dtype and length")
@@ -113,7 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-len", type=int)
     p.add_argument("--dtype", choices=["float16", "bfloat16", "float32"], default="bfloat16")
     p.add_argument("--model-uri")
-    p.add_argument("--output", type=Path, help="JSON path")
+    p.add_argument("--output", type=_path, help="JSON path")
     return parser
 
 
@@ -136,6 +162,16 @@ def _flag_values(args: argparse.Namespace) -> dict[str, tuple[str, object]]:
     if getattr(args, "resume", False):
         found["train.resume"] = ("--resume", True)
     return found
+
+
+PATH_FLAGS = {"config": "--config", "input": "--input", "output": "--output", "prepared": "--prepared",
+              "item_table": "--items", "changed_since": "--changed-since"}  # argparse dest -> flag, of path flags
+
+
+def _check_given_paths(args: argparse.Namespace) -> None:
+    """Refuse a path flag's value that is a symbolic-link loop (or goes through one) before any work."""
+    for dest, flag in PATH_FLAGS.items():
+        check_given_path(getattr(args, dest, None), flag)
 
 
 def _default_prepared(config: JobConfig, given: Path | None) -> Path:
@@ -267,10 +303,12 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from recsys_alibi.data.ingest import DataError
     from recsys_alibi.tracking import ModelUriError
 
-    return (ConfigError, DataError, ModelUriError, OutputPathError, FileNotFoundError, ValueError)
+    return (ConfigError, DataError, ModelUriError, OutputPathError, GivenPathError, FileNotFoundError, ValueError)
 
 
 def _one_line(err: BaseException) -> str:
+    if isinstance(err, OSError) and err.filename is not None:  # its path as given, never a temporary beside it
+        return describe_error_path(err)
     text = str(err).strip()
     return text.splitlines()[0] if text else type(err).__name__
 
@@ -289,6 +327,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     configure_logging()
     forget_new_folders()
     try:
+        _check_given_paths(args)
         config = load_config(args.config, args.overrides, _flag_values(args))
         summary = COMMANDS[args.command](config, args)
     except _user_errors() as err:

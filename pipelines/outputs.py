@@ -23,6 +23,7 @@ import re
 from pathlib import Path
 
 from recsys_alibi.atomic import check_replaceable, describe_path, path_kind
+from recsys_alibi.staging import shown_path
 
 EXIT_USER_ERROR = 2
 EXIT_FAILURE = 1
@@ -33,6 +34,45 @@ OUT_OF_SPACE = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
 
 class OutputPathError(ValueError):
     """An output path that cannot be written (wrong kind, parent is a file, not writable); names the fix."""
+
+
+class GivenPathError(ValueError):
+    """A path given to a command (a flag's or config key's value) that no command can use: empty, or a
+    symbolic-link loop; names the flag and the fix."""
+
+
+LOOP_FIX = "remove the link or give another path"
+
+
+def symlink_loop(path: str | os.PathLike) -> Path | None:
+    """The first part of ``path`` (a parent folder, or ``path`` itself) that is a symbolic-link loop
+    (``ln -s a b; ln -s b a``: it never reaches a file or folder), or None."""
+    path = Path(path)
+    for part in (*reversed(path.parents), path):
+        try:
+            os.stat(part)
+        except OSError as err:
+            if err.errno == errno.ELOOP:
+                return part
+    return None
+
+
+def check_given_path(path: str | os.PathLike | None, flag: str) -> None:
+    """Refuse a path given to ``flag`` that is empty (an unset variable: ``--output "$OUT"`` would mean the
+    working directory) or is, or goes through, a symbolic-link loop.
+
+    Raises:
+        GivenPathError: one line naming ``flag``, the path and the fix.
+    """
+    if path is None:
+        return
+    if not str(path).strip():
+        raise GivenPathError(f"{flag} is empty (an unset variable?); give a path")
+    loop = symlink_loop(path)
+    if loop is None:
+        return
+    where = f"{path} is" if loop == Path(path) else f"{path}: {loop} is"
+    raise GivenPathError(f"{flag} {where} a symbolic-link loop; {LOOP_FIX}")
 
 
 _NEW_FOLDERS: list[Path] = []  # folders the checked outputs would create: missing when checked
@@ -106,6 +146,7 @@ def check_output_dir(path: str | Path, flag: str = "--output") -> Path:
             the directory holds a device, FIFO or socket (its files are replaced and read back:
             such an entry is never replaced, and reading a FIFO would wait forever).
     """
+    check_given_path(path, flag)
     path = Path(path)
     kind = path_kind(path)
     if kind not in (None, "directory") or (kind is None and os.path.lexists(path)):
@@ -139,6 +180,7 @@ def check_output_file(path: str | Path, flag: str = "--output", example: str = "
             goes in is not writable.
         OutputKindError: ``path`` (or a link's target) is a device, a FIFO, a socket: never replaced.
     """
+    check_given_path(path, flag)
     path = Path(path)
     if path.is_dir():
         raise OutputPathError(
@@ -151,19 +193,29 @@ def check_output_file(path: str | Path, flag: str = "--output", example: str = "
 
 
 def _shown_path(filename: str | os.PathLike | None) -> str:
-    """The path of an ``OSError``; a hidden temporary beside a target (``.NAME.xyz.tmp``) names its folder."""
+    """The path of an ``OSError``; a temporary beside a target (or a path inside one) names that target
+    (:func:`recsys_alibi.staging.shown_path`): messages name only paths the user gave."""
     if filename is None:
         return "the output"
-    path = Path(os.fsdecode(filename))
-    return str(path.parent) if path.name.startswith(".") and path.name.endswith(".tmp") else str(path)
+    return str(shown_path(os.fsdecode(filename)))
+
+
+def describe_error_path(err: OSError) -> str:
+    """One line for an ``OSError`` about a path, naming the path the user gave (never a temporary)."""
+    reason = err.strerror or str(err) or type(err).__name__
+    return reason if err.filename is None else f"{reason}: {_shown_path(err.filename)}"
 
 
 def as_os_error(err: BaseException) -> OSError | None:
     """``err`` itself when an ``OSError``; for a library error that wraps one in its message
     (Polars writers: ``... No space left on device (os error 28)``), an ``OSError`` of that errno
-    when it is a full disk or quota; else None."""
+    when it is a full disk or quota; pathlib's ``RuntimeError`` on a symbolic-link loop as ``ELOOP``;
+    else None."""
     if isinstance(err, OSError):
         return err
+    loop = re.fullmatch(r"Symlink loop from '(.*)'", str(err)) if isinstance(err, RuntimeError) else None
+    if loop is not None:  # pathlib's Path.resolve() on a link loop
+        return OSError(errno.ELOOP, os.strerror(errno.ELOOP), loop.group(1))
     found = re.search(r"\(os error (\d+)\)", str(err))
     if found is None:
         return None
@@ -187,6 +239,8 @@ def describe_os_error(err: OSError, where: str | os.PathLike | None = None) -> t
             f"cannot write {where}: {reason}; what was being written was discarded and every output is as it "
             "was before that write; free space and run the same command again"
         )
+    if err.errno == errno.ELOOP:
+        return EXIT_USER_ERROR, f"{where} is a symbolic-link loop; {LOOP_FIX}"
     if err.errno in USER_FIXABLE:
         return EXIT_USER_ERROR, f"{reason}: {where}; choose another path or fix its permissions"
     return None

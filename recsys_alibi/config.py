@@ -17,6 +17,7 @@ value stays accepted, so a dumped config loads again. A section written with no 
 
 from __future__ import annotations
 
+import errno
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -30,11 +31,24 @@ STRATEGIES = (
     "auto", "ddp", "ddp_spawn", "ddp_fork", "ddp_find_unused_parameters_true", "ddp_find_unused_parameters_false",
     "fsdp",
 )  # Lightning built-ins that need no extra package (deepspeed and xla do)
-PRECISIONS = ("auto", "16-mixed", "bf16-mixed", "32-true", "64-true", "16-true", "bf16-true", "16", "bf16", "32", "64")
+# Lightning's names the ranker trains with ("16", "bf16", "32" are its older names of 16-mixed, bf16-mixed,
+# 32-true); the "true" half and double precisions (16-true, bf16-true, 64-true, 64) are refused: parts of the
+# model stay float32, and on a CPU their first step fails with a dtype mismatch (not tried on a GPU)
+PRECISIONS = ("auto", "32-true", "bf16-mixed", "16-mixed", "32", "bf16", "16")
 
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # what torch, numpy and Lightning take as an integer
 YAML_WORDS = ((True, "true"), (False, "false"), (None, "null"))
+
+
+EMPTY_PATH = "an empty path (an unset variable?): give a path, or leave the key out"
+
+
+def _path_or_none(value: str | None) -> str | None:
+    """A path-valued key: an empty text is refused (it would mean the working directory)."""
+    if value is not None and not value.strip():
+        raise ValueError(EMPTY_PATH)
+    return value
 
 
 def yaml_word(value: Any) -> Any:
@@ -159,6 +173,8 @@ class DataConfig(_Section):
     append: bool = False  # prepare merges the input into the existing prepared directory (docs/data.md, "Appending")
     items: str | None = None  # item table (Parquet/CSV/NDJSON) keyed by raw item id (`prepare --items`, docs/data.md)
     item_features: ItemFeaturesConfig = ItemFeaturesConfig()  # its declared columns
+
+    _paths = field_validator("input", "items")(_path_or_none)
 
     @model_validator(mode="after")
     def _items_declared(self) -> "DataConfig":
@@ -315,7 +331,7 @@ class TrainConfig(_Section):
     gbce_t: float = Field(0.75, ge=0, le=1)
     # Lightning's names, or "auto": bf16-mixed where the hardware multiplies bfloat16 natively, else 32-true
     # (recsys_alibi.training.launch.resolve_precision)
-    precision: Literal[PRECISIONS] | Literal[16, 32, 64] = "32-true"
+    precision: Literal[PRECISIONS] | Literal[16, 32] = "32-true"
     accelerator: Literal[ACCELERATORS] = "auto"  # gpu/cuda/mps also need that device (checked by train)
     devices: Annotated[int, Field(ge=1)] | Literal["auto"] = 1  # processes per node (CPU: e.g. 2 with strategy ddp; docs/scaling.md)
     num_nodes: int = Field(1, ge=1)
@@ -387,6 +403,18 @@ class TrainConfig(_Section):
             ("zero_share_threshold", self.attention_health, "train.attention_health=true"),
             ("warm", self.init_from is not None, "train.init_from"),
         ))  # fmt: skip
+        if isinstance(self.devices, int) and self.devices * self.num_nodes > 1:  # before any process starts
+            world = self.devices * self.num_nodes
+            if self.batch_size % world:
+                raise ValueError(
+                    f"train.batch_size={self.batch_size} is the global batch and must be divisible by the {world} "
+                    f"training processes (train.devices={self.devices} x train.num_nodes={self.num_nodes})"
+                )
+            if self.windows == "all":
+                raise ValueError(
+                    "train.windows=all gives each process a different number of windows (and of steps); "
+                    "use it with one training process"
+                )
         schedule = self.context_schedule
         if schedule and schedule[-1][0] >= self.max_epochs:
             raise ValueError(
@@ -484,6 +512,8 @@ class ScoreConfig(_Section):
     # recent popularity added to the model's scores (needs a prepared or raw-events input with timestamps)
     popularity_prior: PopularityPriorConfig = PopularityPriorConfig()
 
+    _paths = field_validator("allow", "deny", "changed_since", "items")(_path_or_none)
+
     @field_validator("device")
     @classmethod
     def _torch_device(cls, device: str) -> str:
@@ -540,6 +570,8 @@ class JobConfig(_Section):
     score: ScoreConfig = ScoreConfig()
     export: ExportConfig = ExportConfig()
     tracking: TrackingConfig = TrackingConfig()
+
+    _paths = field_validator("output")(_path_or_none)
 
     @model_validator(mode="before")
     @classmethod
@@ -693,6 +725,11 @@ def _read_file(path: Path) -> dict[str, Any]:
     Raises:
         ConfigError: a directory, nothing there, unreadable, not UTF-8, not YAML or not a mapping.
     """
+    try:
+        path.stat()
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            raise ConfigError(f"config {path} is a symbolic-link loop; remove the link or give another path") from None
     if path.is_dir() or not path.exists():
         raise ConfigError(f"config {path} is a directory, not a YAML file" if path.is_dir() else f"config file not found: {path}")
     try:

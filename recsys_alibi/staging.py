@@ -31,12 +31,28 @@ from pathlib import Path
 SUFFIX = ".tmp"
 _TOKEN_HEX = 16
 _PATTERN = re.compile(rf"\.(?P<target>.+)\.[0-9a-f]{{{_TOKEN_HEX}}}{re.escape(SUFFIX)}")
+_PENDING = ".new"  # the name a temporary has until its lock is held (held_temp)
+_SHOWN_PATTERN = re.compile(rf"\.(?P<target>.+)\.[0-9A-Za-z]+(?:{re.escape(SUFFIX)}|{re.escape(_PENDING)})")
 
 
 def target_of(name: str) -> str | None:
     """The target name whose temporary ``name`` is (``.NAME.<16 hex>.tmp`` -> ``NAME``), else None."""
     found = _PATTERN.fullmatch(name)
     return None if found is None else found.group("target")
+
+
+def shown_path(path: str | os.PathLike) -> Path:
+    """``path`` as a message shows it: a temporary (``.NAME.<token>.tmp`` or, before its lock is held,
+    ``.NAME.<token>.new``), or anything inside one, is shown as its target ``NAME`` beside it.
+
+    Example: ``out/.export.0a1b2c3d4e5f6a7b.tmp/items.parquet`` -> ``out/export``.
+    """
+    path = Path(path)
+    for depth, part in enumerate(path.parts):
+        found = _SHOWN_PATTERN.fullmatch(part)
+        if found is not None:
+            return Path(*path.parts[:depth], found.group("target"))
+    return path
 
 
 def held_temp(target: Path, *, directory: bool = False) -> tuple[Path, int]:
@@ -48,7 +64,7 @@ def held_temp(target: Path, *, directory: bool = False) -> tuple[Path, int]:
         created empty with the usual (umask) permissions.
     """
     token = secrets.token_hex(_TOKEN_HEX // 2)
-    pending = target.parent / f".{target.name}.{token}.new"  # no sweep matches it while unlocked
+    pending = target.parent / f".{target.name}.{token}{_PENDING}"  # no sweep matches it while unlocked
     if directory:
         os.mkdir(pending)
         fd = os.open(pending, os.O_RDONLY)

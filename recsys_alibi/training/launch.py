@@ -70,7 +70,19 @@ def check_accelerator(train: TrainConfig) -> None:
         raise ConfigError("train.accelerator=mps needs Apple's Metal backend, not available here; use auto or cpu")
 
 
-BF16_NAMES = ("bf16-mixed", "bf16-true", "bf16")
+BF16_NAMES = ("bf16-mixed", "bf16")
+# Lightning's older names of its precisions: handed over under the new names, or Lightning warns about each
+PRECISION_ALIASES: dict[str | int, str] = {"16": "16-mixed", 16: "16-mixed", "bf16": "bf16-mixed", "32": "32-true",
+                                           32: "32-true"}  # fmt: skip
+
+
+def on_cpu(accelerator: str) -> bool:
+    """Whether training runs on the CPU: ``train.accelerator=cpu``, or ``auto`` with neither CUDA nor MPS."""
+    import torch
+
+    if accelerator == "cpu":
+        return True
+    return accelerator == "auto" and not torch.cuda.is_available() and not torch.backends.mps.is_available()
 
 
 def native_bf16(accelerator: str) -> bool:
@@ -91,28 +103,38 @@ def native_bf16(accelerator: str) -> bool:
     return False
 
 
-def resolve_precision(train: TrainConfig) -> str | int:
+def resolve_precision(train: TrainConfig) -> str:
     """``train.precision`` as handed to Lightning: ``auto`` is ``bf16-mixed`` where
-    :func:`native_bf16`, else ``32-true``; any other value as given.
+    :func:`native_bf16`, else ``32-true``; Lightning's older names (``16``, ``bf16``, ``32``) under
+    their new ones; any other value as given.
 
     A bfloat16 precision asked for explicitly on a device without native bfloat16 is kept, with
     one warning line (its products are emulated, several times slower than float32).
+    ``16-mixed`` on a CPU run (float16 autocast needs a GPU) is ``bf16-mixed``, said in one warning
+    line (instead of Lightning's).
     """
     import logging
 
     native = native_bf16(train.accelerator)
     log = logging.getLogger(__name__)
-    if train.precision == "auto":
+    precision = PRECISION_ALIASES.get(train.precision, train.precision)
+    emulated = "several times slower than float32; train.precision=auto picks 32-true here"
+    if precision == "auto":
         chosen = "bf16-mixed" if native else "32-true"
         log.info("train.precision=auto: %s (%s bfloat16 on this device)", chosen, "native" if native else "no native")
         return chosen
+    if precision == "16-mixed" and on_cpu(train.accelerator):
+        log.warning(
+            "train.precision=%s: float16 mixed precision needs a GPU; this CPU run uses bf16-mixed%s", train.precision,
+            "" if native else f" (emulated on this CPU: {emulated})",
+        )  # fmt: skip
+        return "bf16-mixed"
     if train.precision in BF16_NAMES and not native:
         log.warning(
             "train.precision=%s on a device without native bfloat16 (a CPU without AVX512-BF16 or AMX, or a GPU "
-            "before Ampere): its matrix products are emulated, several times slower than float32; "
-            "train.precision=auto picks 32-true here", train.precision,
+            "before Ampere): its matrix products are emulated, %s", train.precision, emulated,
         )  # fmt: skip
-    return train.precision
+    return precision
 
 
 def resumable_checkpoint(checkpoints_root: str | Path, keep: Callable[[Path], bool] | None = None) -> Path | None:

@@ -131,9 +131,9 @@ def _failing_temp(err_no: int):
     ("command", "name", "err_no", "code", "expected"),
     [  # a folder made read-only (or a read-only file system) after the checks; a disk that fills up
         (["generate", "--users", "5", "--items", "5"], "events.parquet", errno.EACCES, 2,
-         "error: Permission denied: {dir}; choose another path or fix its permissions"),
+         "error: Permission denied: {dir}/events.parquet; choose another path or fix its permissions"),
         (["diagnose", "--heads", "2", "--max-len", "8"], "diagnosis.json", errno.ENOSPC, 1,
-         "error: cannot write {dir}: No space left on device; what was being written was discarded and every output "
+         "error: cannot write {dir}/diagnosis.json: No space left on device; what was being written was discarded and every output "
          "is as it was before that write; free space and run the same command again"),
     ],
 )  # fmt: skip
