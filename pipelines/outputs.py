@@ -141,13 +141,17 @@ def check_output_dir(path: str | Path, flag: str = "--output") -> Path:
         ``path`` as a ``Path``.
 
     Raises:
-        OutputPathError: ``path`` exists and is not a directory (a file, a device, a FIFO), a
-            parent is a file, the directory (or the nearest existing parent) is not writable, or
+        OutputPathError: ``path`` (resolved) holds a glob character (``*``, ``?``, ``[``), ``path`` exists
+            and is not a directory (a file, a device, a FIFO), a parent is a file, the directory (or the nearest existing parent) is not writable, or
             the directory holds a device, FIFO or socket (its files are replaced and read back:
             such an entry is never replaced, and reading a FIFO would wait forever).
     """
     check_given_path(path, flag)
     path = Path(path)
+    wildcard = next((ch for ch in "*?[" if ch in str(path.resolve())), None)
+    if wildcard is not None:  # its own files are read back by Polars, which takes such a path as a glob
+        raise OutputPathError(f"{flag} {path} has the glob character '{wildcard}' in its path, and the files written "
+                              "there are read back as a pattern; give a directory path without *, ? or [")  # fmt: skip
     kind = path_kind(path)
     if kind not in (None, "directory") or (kind is None and os.path.lexists(path)):
         kind = (kind or "dangling link").removeprefix("regular ")

@@ -149,3 +149,14 @@ def test_a_batch_that_does_not_divide_over_the_processes_is_refused_before_they_
         "training processes (train.devices=3 x train.num_nodes=1)"
     )
     assert os.listdir(tmp_path) == []
+
+
+def test_an_output_directory_with_a_glob_character_is_refused_with_one_line(tmp_path, capsys, monkeypatch):
+    """A prepared (or any output) folder is read back by Polars, which would take ``o[1]`` as a pattern."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "e.csv").write_text("user_id,item_id,timestamp\n1,2,3\n1,3,4\n")
+    assert main(["prepare", "--input", "e.csv", "--output", "o[1]"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["error: --output o[1] has the glob character '[' in its path, and the files written there are read "
+                   "back as a pattern; give a directory path without *, ? or ["]
+    assert not (tmp_path / "o[1]").exists()
