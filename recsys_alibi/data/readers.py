@@ -141,6 +141,15 @@ def _mapped(cfg: DataConfig) -> dict[str, str]:
     return mapping
 
 
+def _looks_numeric(text: str) -> bool:
+    """Whether a header cell is a number (a header of data: the file has no header line)."""
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
 def _check_columns(cfg: DataConfig, fmt: str, columns: dict[str, str], raw: tuple[str, ...]) -> None:
     for canon, name in columns.items():
         if name not in raw:
@@ -153,6 +162,10 @@ def _check_columns(cfg: DataConfig, fmt: str, columns: dict[str, str], raw: tupl
             other = header_separator(raw[0]) if fmt == "csv" and len(raw) == 1 else None
             if other is not None:  # the header was not split: another separator
                 fix = f"the header looks '{other}'-separated: set --set data.separator='{other}', or {fix}"
+            elif fmt == "csv" and all(_looks_numeric(col) for col in raw):  # the first line is an event, not names
+                fix = ("its first line looks like data, not a header: set --set data.has_header=false and map the "
+                       "columns by position (e.g. --set data.columns.user_id=column_1), or --format movielens for "
+                       f"MovieLens' u.data / ratings.dat; else {fix}")  # fmt: skip
             raise DataError(f"column '{name}' (data.columns.{canon}) is not in the {fmt} input columns [{shown}]; {fix}")
     if cfg.min_value is not None and VALUE not in columns:
         raise DataError("data.min_value is set but the input has no value column; map one with --set data.columns.value=NAME")

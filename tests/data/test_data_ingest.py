@@ -337,6 +337,16 @@ def test_semicolon_and_pipe_separators_are_detected_and_suggested(tmp_path):
     assert "data.separator=';'" in msg and "data.columns.user_id" in msg
 
 
+def test_a_headerless_file_is_told_apart_from_a_missing_column(tmp_path):
+    """MovieLens' u.data saved as .tsv: its first event is taken for the header; the fix says so."""
+    path = _write(tmp_path / "w.tsv", "196\t242\t3\t881250949\n186\t302\t3\t891717742\n")
+    msg = _one_line_error(prepare, DataConfig(), path, tmp_path / "out")
+    assert msg == ("column 'user_id' (data.columns.user_id) is not in the csv input columns [196, 242, 3, 881250949]; "
+                   "its first line looks like data, not a header: set --set data.has_header=false and map the columns "
+                   "by position (e.g. --set data.columns.user_id=column_1), or --format movielens for MovieLens' u.data "
+                   "/ ratings.dat; else map it with --set data.columns.user_id=NAME")
+
+
 def test_ndjson_types_are_read_from_every_line(tmp_path):
     lines = [f'{{"user_id":{u % 5},"item_id":{u},"timestamp":{1700000000 + u},"rating":4,"extra":1}}' for u in range(1500)]
     lines += ['{"user_id":1,"item_id":"007","timestamp":"2024-01-02T03:04:05Z","rating":"5","extra":"x","new":[1]}']
