@@ -61,9 +61,10 @@ def grid_values(loaded, examples, logprior: np.ndarray) -> dict[str, np.ndarray]
     return {str(u): v for u, v in zip(examples["user_id"].to_list(), values)}
 
 
-def stale_values(loaded, prepared: Path, examples, logprior: np.ndarray) -> dict[str, np.ndarray]:
-    """:func:`grid_values` of a model of an earlier step (``stale``): the examples and the prior mapped into its
-    numbering by raw ``item_id``; a user whose target or whole history it does not know counts a miss (zeros)."""
+def model_values(loaded, prepared: Path, examples, logprior: np.ndarray) -> dict[str, np.ndarray]:
+    """:func:`grid_values` of a model of this step or an earlier one (``stale``; a gated chain's champion kept,
+    ``replay.py --gate``): the examples and the prior mapped into its numbering by raw ``item_id``; a user whose
+    target or whole history it does not know counts a miss (zeros)."""
     from pipelines.prior_choice import in_model_numbering
     from pipelines.promotion import examples_in_vocabulary
     from recsys_alibi.data.sequences import read_items
@@ -184,9 +185,9 @@ def main(argv: list[str] | None = None) -> None:
                 if examples is None:
                     examples = replay_script.next_period_examples(prepared, events, bounds[k], bounds[k + 1], loaded.model)
                     logprior = np.log1p(recency_counts(prepared, bounds[k], HALF_LIVES))
-                chains[seed].append(grid_values(loaded, examples, logprior))
+                chains[seed].append(model_values(loaded, prepared, examples, logprior))
                 if k:
-                    stale[seed].append(stale_values(previous[seed], prepared, examples, logprior))
+                    stale[seed].append(model_values(previous[seed], prepared, examples, logprior))
                 previous[seed] = loaded
             print(f"step {k}: {examples.height} test users scored under {len(GRID)} grid points", flush=True)
 

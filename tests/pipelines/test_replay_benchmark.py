@@ -580,6 +580,13 @@ def test_the_gated_chain_serves_and_warm_starts_from_the_model_the_gate_keeps(re
     ranks, _ = scoring.rank_examples(loaded, examples)
     assert last["gate"]["new"] == pytest.approx(float(np.mean(per_user_metrics(ranks, [10])["NDCG@10"])), abs=1e-6)
 
+    # the prior on the gated chain: its served model may be of an earlier step's catalog (the champion kept), and
+    # with the same choice it ranks as the stale arm does at every step
+    monkeypatch.setitem(sys.modules, "replay", replay)
+    load_benchmark("replay_prior").main(["kept.json", "--output", "kept.prior.json"])
+    gated = json.loads((replay_dir / "kept.prior.json").read_text())["prior_minus_stale_with_prior"]["NDCG@10"]
+    assert (gated["difference"], gated["ci95"]) == (0.0, [0.0, 0.0])
+
     replay.main([*_args(2, ["warm", "stale"], output="moved.json"), "--gate", "--set", "tracking.promotion_margin=-1",
                  "--workdir", "work-moved"])  # fmt: skip
     run = json.loads((replay_dir / "moved.per_user.json").read_text())["42"]
