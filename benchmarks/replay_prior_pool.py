@@ -17,7 +17,8 @@ every input was made ``--against`` another chain, also ``prior_minus_their_prior
 over the (seed, step, user) each input shares with its own ``--against`` file (``against_arm`` names that chain).
 
 Refused with one line (exit 2): an input that is not an output of ``replay_prior.py`` with its per-user file,
-inputs of different arms or of replays of different logs or periods (``replay.log_key``), a (seed, step, user)
+inputs of different arms or of replays of different logs or periods (``replay.log_key``) or chains (a gated
+and an ungated one, ``replay.py --gate``), a (seed, step, user)
 in two inputs, some inputs made ``--against`` another chain and others not, an ``--output`` that is an input.
 """
 
@@ -44,14 +45,15 @@ def _read(path: Path, parser) -> tuple[dict, dict]:
 
 
 def _log_key(doc: dict, path: Path, parser) -> tuple:
-    """The replayed log and periods an output was made on (``replay.log_key`` of its replay's command)."""
+    """The replayed log and periods an output was made on (``replay.log_key`` of its replay's command), and whether
+    its chain went through the pipeline's gate (``--gate``: another chain, never pooled with an ungated one)."""
     import replay as replay_script
 
     replay_path = Path(doc["replay"])
     if not replay_path.is_file():
         parser.error(f"{path}: its replay {replay_path} is not there: run from the folder it was made in")
     _, args, _ = replay_script.read_replay(replay_path, parser)
-    return replay_script.log_key(args)
+    return (*replay_script.log_key(args), args.gate)
 
 
 def pool(inputs: list[tuple[Path, dict, dict]], parser) -> dict:
@@ -63,8 +65,8 @@ def pool(inputs: list[tuple[Path, dict, dict]], parser) -> dict:
         parser.error(f"the inputs score different arms ({', '.join(sorted(arms))}): pool one chain at a time")
     keys = [tuple(_log_key(doc, path, parser)) for path, doc, _ in inputs]
     if len(set(keys)) > 1:
-        parser.error("the inputs come from replays of different logs or periods (config, input, format, start, "
-                     "period days): " + "; ".join(f"{path}: {key}" for (path, _, _), key in zip(inputs, keys)))
+        parser.error("the inputs come from replays of different logs, periods or chains (config, input, format, "
+                     "start, period days, --gate): " + "; ".join(f"{path}: {key}" for (path, _, _), key in zip(inputs, keys)))
     values: dict[str, list] = {}
     for path, _, mine in inputs:
         twice = sorted(set(values) & set(mine))

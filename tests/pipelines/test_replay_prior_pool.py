@@ -18,9 +18,10 @@ replay = load_benchmark("replay", "replay_for_pool")
 pool = load_benchmark("replay_prior_pool")
 
 
-def _replay(path: Path, log: str = "log.parquet") -> str:
-    """A finished replay's JSON as far as the pool reads it: its recorded command (the log and periods)."""
+def _replay(path: Path, log: str = "log.parquet", gate: bool = False) -> str:
+    """A finished replay's JSON as far as the pool reads it: its recorded command (the log, periods and chain)."""
     command = f"python benchmarks/replay.py --config configs/default.yaml --input {log} --period-days 14 --output {path.name}"
+    command += " --gate" if gate else ""
     path.write_text(json.dumps({"command": command}))
     path.with_suffix(".per_user.json").write_text("{}")
     return path.name
@@ -77,11 +78,13 @@ def test_disjoint_seeds_pool_as_one_run(outputs):
 def test_what_cannot_be_pooled_is_refused_with_one_line(outputs, capsys):
     tmp_path, warm12, warm3, scratch12, scratch3 = outputs
     other_log = _output(tmp_path / "o.prior.json", "warm", _replay(tmp_path / "ro.json", "other.parquet"), {"4/1/a": _v(0, 0, 0, 0)})
+    gated = _output(tmp_path / "g.prior.json", "warm", _replay(tmp_path / "rg.json", gate=True), {"5/1/a": _v(0, 0, 0, 0)})
     twice = _output(tmp_path / "t.prior.json", "warm", "r3.json", {"3/1/a": _v(0, 0, 0, 0)})
     paired = _output(tmp_path / "p.prior.json", "warm", "r12.json", {"9/1/a": _v(0, 0, 0, 0)}, against="s12.prior.json")
     (tmp_path / "broken.prior.json").write_text("{")
     cases = {
-        "different arms": [warm12, scratch3], "different logs or periods": [warm12, other_log],
+        "different arms": [warm12, scratch3], "different logs, periods or chains": [warm12, other_log],
+        "--gate": [warm12, gated],
         "is in another input too": [warm3, twice], "some inputs were made --against": [warm3, paired],
         "not an output of replay_prior.py": [warm12, tmp_path / "broken.prior.json"],
     }  # fmt: skip
