@@ -119,7 +119,8 @@ class RankerModule(L.LightningModule):
                 if self.model_cfg.item_features.id_min_events > 0:
                     log.info("item features: %d of %d items have no id part (fewer than %d training events)", dropped,
                              self.model.n_items, self.model_cfg.item_features.id_min_events)  # fmt: skip
-                log.info("item features: id dropout %g per training step", self.model_cfg.item_features.id_dropout)
+                if self.model_cfg.item_features.id_dropout > 0:
+                    log.info("item features: id dropout %g per training step", self.model_cfg.item_features.id_dropout)
 
     def configure_model(self) -> None:
         """Shard the item table row-wise when ``model.shard_embeddings`` and W > 1 (once)."""
