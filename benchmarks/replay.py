@@ -257,15 +257,13 @@ def gate_record(config, prepared: Path, candidate_uri: str, champion_uri: str) -
     """The daily pipeline's promotion decision (``--gate``, module doc) of the warm model ``candidate_uri``
     against ``champion_uri`` on ``prepared``: ``promoted``, ``reason``, ``new`` and ``champion`` (their
     ``tracking.promotion_metric`` on the validation examples; ``champion`` None when it can serve none)."""
-    from pipelines.promotion import against_loaded, validation_examples, validation_metrics
+    from pipelines.promotion import against_loaded, model_validation_metrics
     from recsys_alibi.data.prepare import read_items, read_sequences
-    from recsys_alibi.data.time_gaps import sequences_for
     from recsys_alibi.tracking import load_ranker
 
     new, champion = load_ranker(candidate_uri), load_ranker(champion_uri)
     items, sequences = read_items(prepared), read_sequences(prepared)
-    examples = validation_examples(sequences_for(new.model, sequences), config)
-    value = validation_metrics(config, new.model, examples, items.height)[config.tracking.promotion_metric]
+    value = model_validation_metrics(config, new.model, sequences, items.height)[config.tracking.promotion_metric]
     decision, held = against_loaded(config, champion, "(the previous step's model)", value, items, sequences)
     return {"promoted": decision.promote, "reason": decision.reason, "new": value, "champion": held}
 

@@ -192,6 +192,12 @@ def validation_metrics(config: JobConfig, model, examples: pl.DataFrame, n_items
     return {name: float(value) for name, value in result.metrics.items()}
 
 
+def model_validation_metrics(config: JobConfig, model, sequences: pl.DataFrame, n_items: int) -> dict[str, float]:
+    """:func:`validation_metrics` of ``model`` on the gate's examples of ``sequences`` (with its time gaps when it
+    reads them): the new model's side of the gate (``benchmarks/replay.py --gate`` too)."""
+    return validation_metrics(config, model, validation_examples(sequences_for(model, sequences), config), n_items)
+
+
 def check_promotion_metric(config: JobConfig) -> None:
     """Fail before training when ``tracking.promotion_metric`` will not be in the validation report.
 
@@ -256,7 +262,7 @@ def run_gate(
     name, alias, metric = tracking.registered_model, tracking.champion_alias, tracking.promotion_metric
     client = mlflow.MlflowClient()
     n_items = items.height
-    new_metrics = validation_metrics(config, new_model, validation_examples(sequences_for(new_model, sequences), config), n_items)
+    new_metrics = model_validation_metrics(config, new_model, sequences, n_items)
     if metric not in new_metrics:
         raise ValueError(
             f"tracking.promotion_metric={metric} is not evaluated; choose one of {sorted(new_metrics)} or change evaluate.ks"

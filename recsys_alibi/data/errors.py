@@ -42,12 +42,13 @@ def first_line(err: BaseException) -> str:
     return text[0] if text else type(err).__name__
 
 
-def _open(path: Path):
+def open_bytes(path: Path):
+    """``path`` opened for bytes, through gzip when it is gzipped."""
     return gzip.open(path, "rb") if is_gzip(path) else open(path, "rb")
 
 
 def _chunks(path: Path) -> Iterator[bytes]:
-    with _open(path) as fh:
+    with open_bytes(path) as fh:
         while chunk := fh.read(CHUNK):
             yield chunk
 
@@ -126,7 +127,7 @@ def bad_ndjson_line(path: Path) -> tuple[int, str] | None:
     A UTF-8 byte-order mark before line 1 is named as such: Python's ``json`` skips it, the
     NDJSON reader does not (a BOM is not allowed in JSON text, RFC 8259 section 8.1).
     """
-    with _open(path) as fh:
+    with open_bytes(path) as fh:
         for number, raw in enumerate(fh, start=1):
             if number == 1 and raw.startswith(codecs.BOM_UTF8):
                 strip = "sed '1s/^\\xEF\\xBB\\xBF//'"

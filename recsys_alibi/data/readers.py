@@ -27,7 +27,7 @@ from pathlib import Path
 import polars as pl
 
 from recsys_alibi.config import DataConfig
-from recsys_alibi.data.errors import GZIP_ERRORS, DataError, read_error
+from recsys_alibi.data.errors import GZIP_ERRORS, DataError, open_bytes, read_error
 from recsys_alibi.data.formats import (
     FORMAT_HELP,
     FORMATS,
@@ -281,10 +281,6 @@ def _read_ndjson(cfg: DataConfig, paths: list[Path]) -> Read:
     return lf, mapped, False, text_ids
 
 
-def _open_bytes(path: Path):
-    return gzip.open(path, "rb") if stem_suffix(path)[1] else open(path, "rb")
-
-
 def _ndjson_fields(paths: list[Path]) -> tuple[list[str], set[str]]:
     """(every field of the first ``INFER_ROWS`` non-blank lines, in order; those holding a JSON string there).
 
@@ -300,7 +296,7 @@ def _ndjson_fields(paths: list[Path]) -> tuple[list[str], set[str]]:
     texts: set[str] = set()
     seen = 0
     for path in paths:
-        with _open_bytes(path) as fh:
+        with open_bytes(path) as fh:
             for raw in fh:
                 if not raw.strip(JSON_BLANK.encode() + b"\n"):
                     continue
