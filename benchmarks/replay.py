@@ -253,6 +253,17 @@ def rebuild(config, files: list[Path], prepared: Path, upto: int) -> None:
         grow(config, files[k], prepared, first=False)
 
 
+def prepared_steps(config, events: pl.DataFrame, bounds: list[int], last: int, folder: Path):
+    """Yield ``(k, prepared)`` for k = 0..``last``: the replay's prepared data of step k in ``folder`` (period 0
+    prepared, then each later period appended as the replay appended it); for scripts that score a finished
+    replay's models (``replay_prior.py``, ``replay_horizon.py``)."""
+    files = write_periods(events, bounds, folder / "periods", last)
+    prepared = folder / "prepared"
+    for k in range(last + 1):
+        rebuild(config, files, prepared, 0) if k == 0 else grow(config, files[k], prepared, first=False)
+        yield k, prepared
+
+
 def gate_record(config, prepared: Path, candidate_uri: str, champion_uri: str) -> dict:
     """The daily pipeline's promotion decision (``--gate``, module doc) of the warm model ``candidate_uri``
     against ``champion_uri`` on ``prepared``: ``promoted``, ``reason``, ``new`` and ``champion`` (their
@@ -386,12 +397,13 @@ def _lost_models(state: dict) -> bool:
     return False
 
 
-def _difference(a: list, b: list) -> dict:
-    """Paired difference a - b per metric (NDCG@10, HR@10) with its bootstrap 95 % interval."""
+def _difference(a: list, b: list, metrics: tuple[str, ...] = METRICS) -> dict:
+    """Paired difference a - b per metric (``metrics``, the order of each pair's values; default NDCG@10, HR@10)
+    with its bootstrap 95 % interval."""
     from recsys_alibi.evaluation.paired import paired_difference
 
     out = {}
-    for i, metric in enumerate(METRICS):
+    for i, metric in enumerate(metrics):
         d = paired_difference(np.array([x[i] for x in a]), np.array([x[i] for x in b]))
         out[metric] = {"difference": d.difference, "ci95": list(d.ci95), "pairs": len(a)}
     return out

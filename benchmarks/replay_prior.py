@@ -170,11 +170,8 @@ def main(argv: list[str] | None = None) -> None:
     chains: dict[str, list] = {s: [] for s in seeds}
     stale: dict[str, list] = {s: [{}] for s in seeds}  # stale[seed][k]: model k-1 on step k's next period
     with tempfile.TemporaryDirectory(prefix="replay-prior-") as tmp:
-        files = replay_script.write_periods(events, bounds, Path(tmp) / "periods", last)
-        prepared = Path(tmp) / "prepared"
         previous: dict[str, object] = {}
-        for k in range(0, last + 1):
-            replay_script.rebuild(config, files, prepared, 0) if k == 0 else replay_script.grow(config, files[k], prepared, first=False)
+        for k, prepared in replay_script.prepared_steps(config, events, bounds, last, Path(tmp)):
             logprior, examples = None, None
             for seed in seeds:
                 try:

@@ -73,6 +73,37 @@ def test_next_period_target_is_the_first_unseen_catalog_event(tmp_path):
     assert examples["history"].to_list() == [[idx[10], idx[11]]] and examples["targets"].to_list() == [[idx[12]]]
 
 
+def test_horizon_targets_are_every_unseen_catalog_item_of_the_period_first_event_first(tmp_path):
+    horizon = load_benchmark("replay_horizon")
+    events = pl.DataFrame(
+        {"user_id": [1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 3],
+         "item_id": [10, 11, 13, 10, 99, 12, 13, 12, 11, 12, 13, 10, 14, 10],
+         "timestamp": [1, 2, 5, 10, 11, 12, 13, 14, 3, 4, 15, 16, 30, 12]}
+    )  # fmt: skip
+    events.filter(pl.col("timestamp") < 10).write_parquet(tmp_path / "h.parquet")
+    prepare(DataConfig(min_events_per_user=1, min_events_per_item=1), tmp_path / "h.parquet", tmp_path / "p")
+    examples = horizon.horizon_examples(tmp_path / "p", events, 10, 20, model=None)
+    items = pl.read_parquet(tmp_path / "p" / "items.parquet")
+    idx = dict(zip(items["item_id"].to_list(), items["item_idx"].to_list()))
+    # user 1: 10 and 13 seen, 99 not in the catalog, 12 twice (once); user 2: 13 then 10 (14 is after the
+    # period); user 3: no history before 10. The first target is next_period_examples' one target.
+    assert examples["user_id"].to_list() == [1, 2]
+    assert examples["targets"].to_list() == [[idx[12]], [idx[13], idx[10]]]
+    first = replay.next_period_examples(tmp_path / "p", events, 10, 20, model=None)
+    assert first["targets"].to_list() == [[t[0]] for t in examples["targets"].to_list()]
+    assert first["history"].to_list() == examples["history"].to_list()
+
+
+def test_set_metrics_by_hand():
+    horizon = load_benchmark("replay_horizon")
+    scores = torch.tensor([[-torch.inf, *[float(20 - i) for i in range(1, 15)]]])  # item i at rank i (1..14)
+    out = horizon.set_metrics(scores.repeat(3, 1), [[2, 5, 12], [1], []], [3, 2, 1])
+    d = 1 / np.log2(np.arange(2, 12))  # discounts of ranks 1..10
+    assert out[0].tolist() == pytest.approx([(d[1] + d[4]) / d[:3].sum(), 2 / 3])  # 12 is at rank 12: a miss
+    assert out[1].tolist() == pytest.approx([d[0] / d[:2].sum(), 1 / 2])  # |T| 2, one target unknown to the model
+    assert out[2].tolist() == [0.0, 0.0]
+
+
 def test_boundaries_cover_the_log_in_whole_periods():
     ts = np.array([0, 10 * DAY, 20 * DAY, 100 * DAY])
     assert replay.boundaries(ts, 0.5, 30) == [15 * DAY, 45 * DAY, 75 * DAY, 105 * DAY]
@@ -158,6 +189,7 @@ def test_tiny_replay_writes_every_field(replay_dir, monkeypatch):
     _check_paired_figures(replay_dir, monkeypatch, result)
     _check_popularity_figures(replay_dir, monkeypatch, log, bounds, per_user)
     _check_prior_figures(replay_dir, monkeypatch, log, bounds, per_user)
+    _check_horizon_figures(replay_dir, monkeypatch, per_user)
 
 
 def _check_prior_figures(replay_dir, monkeypatch, log, bounds, per_user) -> None:
@@ -207,6 +239,38 @@ def _check_prior_figures(replay_dir, monkeypatch, log, bounds, per_user) -> None
     d = out["prior_minus_stale_with_prior"]["NDCG@10"]
     assert d["difference"] == pytest.approx(np.mean([v[1][0] - v[3][0] for v in values.values()]))
     assert d["pairs"] == len(warm)
+
+
+def _check_horizon_figures(replay_dir, monkeypatch, per_user) -> None:
+    """benchmarks/replay_horizon.py on the finished tiny replay: a user with one next-period target has the
+    replay's own NDCG@10 and HR@10 (= Recall@10) for warm and stale, alone and with the prior's chosen point (the
+    prior file's per-user figures); the pooled difference is the mean of the per-user ones; bad --prior refused."""
+    monkeypatch.setitem(sys.modules, "replay", replay)
+    monkeypatch.setitem(sys.modules, "replay_scoring", scoring)
+    horizon = load_benchmark("replay_horizon")
+    horizon.main(["replay.json", "--prior", "warm=prior.json", "--output", "h.json"])
+    out = json.loads((replay_dir / "h.json").read_text())
+    values = json.loads((replay_dir / "h.per_user.json").read_text())
+    prior = json.loads((replay_dir / "prior.per_user.json").read_text())  # [arm, prior, recent, stale_prior]
+    replayed = per_user["42"]["steps"][0]["per_user"]
+    assert set(values) == set(prior) and out["test_users"] == len(prior)
+    assert out["targets_per_user"] == pytest.approx(np.mean([v["targets"] for v in values.values()]))
+    assert out["targets_per_user"] > 1
+    one = [key for key, v in values.items() if v["targets"] == 1]
+    assert one, "the tiny log has users with a single next-period target"
+    for key in one:
+        user = key.split("/")[2]
+        assert values[key]["warm/model"] == pytest.approx(replayed["warm"][user])
+        assert values[key]["stale/model"] == pytest.approx(replayed["stale"][user])
+        assert values[key]["warm/prior"] == pytest.approx(prior[key][1])
+        assert values[key]["stale/prior"] == pytest.approx(prior[key][3])
+    d = out["warm_minus_stale_model"]["Recall@10"]
+    assert d["difference"] == pytest.approx(np.mean([v["warm/model"][1] - v["stale/model"][1] for v in values.values()]))
+    assert d["pairs"] == len(values) and out["warm_minus_stale_prior"]["by_step"]["1"]["NDCG@10"]["pairs"] == len(values)
+    for bad in (["--prior", "stale=prior.json"], ["--prior", "warm=replay.json"], ["--prior", "scratch=prior.json"]):
+        with pytest.raises(SystemExit) as stopped:
+            horizon.main(["replay.json", *bad, "--output", "h2.json"])
+        assert stopped.value.code == 2, bad
 
 
 def _check_popularity_figures(replay_dir, monkeypatch, log, bounds, per_user) -> None:
