@@ -74,7 +74,8 @@ def _common(parser: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand (flags per CONTRACT.md)."""
-    parser = _Parser(prog="recsys-alibi", description=__doc__.splitlines()[0])
+    parser = _Parser(prog="recsys-alibi", description="Next-item ranking with an ALiBi transformer: prepare event logs, "
+                     "train, evaluate, score top-K rankings, export vectors, run the daily pipeline.")  # fmt: skip
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("generate", help="write the synthetic behaviour log (embedded default data)")
@@ -102,18 +103,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("evaluate", help="full-catalog ranking evaluation of a model or baseline")
     _common(p)
-    p.add_argument("--prepared", type=_path)
+    p.add_argument("--prepared", type=_path, help="prepared directory")
     group = p.add_mutually_exclusive_group(required=True)
-    group.add_argument("--model-uri")
-    group.add_argument("--baseline", choices=["popularity"])
+    group.add_argument("--model-uri", help="runs:/ID/model, models:/NAME/VERSION or models:/NAME@ALIAS")
+    group.add_argument("--baseline", choices=["popularity"], help="evaluate a baseline instead of a model")
     p.add_argument("--output", type=_path, help="report directory")
 
     p = sub.add_parser("score", help="batch top-K rankings per user to Parquet")
     _common(p)
-    p.add_argument("--model-uri", required=True)
+    p.add_argument("--model-uri", required=True, help="runs:/ID/model, models:/NAME/VERSION or models:/NAME@ALIAS")
     p.add_argument("--input", type=_path, help="prepared dir, sequences Parquet, or raw events (any prepare format)")
     p.add_argument("--output", type=_path, help="rankings directory")
-    p.add_argument("--k", type=int)
+    p.add_argument("--k", type=int, help="items per user in the rankings (default score.k)")
     p.add_argument("--engine", choices=["local", "ray"],
                    help="local: this process (or torchrun shards); ray: a Ray Data actor pool (score.ray.*)")
     p.add_argument("--changed-since", metavar="PREVIOUS_OUTPUT", type=_path_text,
@@ -123,7 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("export", help="item and user vectors (inner product) for a nearest-neighbour index")
     _common(p)
-    p.add_argument("--model-uri", required=True)
+    p.add_argument("--model-uri", required=True, help="runs:/ID/model, models:/NAME/VERSION or models:/NAME@ALIAS")
     p.add_argument("--input", type=_path, help="prepared dir, sequences Parquet, or raw events (any prepare format)")
     p.add_argument("--output", type=_path, help="export directory (items.parquet, users.parquet, export.json)")
     p.add_argument("--index", choices=["none", "faiss"], help="faiss: also a FAISS index over the items (export.*)")

@@ -101,14 +101,18 @@ def evaluate_scorer(
     n_items: int,
     output_dir: Path,
     baselines: dict[str, EvaluationResult] | None = None,
+    cutoff: int | None = None,
 ) -> EvaluateJobResult:
-    """Evaluate one scorer on ``examples`` and write its report to ``output_dir``."""
+    """Evaluate one scorer on ``examples`` and write its report to ``output_dir``; the report's ``split`` names
+    the target events and the temporal ``cutoff`` (seconds, :func:`protocol_cutoff`) when given."""
     sweep = config.evaluate.context_lengths
     result = evaluate(
         scorer, examples, n_items, config.evaluate,
         protocol_name=config.evaluate.protocol,
         context_lengths=[*sweep, None] if sweep else (),
     )
+    split = {"targets": int(examples.get_column("targets").list.len().sum())}
+    result = dataclasses.replace(result, split=split | ({"temporal_cutoff": int(cutoff)} if cutoff is not None else {}))
     write_report(result, output_dir, baselines=baselines, title=f"Evaluation: {scorer.name}")
     return EvaluateJobResult(name=scorer.name, result=result, report_dir=output_dir)
 
@@ -255,7 +259,8 @@ def run_evaluate(
     output_dir = Path(output_dir or Path(config.output) / "report")
     if baseline is not None:
         examples = test_examples(config, sequences)
-        return evaluate_scorer(config, baseline_scorer(baseline, config, sequences, items), examples, items.height, output_dir)
+        return evaluate_scorer(config, baseline_scorer(baseline, config, sequences, items), examples, items.height, output_dir,
+                               cutoff=protocol_cutoff(config, sequences))  # fmt: skip
 
     from recsys_alibi.model.scorer import RankerScorer
     from recsys_alibi.tracking import load_ranker, setup_tracking
@@ -275,6 +280,6 @@ def run_evaluate(
     if scorer.uses_time_gaps:
         check_real_timestamps(prepared_dir, prepare_id)
     examples = test_examples(config, sequences_for(loaded.model, sequences))  # with the gaps the model reads
-    job = evaluate_scorer(config, scorer, examples, loaded.items.height, output_dir)
+    job = evaluate_scorer(config, scorer, examples, loaded.items.height, output_dir, cutoff=cutoff)
     run_id = log_evaluation_run(config, job, model_uri, loaded.run_id, prepared_dir, prepare_id, cutoff)
     return dataclasses.replace(job, run_id=run_id)

@@ -25,6 +25,7 @@ from pipelines.evaluate import (
     baseline_scorer,
     evaluate_scorer,
     log_report_to_run,
+    protocol_cutoff,
     test_examples,
 )
 from pipelines.promotion import (
@@ -157,14 +158,16 @@ def run_pipeline(config: JobConfig, *, progress: bool = True) -> PipelineResult:
     model = trained_model(trained)
     examples = test_examples(config, sequences_for(model, sequences))  # with time gaps if the model reads them
     n_items = items.height
+    cutoff = protocol_cutoff(config, sequences)
     popularity = evaluate_scorer(
-        config, baseline_scorer("popularity", config, sequences, items), examples, n_items, out / "report" / "popularity"
+        config, baseline_scorer("popularity", config, sequences, items), examples, n_items, out / "report" / "popularity",
+        cutoff=cutoff,
     )
     from recsys_alibi.model.scorer import RankerScorer
 
     scorer = RankerScorer(model, name=config.model.position)
     model_eval = evaluate_scorer(
-        config, scorer, examples, n_items, out / "report", baselines={"popularity": popularity.result}
+        config, scorer, examples, n_items, out / "report", baselines={"popularity": popularity.result}, cutoff=cutoff
     )
     log_report_to_run(trained.run_id, model_eval)
     gate = run_gate(config, model, str(trained.model.version), items, sequences,

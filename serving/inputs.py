@@ -67,6 +67,9 @@ class Shard:
             other event's true gap), else None.
         input_lengths: (U,) int64 events of each user in the input, before unknown items were
             dropped (None: equal to the history lengths).
+        new_seen: U sequences of ranker indices (N + 1 .. N + M) of the items ranked from their features
+            alone (``score.items``) that are in the user's input history (``histories`` drops their events, the
+            model does not know them; :attr:`ScoreInput.new_item_remap`); None: no such item in the input.
     """
 
     user_ids: pl.Series
@@ -74,6 +77,7 @@ class Shard:
     unknown_events: int
     gaps: FlatSequences | None = None
     input_lengths: np.ndarray | None = None
+    new_seen: FlatSequences | None = None
 
     def skipped(self, ranked: pl.Series) -> pl.DataFrame:
         """The users that are not ranked, with why: ``user_id``, ``reason``, ``input_events`` Int64.
@@ -113,6 +117,10 @@ class ScoreInput:
         prepare_id: the prepare of the directory holding ``sequences`` (None: no manifest);
             every shard read checks the file still carries it (``recsys_alibi.data.prepared``).
         name: how messages name the input (None: ``sequences``).
+        new_item_remap: (M_in + 1,) int64, input item index -> the ranker's index of the same item when it
+            ranks it from its features alone (N + 1 .. N + M; 0 otherwise), and ``withheld`` (W,) int64 such
+            indices never served to any user of this input (items its k-core removed: they have events, which
+            the histories lack); set by ``ShardRanker.for_input``, None before.
     """
 
     kind: str
@@ -123,6 +131,18 @@ class ScoreInput:
     time_gap_buckets: int = 0
     prepare_id: str | None = None
     name: str | None = None  # how messages name the input (the user's path, never a staged or temporary file)
+    new_item_remap: np.ndarray | None = None
+    withheld: np.ndarray | None = None
+
+    def removed_item_ids(self) -> pl.Series | None:
+        """Raw ids of the items the input's k-core removed (``data.min_events_per_item``, ...): in the cleaned
+        events beside ``sequences`` (``cleaned.parquet``) and not in its ``items.parquet``; None without them."""
+        cleaned, items_path = self.sequences.with_name(schema.CLEANED_FILE), self.sequences.with_name(schema.ITEMS_FILE)
+        if self.sequences.name != schema.SEQUENCES_FILE or not cleaned.is_file() or not items_path.is_file():
+            return None
+        kept = read_consistent(items_path.parent, items_path.name, read_parquet_file, self.prepare_id)
+        events = pl.scan_parquet(cleaned).select(schema.ITEM_ID).unique()
+        return events.join(kept.lazy().select(schema.ITEM_ID), on=schema.ITEM_ID, how="anti").collect().get_column(schema.ITEM_ID)
 
     def vocabulary(self, model_items: pl.DataFrame) -> pl.DataFrame:
         """The items the input's ``item_idx`` refer to: the ``items.parquet`` beside ``sequences`` (a prepared or
@@ -148,7 +168,14 @@ class ScoreInput:
                 raise DataError(f"{self.name or self.sequences}, users {start}..{start + frame.height - 1}: {err}") from None
             gaps = select_events(gap_buckets(timestamps, self.time_gap_buckets), known_events(histories, self.remap))
         return Shard(user_ids=frame.get_column(schema.USER_ID), histories=mapped, unknown_events=unknown, gaps=gaps,
-                     input_lengths=histories.lengths())  # fmt: skip
+                     input_lengths=histories.lengths(), new_seen=self._new_seen(histories))  # fmt: skip
+
+    def _new_seen(self, histories: FlatSequences) -> FlatSequences | None:
+        """:attr:`Shard.new_seen` of ``histories`` (input indices): each user's events on the ranker's new items."""
+        if self.new_item_remap is None:
+            return None
+        mapped = _mapped(histories.values, self.new_item_remap)
+        return select_events(FlatSequences(values=mapped, offsets=histories.offsets), mapped > 0)
 
 
 def map_histories(histories: FlatSequences, remap: np.ndarray | None) -> tuple[FlatSequences, int]:

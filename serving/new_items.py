@@ -80,6 +80,11 @@ def _table_rows(path: Path, decl: ItemFeaturesConfig, id_dtype: pl.DataType) -> 
             raise DataError(f"score.items: {path}'s item table has no column {missing[0]!r} the model reads "
                             f"(the model was trained on {decl.columns})")  # fmt: skip
         rows = rows.with_columns(id_as(schema.ITEM_ID, rows.schema[schema.ITEM_ID], id_dtype).alias(schema.ITEM_ID))
+        cleaned = path / schema.CLEANED_FILE  # items whose events the k-core removed: not new (ShardRanker.for_input)
+        if cleaned.is_file():
+            removed = pl.scan_parquet(cleaned).select(pl.col(schema.ITEM_ID).cast(id_dtype, strict=False)).unique().collect()
+            rows = rows.filter(pl.col(schema.ITEM_IDX).is_not_null()).vstack(
+                rows.filter(pl.col(schema.ITEM_IDX).is_null()).join(removed, on=schema.ITEM_ID, how="anti"))
         return rows.drop_nulls(schema.ITEM_ID), 0
     accepted, rejects = clean_item_table(read_item_table(path), decl, id_dtype)
     if rejects.height:

@@ -321,13 +321,15 @@ class RankerPyfunc:
         if frame.height == 0 or frame.get_column(schema.ITEM_ID).list.len().sum() == 0:  # or only empty histories
             return ranker.empty(frame.get_column(schema.USER_ID).dtype)
         with tempfile.TemporaryDirectory(prefix="recsys-alibi-pyfunc-") as tmp:
-            source = open_input(write_prepared(frame, Path(tmp) / "input"), self.items, DataConfig(),
-                                Path(tmp) / "_input", time_gap_buckets=ranker.time_gap_buckets, name=PREDICT_INPUT)  # fmt: skip
+            source = ranker.for_input(open_input(write_prepared(frame, Path(tmp) / "input"), self.items, DataConfig(),
+                                                 Path(tmp) / "_input", time_gap_buckets=ranker.time_gap_buckets,
+                                                 name=PREDICT_INPUT))  # fmt: skip
             step = self.score.shard_users
             parts = []
             for start in range(0, source.n_users, step):
                 shard = source.read_shard(start, step)
-                parts.append(ranker.rank(shard.user_ids, shard.histories, shard.gaps)[0])
+                parts.append(ranker.rank(shard.user_ids, shard.histories, shard.gaps, new_seen=shard.new_seen,
+                                         withheld=source.withheld)[0])  # fmt: skip
         return pl.concat(parts).sort(schema.USER_ID, schema.RANK)
 
     def _params(self, params: dict[str, Any]) -> tuple[int, bool]:
@@ -391,8 +393,12 @@ def pyfunc_flavour(model, items: pl.DataFrame, *, k: int, exclude_seen: bool = T
 
 def _load_pyfunc(data_path: str, model_config: dict | None = None) -> RankerPyfunc:
     """MLflow's entry point for the ``python_function`` flavour (``data_path`` = ``<model>/data``)."""
+    import logging
+
     from recsys_alibi.tracking import load_ranker_dir
 
+    # torchrec's import makes torch log an is_fx_tracing notice (a W-line on stderr) that says nothing to a caller
+    logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
     loaded = load_ranker_dir(Path(data_path).parent)
     return RankerPyfunc(loaded.model, loaded.items, rules_config(model_config or {}))
 

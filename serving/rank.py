@@ -32,6 +32,7 @@ product with B = 7 or 40 rows gave the same row with 3e-8 differences before).
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 
 import numpy as np
 import polars as pl
@@ -42,6 +43,7 @@ from recsys_alibi.data import schema
 from recsys_alibi.data.buckets import plan_batches
 from recsys_alibi.data.ingest import DataError
 from recsys_alibi.data.loader import FlatSequences, pad_right
+from serving.inputs import ScoreInput
 from serving.new_items import extended_vocabulary, new_items
 from serving.rules import load_rules
 from serving.topk import chunked_topk, reserve_new_items
@@ -198,6 +200,35 @@ class ShardRanker:
         if popularity is not None:
             self.use_popularity(popularity)
 
+    def for_input(self, source: ScoreInput) -> ScoreInput:
+        """``source`` with what this ranker's new items (``score.items``) need of it: ``new_item_remap`` (input
+        item index -> the ranker's index of that item when it is a new item, so a user's events on it exclude it
+        like any seen item) and ``withheld`` (the new items the input's k-core removed, served to no user: they
+        have events the histories lack). Unchanged when the ranker has no new items.
+
+        Raises:
+            DataError: the input's files are not of one prepare.
+        """
+        if self.new_items is None or not self.new_items.count:
+            return source
+        new = pl.DataFrame({schema.ITEM_ID: self.new_items.ids,
+                            "_rank_idx": np.arange(self.first_new_item, self.n_items + 1, dtype=np.int64)})  # fmt: skip
+        remap, withheld = None, None
+        # a bare sequences file is in the model's numbering: it holds no new item (the empty frame stands for it)
+        input_items = source.vocabulary(pl.DataFrame(schema={schema.ITEM_IDX: pl.Int32, schema.ITEM_ID: self.item_ids.dtype}))
+        joined = input_items.select(schema.ITEM_IDX, schema.ITEM_ID).join(new, on=schema.ITEM_ID, how="inner")
+        if joined.height:
+            remap = np.zeros(int(input_items.get_column(schema.ITEM_IDX).max()) + 1, np.int64)
+            remap[joined.get_column(schema.ITEM_IDX).to_numpy()] = joined.get_column("_rank_idx").to_numpy()
+        removed = source.removed_item_ids()
+        if removed is not None and removed.len():
+            held = new.join(removed.to_frame(), on=schema.ITEM_ID, how="semi").get_column("_rank_idx").to_numpy()
+            if held.size:
+                withheld = held
+                log.info("score.items: %d items of the table have events that the input's k-core removed "
+                         "(data.min_events_per_item ...): not ranked", held.size)  # fmt: skip
+        return replace(source, new_item_remap=remap, withheld=withheld)
+
     def use_popularity(self, popularity: pl.DataFrame) -> None:
         """Add ``score.popularity_prior.weight * log(1 + popularity)`` to every item's score from now on
         (:func:`recsys_alibi.evaluation.popularity_prior.item_bias`; items without a row, such as new items: 0)."""
@@ -241,7 +272,7 @@ class ShardRanker:
     @torch.inference_mode()
     def rank(
         self, user_ids: pl.Series, histories: FlatSequences, gaps: FlatSequences | None = None,
-        only: np.ndarray | None = None,
+        only: np.ndarray | None = None, new_seen: FlatSequences | None = None, withheld: np.ndarray | None = None,
     ) -> tuple[pl.DataFrame, int]:
         """Rank every user with at least one known event (and the business rules, when set).
 
@@ -250,6 +281,9 @@ class ShardRanker:
             histories: U sequences of model item indices (1..N), time order.
             gaps: their time-gap buckets (same offsets), required by a time-gap model.
             only: (U,) bool, rank only these users (the others get no rows; None: all).
+            new_seen: U sequences of new-item indices (N + 1 .. N + M) in each user's input history, excluded
+                as seen (``Shard.new_seen``); withheld: (W,) int64 new-item indices no user is served
+                (``ScoreInput.withheld``). Both from :meth:`for_input`.
 
         Returns:
             ``(rankings, skipped_users)``: rows ``user_id``, ``rank`` int32 1..K', ``item_id``,
@@ -258,7 +292,11 @@ class ShardRanker:
         """
         lengths = histories.lengths()
         rules = None if self.rules is None else self.rules.for_users(user_ids)
-        frames = [self._rank_batch(user_ids, histories, rows, gaps, rules)
+        bias = self.bias
+        if withheld is not None and withheld.size:  # -inf: never ranked, whatever the user
+            bias = torch.zeros(self.n_items + 1, dtype=torch.float32, device=self.table.device) if bias is None else bias.clone()
+            bias[torch.from_numpy(withheld).to(bias.device)] = float("-inf")
+        frames = [self._rank_batch(user_ids, histories, rows, gaps, rules, new_seen, bias)
                   for rows in self._batches(lengths, only)]  # fmt: skip
         skipped = int((lengths == 0).sum())
         if not frames:
@@ -311,10 +349,14 @@ class ShardRanker:
         return rows[order], vectors[order]
 
     def _rank_batch(
-        self, user_ids: pl.Series, histories: FlatSequences, rows: np.ndarray, gaps: FlatSequences | None, rules=None
+        self, user_ids: pl.Series, histories: FlatSequences, rows: np.ndarray, gaps: FlatSequences | None, rules=None,
+        new_seen: FlatSequences | None = None, bias: torch.Tensor | None = None,
     ) -> pl.DataFrame:
         if self.cfg.exclude_seen:
-            seen, _ = pad_right([histories.get(int(u)) for u in rows])  # (B, S) the whole history
+            own = [histories.get(int(u)) for u in rows]
+            if new_seen is not None:  # the new items of the input history: seen too
+                own = [np.concatenate([h, new_seen.get(int(u))]) for h, u in zip(own, rows)]
+            seen, _ = pad_right(own)  # (B, S) the whole history
         else:
             seen = torch.zeros((len(rows), 0), dtype=torch.int64)
         if self.cfg.popularity_prior.weight and self.bias is None:
@@ -323,13 +365,13 @@ class ShardRanker:
         mask = None if rules is None else rules.batch(rows)
         values, indices = chunked_topk(
             hidden, self.table, seen, self.k, chunk=self.cfg.catalog_chunk, exclude_seen=self.cfg.exclude_seen, mask=mask,
-            bias=self.bias,
+            bias=bias,
         )  # (B, K'), (B, K')
         slots = self.slots
         if slots:  # score.new_item_slots: the best new items take the last places (serving.topk.reserve_new_items)
             fresh = chunked_topk(hidden, self.table, seen, slots, chunk=self.cfg.catalog_chunk,
                                  exclude_seen=self.cfg.exclude_seen, mask=mask, first_item=self.first_new_item,
-                                 bias=self.bias)  # fmt: skip
+                                 bias=bias)  # fmt: skip
             values, indices = reserve_new_items(values, indices, *fresh, slots, self.first_new_item)
         values, indices = values.cpu(), indices.cpu()
         valid = torch.isfinite(values)  # masked tail of users with fewer than K rankable items

@@ -139,7 +139,8 @@ class ScoreJobResult:
         skipped = f" (listed in {self.output_dir / SKIPPED_DIR})" if self.skipped_users else ""
         lines = [
             f"ranked {self.users_ranked} of {self.users} users: {self.rows} rows in {self.shards} shards "
-            f"({self.shards_skipped} already done) -> {self.output_dir}; this run scored {self.users_scored} users"
+            f"({self.shards_skipped} already done) -> {self.output_dir}; this run "
+            f"{'went over' if self.carried_users else 'scored'} {self.users_scored} users"
             f"{procs} in {self.seconds:.1f} s{speed}",
             f"unknown items: {self.unknown_items} ({self.unknown_events} events skipped); "
             f"users not ranked (no known item, no events or every item seen): {self.skipped_users}{skipped}; "
@@ -310,10 +311,10 @@ class _ScoreJob:
             release_staged(self.output_dir / STAGED_INPUT)
             return manifest, None
         try:
-            source = open_input(
+            source = self.ranker.for_input(open_input(
                 self.input_path, self.items, self.config.data, self.output_dir / STAGED_INPUT,
                 time_gap_buckets=self.ranker.time_gap_buckets,
-            )  # fmt: skip
+            ))  # fmt: skip
             self._use_popularity(source)  # refused (no event times) like any bad input: nothing left behind
         except Exception as err:
             if manifest.users is None and not manifest.shards:  # nothing left behind but the rejects it names
@@ -425,7 +426,8 @@ def write_shard(ranker: ShardRanker, source: ScoreInput, shard: int, shard_users
     batch = source.read_shard(shard * shard_users, shard_users)
     fingerprints = history_fingerprints(batch)
     carried, changed = carry.split(fingerprints) if carry is not None else (None, None)
-    rankings, _ = ranker.rank(batch.user_ids, batch.histories, batch.gaps, only=changed)
+    rankings, _ = ranker.rank(batch.user_ids, batch.histories, batch.gaps, only=changed, new_seen=batch.new_seen,
+                              withheld=source.withheld)  # fmt: skip
     if carried is not None and carried.height:  # previous rows of the unchanged users, in the same order
         rankings = pl.concat([rankings, carried.select(rankings.columns).cast(rankings.schema)]).sort(
             schema.USER_ID, schema.RANK).rechunk()  # fmt: skip

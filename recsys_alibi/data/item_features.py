@@ -5,8 +5,8 @@ Files of the prepared directory (written only when an item table was given, now 
 ============================== ==================================================================
 ``item_features.parquet``      one row per item of the table (also items without events: the
                                catalog ``score`` can rank from features): ``item_id`` (raw, the
-                               events' type), ``item_idx`` Int32 (null: no events, not in
-                               ``items.parquet``), each categorical column List(String), each
+                               events' type), ``item_idx`` Int32 (null: not in ``items.parquet``:
+                               no events, or events the k-core removed), each categorical column List(String), each
                                numeric column Float64 (null: missing); items with an index first,
                                by index, then the others by id
 ``item_features_vocab.parquet`` the feature vocabularies: ``feature`` (column), ``value`` String,
@@ -40,7 +40,7 @@ from recsys_alibi.config import DataConfig, ItemFeaturesConfig
 from recsys_alibi.data.errors import DataError
 from recsys_alibi.data.item_table import clean_item_table, empty_rejects, feature_rows_schema, read_item_table
 from recsys_alibi.data.prepared import read_consistent
-from recsys_alibi.data.schema import COUNT, ITEM_ID, ITEM_IDX, REJECT_REASON
+from recsys_alibi.data.schema import CLEANED_FILE, COUNT, ITEM_ID, ITEM_IDX, REJECT_REASON
 
 log = logging.getLogger(__name__)
 
@@ -176,6 +176,7 @@ def write_item_features(
         rejects.write_parquet(work / ITEM_REJECTS_FILE, metadata=tag)
     by_reason = {r: int(n) for r, n in rejects.group_by(REJECT_REASON).len().sort(REJECT_REASON).iter_rows()}
     with_row = rows.get_column(ITEM_IDX).drop_nulls().len()
+    removed = _removed_by_k_core(rows, work)
     if with_row == 0 and items.height:  # an empty table, every row rejected, ids of another catalog, or only
         log.warning(  # items still without events (score's staged prepare of a day's new items): train refuses it
             "item table %s: none of its %d accepted rows (%d read, %d rejected) is an item of the events; if that is "
@@ -190,7 +191,8 @@ def write_item_features(
         "rejects_by_reason": by_reason,
         "items": rows.height,
         "items_with_events": with_row,
-        "items_without_events": rows.height - with_row,
+        "items_without_events": rows.height - with_row - removed,
+        "items_removed_by_k_core": removed,
         "items_without_row": items.height - with_row,
         "updated": updated,
         "values": {c: int((vocab.get_column(FEATURE) == c).sum()) for c in feats.categorical},
@@ -198,11 +200,27 @@ def write_item_features(
         | {c: int((rows.get_column(c).list.len() == 0).sum()) for c in feats.categorical},
     }
     log.info(
-        "item table: %d items (%d without events), %d rows rejected%s; %d of %d event items have no row",
-        rows.height, stats["items_without_events"], new_rejected, f" ({by_reason})" if new_rejected else "",
-        stats["items_without_row"], items.height,
+        "item table: %d items (%d without events%s), %d rows rejected%s; %d of %d event items have no row",
+        rows.height, stats["items_without_events"], _removed_words(removed), new_rejected,
+        f" ({by_reason})" if new_rejected else "", stats["items_without_row"], items.height,
     )  # fmt: skip
     return stats
+
+
+def _removed_by_k_core(rows: pl.DataFrame, work: Path) -> int:
+    """Rows without an index whose item has events in the cleaned log (``cleaned.parquet``) that the k-core
+    (``data.min_events_per_item`` / ``min_events_per_user``) removed: not new items, so ``score`` never ranks them
+    from their features (``ShardRanker.for_input``)."""
+    cleaned = work / CLEANED_FILE
+    outside = rows.filter(pl.col(ITEM_IDX).is_null()).select(ITEM_ID)
+    if not cleaned.is_file() or outside.height == 0:
+        return 0
+    events = pl.scan_parquet(cleaned).select(ITEM_ID).unique().collect()
+    return outside.join(events.cast({ITEM_ID: outside.schema[ITEM_ID]}, strict=False), on=ITEM_ID, how="semi").height
+
+
+def _removed_words(removed: int) -> str:
+    return f", {removed:,} whose events the k-core removed: not ranked" if removed else ""
 
 
 def has_item_features(directory: str | Path) -> bool:
@@ -237,7 +255,8 @@ def item_table_line(stats: dict | None) -> str:
         return ""
     reasons = ", ".join(f"{k}: {v}" for k, v in stats["rejects_by_reason"].items())
     return (
-        f"\nitem table: {stats['items']:,} items ({stats['items_without_events']:,} without events), "
+        f"\nitem table: {stats['items']:,} items ({stats['items_without_events']:,} without events"
+        f"{_removed_words(stats.get('items_removed_by_k_core', 0))}), "
         f"{stats['rejected']:,} rows rejected{f' ({reasons})' if reasons else ''}, {stats['updated']:,} updated; "
         f"{stats['items_without_row']:,} items with events have no row; values per feature {stats['values']}"
     )

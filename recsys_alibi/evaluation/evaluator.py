@@ -126,6 +126,8 @@ class EvaluationResult:
         ties: the tie rule used ("optimistic" or "pessimistic").
         notes: human-readable remarks (skipped users, where the sweep stops, clipping).
         seconds: wall time of the evaluation.
+        split: what the examples are: ``targets`` (target events, all users) and, under the temporal protocol,
+            ``temporal_cutoff`` (seconds since epoch: targets at or after it); empty when not given.
     """
 
     protocol: str
@@ -145,10 +147,11 @@ class EvaluationResult:
     per_user: dict[str, np.ndarray] = field(default_factory=dict, repr=False, compare=False)
     user_ids: np.ndarray | None = field(default=None, repr=False, compare=False)
     history_lengths: np.ndarray | None = field(default=None, repr=False, compare=False)
+    split: dict[str, int] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         """The report.json document: the CONTRACT keys (plain Python types), then
-        ``by_min_history`` and ``paired_vs_context``."""
+        ``by_min_history``, ``paired_vs_context`` and ``split`` (when known)."""
         return {
             "protocol": self.protocol,
             "n_users": int(self.n_users),
@@ -162,6 +165,7 @@ class EvaluationResult:
             },
             "by_min_history": {key: {k: float(v) for k, v in m.items()} for key, m in self.by_min_history.items()},
             "paired_vs_context": self.paired_vs_context,
+            **({"split": {k: int(v) for k, v in self.split.items()}} if self.split else {}),
         }
 
     @classmethod
@@ -177,6 +181,7 @@ class EvaluationResult:
             by_history_length={k: dict(v) for k, v in data.get("by_history_length", {}).items()},
             by_min_history={k: dict(v) for k, v in data.get("by_min_history", {}).items()},
             paired_vs_context=data.get("paired_vs_context", {}),
+            split={k: int(v) for k, v in data.get("split", {}).items()},
             scorer=scorer,
             ks=ks,
         )

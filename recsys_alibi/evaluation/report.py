@@ -82,7 +82,8 @@ def _markdown(results: dict[str, EvaluationResult], title: str) -> str:
     k = headline_k(_ks(main))
     focus = [f"HR@{k}", f"NDCG@{k}"]
     out = [f"# {title}", ""]
-    out.append(f"Protocol: `{main.protocol}` · users: {main.n_users} · full-catalog ranking · ties: {main.ties}")
+    split = "".join(f" · {name.replace('_', ' ')}: {value}" for name, value in main.split.items())
+    out.append(f"Protocol: `{main.protocol}` · users: {main.n_users}{split} · full-catalog ranking · ties: {main.ties}")
     out += ["", "## Metrics", ""]
     metric_rows = [[m] + [_fmt(r.metrics.get(m)) for r in results.values()] for m in main.metrics]
     out.append(_md_table(["metric", *names], metric_rows))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import polars as pl
@@ -229,3 +230,24 @@ def test_evaluate_reads_one_prepare_and_refuses_a_directory_prepared_again_meanw
     err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error")]
     assert err == [f"error: {prepared.name} was prepared again while this job was reading it; run the job again"]
     assert not (tmp_path / "r" / "report.json").exists()
+
+
+def test_the_report_names_its_targets_and_the_temporal_cutoff(tmp_path, monkeypatch, capsys, new_store):
+    """report.json's ``split``: the target events (one a user under leave-one-out; every event at or after the
+    cutoff of a user with history before it under temporal) and the resolved cutoff, counted here by hand."""
+    from recsys_alibi.data.prepare import read_sequences
+
+    prepared = _prepared(tmp_path, monkeypatch, new_store)
+    sequences = read_sequences(prepared)
+    stamps = sorted(t for ts in sequences["timestamp"].to_list() for t in ts)
+    cutoff = stamps[len(stamps) * 3 // 4]
+    assert main(["evaluate", "--baseline", "popularity", "--prepared", "prepared", "--output", "loo"]) == 0
+    loo = json.loads((tmp_path / "loo" / "report.json").read_text())
+    assert loo["split"] == {"targets": loo["n_users"]} and loo["n_users"] == sequences.height
+    assert main(["evaluate", "--baseline", "popularity", "--prepared", "prepared", "--output", "tmp", "--set",
+                 "evaluate.protocol=temporal", "--set", f"evaluate.temporal_cutoff={cutoff}"]) == 0  # fmt: skip
+    report = json.loads((tmp_path / "tmp" / "report.json").read_text())
+    kept = [ts for ts in sequences["timestamp"].to_list() if ts[0] < cutoff <= ts[-1]]
+    assert report["split"] == {"targets": sum(sum(t >= cutoff for t in ts) for ts in kept), "temporal_cutoff": cutoff}
+    assert report["n_users"] == len(kept) > 0
+    assert f"temporal cutoff: {cutoff}" in (tmp_path / "tmp" / "report.md").read_text()

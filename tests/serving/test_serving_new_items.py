@@ -44,15 +44,19 @@ def _write_data(folder) -> None:
     (folder / "today.csv").write_text("item_id,genre\n40,comedy\n41,comedy|western\n42,western\n40,comedy\n7,drama\n")
 
 
-def test_unseen_items_are_ranked_for_users_of_their_category(tmp_path, mlflow_store, one_torch_thread, capsys):
+def _trained(tmp_path, capsys) -> tuple:
+    """:func:`_write_data` prepared (every event kept) and a feature model trained on it: (prepared dir, model URI)."""
     _write_data(tmp_path)
     prepared = tmp_path / "prep"
     assert main(["prepare", "--quiet", "--input", str(tmp_path / "events.csv"), "--output", str(prepared),
                  "--items", str(tmp_path / "items.csv"), *_sets(["data.min_events_per_user=1",
                  "data.min_events_per_item=1"]), *FEATURES]) == 0  # fmt: skip
     assert main(["train", "--quiet", "--prepared", str(prepared), "--set", f"output={tmp_path / 'job'}", *_sets(TRAIN)]) == 0
-    run_id = capsys.readouterr().out.strip().splitlines()[-1].split()[-1]
-    uri = f"runs:/{run_id}/model"
+    return prepared, f"runs:/{capsys.readouterr().out.strip().splitlines()[-1].split()[-1]}/model"
+
+
+def test_unseen_items_are_ranked_for_users_of_their_category(tmp_path, mlflow_store, one_torch_thread, capsys):
+    prepared, uri = _trained(tmp_path, capsys)
 
     # default: the prepared input's item table; 30, 31, 32 are in it without events (not in the vocabulary)
     assert main(["score", "--quiet", "--model-uri", uri, "--input", str(prepared), "--output", str(tmp_path / "r1"),
@@ -133,3 +137,34 @@ def test_pyfunc_new_item_slots_are_refused_without_a_table_or_as_no_whole_number
     with pytest.raises(DataError, match="pyfunc model_config 'new_item_slots'"):
         rules_config(config)
     assert rules_config({"items": "t.csv", "new_item_slots": np.int64(2)}).new_item_slots == 2
+
+
+def test_a_new_item_in_a_history_or_removed_by_the_k_core_is_not_served(tmp_path, mlflow_store, one_torch_thread, capsys):
+    """Item 30 (drama) is new to the model and in the histories of u0 and u3 (a later prepare): ranked from its
+    features for the other drama users, never for those two (their events on it are dropped from the model's
+    input, not from the seen items). Item 33 (drama) has one event, which the k-core (min 2 per item) removes:
+    it is not a new item and is served to nobody, by score and by the pyfunc."""
+    _, uri = _trained(tmp_path, capsys)
+    later = (tmp_path / "events.csv").read_text() + "u0,30,100\nu3,30,101\nu6,33,102\n"
+    (tmp_path / "later.csv").write_text(later)
+    (tmp_path / "items2.csv").write_text((tmp_path / "items.csv").read_text() + "33,drama\n")
+    assert main(["prepare", "--input", str(tmp_path / "later.csv"), "--output", str(tmp_path / "prep2"), "--items",
+                 str(tmp_path / "items2.csv"), *_sets(["data.min_events_per_user=1", "data.min_events_per_item=2"]),
+                 *FEATURES]) == 0  # fmt: skip
+    assert "item table: 34 items (2 without events, 1 whose events the k-core removed: not ranked)" in capsys.readouterr().out
+    assert main(["score", "--quiet", "--model-uri", uri, "--input", str(tmp_path / "prep2"), "--output",
+                 str(tmp_path / "r"), "--k", "3"]) == 0  # fmt: skip
+    rankings = pl.read_parquet(tmp_path / "r" / "part-*.parquet")
+    got_30 = set(rankings.filter(pl.col("item_id") == 30)["user_id"])
+    drama = {f"u{u}" for u in range(0, 90, 3)}
+    assert got_30 == drama - {"u0", "u3"}  # every other drama user: the new item's own vector reaches them
+    assert rankings.filter(pl.col("item_id") == 33).height == 0
+    histories = pl.read_parquet(tmp_path / "prep2" / "events.parquet").group_by("user_id").agg("item_id")
+    pyfunc = mlflow.pyfunc.load_model(uri, model_config={"items": str(tmp_path / "prep2")})
+    served = pl.from_pandas(pyfunc.predict(histories.to_pandas(), params={"k": 3}))
+    assert set(served.filter(pl.col("item_id") == 30)["user_id"]) == drama - {"u0", "u3"}
+    assert served.filter(pl.col("item_id") == 33).height == 0  # the prepared table knows what its k-core removed
+    # the day's table as a file, with the prepared input: the input's k-core decides (withheld for every user)
+    assert main(["score", "--quiet", "--model-uri", uri, "--input", str(tmp_path / "prep2"), "--output",
+                 str(tmp_path / "r2"), "--k", "3", "--items", str(tmp_path / "items2.csv")]) == 0  # fmt: skip
+    assert pl.read_parquet(tmp_path / "r2" / "part-*.parquet").equals(rankings)
