@@ -138,15 +138,76 @@ def _chosen(path: Path, arm: str, replay: Path, parser) -> dict:
         parser.error(f"--prior {arm}={path}: not an output of replay_prior.py for arm {arm} of {replay} ({err})")
 
 
+def comparisons(values: dict[str, dict], sizes: dict[str, int], arms: list[str], seeds: list[str], last: int) -> dict:
+    """Means and the paired differences ``warm_minus_<arm>_<model|prior>`` (pooled and ``by_step``) of per-user
+    values ``{"<arm>/<model|prior>": {"seed/step/user": (2,)}}`` with target-set sizes ``sizes``; printed too."""
+    import replay as replay_script
+
+    keys = sorted(values["warm/model"])  # one order however the values were gathered: the bootstrap resamples it
+    out = {"arms": arms, "seeds": seeds, "steps": last, "metrics": list(METRICS), "test_users": len(keys),
+           "targets_per_user": float(np.mean([sizes[key] for key in keys])),
+           "means": {name: dict(zip(METRICS, np.mean([values[name][key] for key in keys], 0).tolist()))
+                     for name in values}}  # fmt: skip
+    for other in [a for a in arms if a != "warm"]:
+        for mode in ("model", "prior"):
+            def difference(chosen: list[str]) -> dict:
+                return replay_script._difference([values[f"warm/{mode}"][key] for key in chosen],
+                                                 [values[f"{other}/{mode}"][key] for key in chosen], METRICS)
+
+            pooled = difference(keys)
+            by_step = {str(k): difference([key for key in keys if key.split("/")[1] == str(k)]) for k in range(1, last + 1)}
+            out[f"warm_minus_{other}_{mode}"] = {**pooled, "by_step": by_step}
+            d = pooled["NDCG@10"]
+            print(f"warm - {other} ({mode}): NDCG@10 {d['difference']:+.4f} [{d['ci95'][0]:+.4f}, {d['ci95'][1]:+.4f}], "
+                  f"Recall@10 {pooled['Recall@10']['difference']:+.4f} over {d['pairs']} pairs")  # fmt: skip
+    return out
+
+
+def pool(paths: list[Path], output: Path, parser) -> None:
+    """Pool outputs of this script on disjoint seeds of one log (their ``.per_user.json``) into ``output``."""
+    from recsys_alibi.atomic import write_json_atomic
+
+    values: dict[str, dict] = {}
+    sizes: dict[str, int] = {}
+    docs = []
+    for path in paths:
+        try:
+            doc, rows = json.loads(path.read_text()), json.loads(path.with_suffix(".per_user.json").read_text())
+            doc["arms"], doc["seeds"], doc["steps"]
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            parser.error(f"--pool {path}: not an output of replay_horizon.py with its .per_user.json ({err})")
+        if docs and (doc["arms"] != docs[0]["arms"] or doc["steps"] != docs[0]["steps"]):
+            parser.error(f"--pool {path}: other arms or steps than {paths[0]}")
+        if set(doc["seeds"]) & {s for d in docs for s in d["seeds"]}:
+            parser.error(f"--pool {path}: a seed already pooled (pool outputs of disjoint seeds)")
+        docs.append(doc)
+        for key, row in rows.items():
+            sizes[key] = int(row.pop("targets"))
+            for name, v in row.items():
+                values.setdefault(name, {})[key] = np.asarray(v)
+    out = {"pooled": [str(p) for p in paths],
+           **comparisons(values, sizes, docs[0]["arms"], [s for d in docs for s in d["seeds"]], docs[0]["steps"])}
+    write_json_atomic(output, out)
+    print(f"wrote {output}")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="replay_horizon.py", description=__doc__.splitlines()[0])
-    parser.add_argument("replay", type=Path, help="a finished benchmarks/replay.py JSON")
-    parser.add_argument("--prior", action="append", default=[], metavar="ARM=FILE", required=True,
+    parser.add_argument("replay", type=Path, nargs="?", help="a finished benchmarks/replay.py JSON")
+    parser.add_argument("--prior", action="append", default=[], metavar="ARM=FILE",
                         help="replay_prior.py's output for a trained arm (warm first); repeat for others")
+    parser.add_argument("--pool", type=Path, nargs="+", metavar="HORIZON_JSON",
+                        help="instead: pool outputs of this script on disjoint seeds into --output")
     parser.add_argument("--store", help="MLflow tracking URI of the models (default: MLFLOW_TRACKING_URI, else the "
                         "replay's workdir store)")
     parser.add_argument("--output", type=Path, help="JSON path (default: REPLAY.horizon.json beside it)")
     args = parser.parse_args(argv)
+    if args.pool:
+        if args.replay is not None or args.prior or args.output is None:
+            parser.error("--pool takes the files to pool and --output, no replay and no --prior")
+        return pool(args.pool, args.output, parser)
+    if args.replay is None or not args.prior:
+        parser.error("give a replay JSON and --prior warm=FILE (or --pool)")
 
     import replay as replay_script
     from pipelines.cli import configure_logging
@@ -209,24 +270,9 @@ def main(argv: list[str] | None = None) -> None:
                 print(f"step {k}: {examples.height} test users, {sum(map(len, examples['targets'].to_list()))} "
                       "targets", flush=True)  # fmt: skip
 
+    out = {"replay": str(args.replay), "priors": {a: str(p.partition("=")[2]) for a, p in zip(chosen, args.prior)},
+           **comparisons(values, sizes, [*arms, "stale"], seeds, last)}  # fmt: skip
     keys = list(values["warm/model"])
-    out = {"replay": str(args.replay), "arms": [*arms, "stale"], "seeds": seeds, "steps": last,
-           "priors": {a: str(p.partition("=")[2]) for a, p in zip(chosen, args.prior)}, "metrics": list(METRICS),
-           "test_users": len(keys), "targets_per_user": float(np.mean([sizes[key] for key in keys])),
-           "means": {name: dict(zip(METRICS, np.mean([values[name][key] for key in keys], 0).tolist()))
-                     for name in values}}  # fmt: skip
-    for other in [a for a in out["arms"] if a != "warm"]:
-        for mode in ("model", "prior"):
-            def difference(chosen: list[str]) -> dict:
-                return replay_script._difference([values[f"warm/{mode}"][key] for key in chosen],
-                                                 [values[f"{other}/{mode}"][key] for key in chosen], METRICS)
-
-            pooled = difference(keys)
-            by_step = {str(k): difference([key for key in keys if key.split("/")[1] == str(k)]) for k in range(1, last + 1)}
-            out[f"warm_minus_{other}_{mode}"] = {**pooled, "by_step": by_step}
-            d = pooled["NDCG@10"]
-            print(f"warm - {other} ({mode}): NDCG@10 {d['difference']:+.4f} [{d['ci95'][0]:+.4f}, {d['ci95'][1]:+.4f}], "
-                  f"Recall@10 {pooled['Recall@10']['difference']:+.4f} over {d['pairs']} pairs")  # fmt: skip
     write_json_atomic(output.with_suffix(".per_user.json"),
                       {key: {"targets": sizes[key], **{name: list(map(float, values[name][key])) for name in values}}
                        for key in keys})  # fmt: skip

@@ -267,9 +267,13 @@ def _check_horizon_figures(replay_dir, monkeypatch, per_user) -> None:
     d = out["warm_minus_stale_model"]["Recall@10"]
     assert d["difference"] == pytest.approx(np.mean([v["warm/model"][1] - v["stale/model"][1] for v in values.values()]))
     assert d["pairs"] == len(values) and out["warm_minus_stale_prior"]["by_step"]["1"]["NDCG@10"]["pairs"] == len(values)
-    for bad in (["--prior", "stale=prior.json"], ["--prior", "warm=replay.json"], ["--prior", "scratch=prior.json"]):
+    horizon.main(["--pool", "h.json", "--output", "pooled.json"])  # one file: its own comparisons again
+    pooled = json.loads((replay_dir / "pooled.json").read_text())
+    assert pooled["warm_minus_stale_prior"] == out["warm_minus_stale_prior"] and pooled["means"] == out["means"]
+    for bad in (["--prior", "stale=prior.json"], ["--prior", "warm=replay.json"], ["--prior", "scratch=prior.json"],
+                ["--pool", "h.json", "h.json"], ["--pool", "replay.json"]):
         with pytest.raises(SystemExit) as stopped:
-            horizon.main(["replay.json", *bad, "--output", "h2.json"])
+            horizon.main([*([] if bad[0] == "--pool" else ["replay.json"]), *bad, "--output", "h2.json"])
         assert stopped.value.code == 2, bad
 
 
