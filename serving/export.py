@@ -130,10 +130,15 @@ def export_model(config: JobConfig, model, items: pl.DataFrame, input_path: str 
     ranker = ShardRanker(model, items, config.score, 1)
     with staging_dir(output_dir) as staging:  # a killed export's staging removed first, no other's
         # messages name the user's input, and rejects they name are kept in <output>/_input (the staging goes)
-        source = open_input(input_path, items, config.data, staging / "_input", time_gap_buckets=ranker.time_gap_buckets,
-                            report_dir=output_dir / "_input")  # fmt: skip
-        item_vectors = ranker.table[1:].float().cpu().numpy()  # (N, D)
-        pl.DataFrame({schema.ITEM_ID: ranker.item_ids[1:], VECTOR: _vectors(item_vectors)}).write_parquet(staging / ITEMS)
+        source = ranker.for_input(open_input(input_path, items, config.data, staging / "_input",
+                                             time_gap_buckets=ranker.time_gap_buckets, report_dir=output_dir / "_input"))
+        served = np.ones(ranker.n_items + 1, dtype=bool)  # items score may serve: not the padding, not the withheld
+        served[0] = False
+        if source.withheld is not None:
+            served[source.withheld] = False
+        item_vectors = ranker.table.float().cpu().numpy()[served]  # (N', D)
+        pl.DataFrame({schema.ITEM_ID: ranker.item_ids.filter(pl.Series(served)),
+                      VECTOR: _vectors(item_vectors)}).write_parquet(staging / ITEMS)  # fmt: skip
         n_users, user_sample = _write_users(ranker, source, config.score.shard_users, staging / USERS,
                                             config.export.recall_queries)  # fmt: skip
         index = _write_index(item_vectors, user_sample, config.export, staging / INDEX) if config.export.index == "faiss" else None
@@ -142,10 +147,10 @@ def export_model(config: JobConfig, model, items: pl.DataFrame, input_path: str 
         output_dir.mkdir(exist_ok=True)
         (output_dir / MANIFEST).unlink(missing_ok=True)  # no manifest while the set is being replaced
         publish_files(staging, output_dir, (ITEMS, USERS, INDEX, MANIFEST), last=MANIFEST)
-    return ExportResult(output_dir=output_dir, items=ranker.n_items, users=n_users,
+    return ExportResult(output_dir=output_dir, items=int(item_vectors.shape[0]), users=n_users,
                         users_without_vector=source.n_users - n_users, width=int(item_vectors.shape[1]),
                         seconds=time.perf_counter() - started, index=index,
-                        new_items=ranker.new_items.count if ranker.new_items else 0)  # fmt: skip
+                        new_items=int(served[ranker.first_new_item:].sum()))  # fmt: skip
 
 
 def _vectors(matrix: np.ndarray) -> pl.Series:

@@ -168,3 +168,7 @@ def test_a_new_item_in_a_history_or_removed_by_the_k_core_is_not_served(tmp_path
     assert main(["score", "--quiet", "--model-uri", uri, "--input", str(tmp_path / "prep2"), "--output",
                  str(tmp_path / "r2"), "--k", "3", "--items", str(tmp_path / "items2.csv")]) == 0  # fmt: skip
     assert pl.read_parquet(tmp_path / "r2" / "part-*.parquet").equals(rankings)
+    assert main(["export", "--quiet", "--model-uri", uri, "--input", str(tmp_path / "prep2"), "--output",
+                 str(tmp_path / "ex"), "--set", f"score.items={tmp_path / 'items2.csv'}"]) == 0  # fmt: skip
+    assert "exported 33 item (3 of them new, from their features alone)" in capsys.readouterr().out  # not 33
+    assert_same_rankings(dot_product_rankings(tmp_path / "ex", tmp_path / "prep2", 3), rankings, atol=1e-4)
