@@ -172,20 +172,36 @@ def record_newest_period(config: JobConfig, prepared_dir: Path, boundary: int | 
 
 
 def read_record(record: Path) -> dict[str, dict]:
-    """The recorded days of ``record`` ({boundary: {users, ndcg_sum}}); none when it is absent or was written for
-    another grid (the grid of this version is what the sums must match)."""
+    """The recorded days of ``record`` ({boundary: {users, ndcg_sum}}); none when it is absent.
+
+    Raises:
+        DataError: one line naming the file and the fix, for a record that is not a regular file, is not JSON, was
+            written for another grid (its sums cannot be compared with this version's points), or holds an entry
+            that is not ``{"users": U >= 1, "ndcg_sum": [G sums, each a finite number in 0..U]}`` under a whole
+            boundary (seconds): nothing of it is used or overwritten.
+    """
     import json
 
     from recsys_alibi.data.ingest import DataError
 
-    if not record.is_file():
+    if not record.exists() and not record.is_symlink():
         return {}
     try:
+        if not record.is_file():
+            raise ValueError("not a regular file")
         doc = json.loads(record.read_text())
-        days = doc.get("days", {}) if doc.get("grid") == grid_labels() else {}
-        for day in days.values():
-            if not (isinstance(day["users"], int) and len(day["ndcg_sum"]) == len(grid_labels())):
-                raise ValueError("an entry is not {users, ndcg_sum}")
+        if doc.get("grid") != grid_labels():
+            raise ValueError(f"written for another grid than this version's {len(grid_labels())} points")
+        days = doc["days"]
+        for boundary, day in days.items():
+            int(boundary)
+            users, sums = day["users"], day["ndcg_sum"]
+            if isinstance(users, bool) or not isinstance(users, int) or users < 1:
+                raise ValueError(f"day {boundary}: users {users!r} is not a whole number >= 1")
+            if not isinstance(sums, list) or len(sums) != len(grid_labels()) or not all(
+                    isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and 0 <= x <= users
+                    for x in sums):  # fmt: skip
+                raise ValueError(f"day {boundary}: ndcg_sum is not {len(grid_labels())} finite sums in 0..{users}")
         return days
     except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as err:
         raise DataError(f"{record} is damaged ({err}); delete it to start the choice over, or set "

@@ -19,7 +19,8 @@ Rules (docs/data.md has the full table):
   that is an object, an array, true or false is rejected the same way (``readers.SCALAR_ID``).
 * timestamps (:mod:`recsys_alibi.data.timestamps`): seconds plus the nanoseconds within the
   second (``schema.SUBSECOND``), so ``prepare`` sorts and de-duplicates at full precision.
-  Negative or unparseable timestamps are rejected (``bad_timestamp``).
+  Negative or unparseable timestamps are rejected (``bad_timestamp``), and so are times more than a day after the
+  prepare's clock (``future_timestamp``).
 * a CSV row with more or fewer fields than the header, or a MovieLens / SASRec line with the
   wrong number of fields, is rejected (``bad_field_count``), never kept with fields dropped.
 * several files are read in natural name order (``day9`` before ``day10``), see
@@ -29,6 +30,8 @@ Rules (docs/data.md has the full table):
 """
 
 from __future__ import annotations
+
+import time
 
 import polars as pl
 
@@ -64,8 +67,19 @@ BAD_USER_ID = "bad_user_id"
 MISSING_ITEM_ID = "missing_item_id"
 BAD_ITEM_ID = "bad_item_id"
 BAD_TIMESTAMP = "bad_timestamp"
+FUTURE_TIMESTAMP = "future_timestamp"
 BAD_VALUE = "bad_value"
-REJECT_REASONS = (BAD_FIELD_COUNT, MISSING_USER_ID, BAD_USER_ID, MISSING_ITEM_ID, BAD_ITEM_ID, BAD_TIMESTAMP, BAD_VALUE)
+REJECT_REASONS = (BAD_FIELD_COUNT, MISSING_USER_ID, BAD_USER_ID, MISSING_ITEM_ID, BAD_ITEM_ID, BAD_TIMESTAMP,
+                  FUTURE_TIMESTAMP, BAD_VALUE)  # fmt: skip
+FUTURE_TOLERANCE_SECONDS = 86_400  # an event up to a day after the clock of the prepare is kept (clock skew)
+
+
+def latest_accepted_time() -> int:
+    """Seconds since the epoch: the newest event time a prepare running now keeps (its clock plus
+    :data:`FUTURE_TOLERANCE_SECONDS`); a later event cannot have happened yet (a device clock error) and is
+    rejected as ``future_timestamp``: kept, one such event would set the age of every other event in the
+    popularity prior and the daily pipeline's period boundary."""
+    return int(time.time()) + FUTURE_TOLERANCE_SECONDS
 
 
 def _value_expr(raw: str, dtype: pl.DataType) -> pl.Expr:
@@ -129,6 +143,8 @@ def tag_rows(source: Source, cfg: DataConfig) -> pl.LazyFrame:
         .when(~usable_seconds(c(TIMESTAMP)))
         .then(pl.lit(BAD_TIMESTAMP))
     )
+    if TIMESTAMP in cols:  # real event times (line order is no time)
+        reason = reason.when(c(TIMESTAMP) > latest_accepted_time()).then(pl.lit(FUTURE_TIMESTAMP))
     if VALUE in cols:
         reason = reason.when(c(VALUE).is_null()).then(pl.lit(BAD_VALUE))
     reason = reason.otherwise(pl.lit(None, pl.String))

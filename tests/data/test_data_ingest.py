@@ -136,6 +136,21 @@ def test_string_and_integer_ids(tmp_path):
     assert typed.schema["user_id"] == pl.String and typed.schema["item_id"] == pl.Int64
 
 
+def test_an_event_dated_after_the_prepare_is_rejected_as_a_future_timestamp(tmp_path):
+    """More than a day after the clock of the prepare: rejected (a clock error would set every other event's age in
+    the popularity prior); within the day (clock skew) and before: kept."""
+    import time
+
+    from recsys_alibi.data.ingest import FUTURE_TIMESTAMP, REJECT_REASON, tag_rows
+
+    now = int(time.time())
+    times = [1_600_000_000, now + 3_600, now + 2 * 86_400, 4_102_444_800]  # 2020, in an hour, in 2 days, 2100
+    path = _write(tmp_path / "f.csv", "user_id,item_id,timestamp\n" + "".join(f"1,{i},{t}\n" for i, t in enumerate(times)))
+    assert _events(LOOSE, path)["timestamp"].to_list() == times[:2]
+    reasons = tag_rows(scan_source(LOOSE, path), LOOSE).collect()[REJECT_REASON].to_list()
+    assert reasons == [None, None, FUTURE_TIMESTAMP, FUTURE_TIMESTAMP]
+
+
 def test_timestamps_seconds_milliseconds_iso_and_datetimes(tmp_path):
     text = (
         "user_id,item_id,timestamp\n"
@@ -155,8 +170,9 @@ def test_timestamps_seconds_milliseconds_iso_and_datetimes(tmp_path):
     ]
     forced = _events(DataConfig(timestamp_unit="ms"), _write(tmp_path / "ms.csv", "user_id,item_id,timestamp\n1,1,5000\n"))
     assert forced["timestamp"].to_list() == [5]
-    secs = _events(DataConfig(timestamp_unit="s"), _write(tmp_path / "s.csv", "user_id,item_id,timestamp\n1,1,1700000000123\n"))
-    assert secs["timestamp"].to_list() == [1700000000123]
+    secs = _write(tmp_path / "s.csv", "user_id,item_id,timestamp\n1,1,1700000000123\n1,2,1700000000\n")
+    # forced seconds: 1700000000123 s is some 54,000 years ahead, a future_timestamp (below); auto reads it as ms
+    assert _events(DataConfig(timestamp_unit="s"), secs)["timestamp"].to_list() == [1700000000]
     import datetime as dt
 
     df = pl.DataFrame(

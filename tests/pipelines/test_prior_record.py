@@ -1,0 +1,61 @@
+"""The daily choice record (``OUTPUT/popularity_prior.json``): what ``read_record`` takes, and the damage it refuses
+with one line before a pipeline appends anything (``check_prior_data``)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from pipelines.prior_choice import check_prior_data, grid_labels, read_record
+from recsys_alibi.config import load_config
+from recsys_alibi.data.ingest import DataError
+
+G = len(grid_labels())
+
+
+def _write(path, days, grid=None) -> None:
+    path.write_text(json.dumps({"grid": grid_labels() if grid is None else grid, "days": days}))
+
+
+def test_a_whole_record_is_read_as_written(tmp_path):
+    record = tmp_path / "popularity_prior.json"
+    assert read_record(record) == {}  # absent: nothing recorded yet
+    days = {"1000": {"users": 3, "ndcg_sum": [0.5] * G}, "2000": {"users": 1, "ndcg_sum": [0, *[1.0] * (G - 1)]}}
+    _write(record, days)
+    assert read_record(record) == days
+
+
+@pytest.mark.parametrize("damage", [
+    {"grid": "shorter"}, {"users": -7}, {"users": True}, {"users": 0}, {"users": 2.5},
+    {"sum": None}, {"sum": "0.5"}, {"sum": math.nan}, {"sum": math.inf}, {"sum": 4.0}, {"sum": -0.1},
+    {"boundary": "yesterday"}, {"length": G - 1},
+])  # fmt: skip
+def test_a_damaged_record_is_refused_with_one_line_naming_it(tmp_path, damage):
+    record = tmp_path / "popularity_prior.json"
+    sums = [0.5] * G
+    if "sum" in damage:
+        sums[5] = damage["sum"]
+    day = {"users": damage.get("users", 3), "ndcg_sum": sums[: damage.get("length", G)]}
+    _write(record, {damage.get("boundary", "1000"): day}, grid_labels()[:-1] if "grid" in damage else None)
+    before = record.read_bytes()
+    with pytest.raises(DataError) as refused:
+        read_record(record)
+    message = str(refused.value)
+    assert message.startswith(f"{record} is damaged (") and "delete it to start the choice over" in message
+    assert "\n" not in message and record.read_bytes() == before  # nothing of it used or overwritten
+
+
+def test_the_pipeline_refuses_a_damaged_record_or_a_folder_in_its_place_before_any_work(tmp_path):
+    config = load_config(None, ["data.append=true"])
+    record = tmp_path / "popularity_prior.json"
+    record.mkdir()
+    with pytest.raises(DataError, match="is damaged \\(not a regular file\\)"):
+        check_prior_data(config, tmp_path / "prepared", record)
+    record.rmdir()
+    record.write_text('{"grid": ')
+    with pytest.raises(DataError, match="is damaged"):
+        check_prior_data(config, tmp_path / "prepared", record)
+    check_prior_data(load_config(None, ["data.append=true", "score.popularity_prior.choose=false"]),
+                     tmp_path / "prepared", record)  # the choice off: the record is not read
