@@ -38,6 +38,7 @@ from recsys_alibi.atomic import json_text
 from recsys_alibi.config import DataConfig
 from recsys_alibi.data import schema
 from recsys_alibi.data.ingest import DataError, resolve_paths
+from recsys_alibi.data.item_features import ITEM_REJECTS_FILE
 from recsys_alibi.data.loader import FlatSequences
 from recsys_alibi.data.prepared import check_file, check_prepared, read_consistent
 from recsys_alibi.data.sequences import read_parquet_file, vocabulary_difference
@@ -47,7 +48,7 @@ from recsys_alibi.data.timestamps import seconds_of_lists
 log = logging.getLogger(__name__)
 
 STAGED_MARKER = "_staged.json"
-STAGED_KEEP = (schema.STATS_FILE, schema.REJECTS_FILE, STAGED_MARKER)  # kept when the job completes
+STAGED_KEEP = (schema.STATS_FILE, schema.REJECTS_FILE, ITEM_REJECTS_FILE, STAGED_MARKER)  # kept when the job completes
 SKIP_NO_KNOWN_ITEM = "no_known_item"  # reasons a user is not ranked (Shard.skipped)
 SKIP_NO_EVENTS = "no_events"
 SKIP_EVERY_ITEM_SEEN = "every_item_seen"  # ranked, but seen-item exclusion left no item to recommend

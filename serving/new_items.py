@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import polars as pl
@@ -49,6 +49,8 @@ class NewItems:
         vectors: (M, D) float32 encodings of their features (no id part).
         source: the table read (a prepared directory or a file).
         rejected: table rows rejected (bad id, bad number, duplicate id...).
+        rejects: those rows with their ``reject_reason`` (``prepare``'s item rejects schema), None for a prepared
+            directory's table (rejected when it was prepared).
         unknown_values: feature values of the new items that the model's vocabularies lack (left out).
     """
 
@@ -57,6 +59,7 @@ class NewItems:
     source: str
     rejected: int = 0
     unknown_values: int = 0
+    rejects: pl.DataFrame | None = field(default=None, compare=False, repr=False)
 
     @property
     def count(self) -> int:
@@ -69,8 +72,9 @@ class NewItems:
         return sha.hexdigest()
 
 
-def _table_rows(path: Path, decl: ItemFeaturesConfig, id_dtype: pl.DataType) -> tuple[pl.DataFrame, int]:
-    """The accepted rows of a prepared directory's or a file's item table, ids in ``id_dtype``."""
+def _table_rows(path: Path, decl: ItemFeaturesConfig, id_dtype: pl.DataType) -> tuple[pl.DataFrame, pl.DataFrame | None]:
+    """The accepted rows of a prepared directory's or a file's item table, ids in ``id_dtype``, and a file's rejected
+    rows (None for a prepared directory)."""
     if path.is_dir():
         if not has_item_features(path):
             raise DataError(f"score.items: {path} is a directory without an item table (prepare it with --items)")
@@ -85,13 +89,13 @@ def _table_rows(path: Path, decl: ItemFeaturesConfig, id_dtype: pl.DataType) -> 
             removed = pl.scan_parquet(cleaned).select(pl.col(schema.ITEM_ID).cast(id_dtype, strict=False)).unique().collect()
             rows = rows.filter(pl.col(schema.ITEM_IDX).is_not_null()).vstack(
                 rows.filter(pl.col(schema.ITEM_IDX).is_null()).join(removed, on=schema.ITEM_ID, how="anti"))
-        return rows.drop_nulls(schema.ITEM_ID), 0
+        return rows.drop_nulls(schema.ITEM_ID), None
     accepted, rejects = clean_item_table(read_item_table(path), decl, id_dtype)
     if rejects.height:
         reasons = rejects.group_by(schema.REJECT_REASON).len().sort(schema.REJECT_REASON).rows()
         log.warning("score.items: %d rows of %s rejected (%s), not ranked", rejects.height, path,
                     ", ".join(f"{r}: {n}" for r, n in reasons))  # fmt: skip
-    return accepted, rejects.height
+    return accepted, rejects
 
 
 def new_items(model, items: pl.DataFrame, path: str | Path) -> NewItems:
@@ -116,13 +120,14 @@ def new_items(model, items: pl.DataFrame, path: str | Path) -> NewItems:
             "train it with model.item_features.enabled=true, or drop score.items / --items (the pyfunc's model_config 'items')"
         )
     decl = ItemFeaturesConfig.model_validate(features.declaration)
-    rows, rejected = _table_rows(Path(path), decl, items.schema[schema.ITEM_ID])
+    rows, rejects = _table_rows(Path(path), decl, items.schema[schema.ITEM_ID])
     fresh = rows.join(items.select(schema.ITEM_ID), on=schema.ITEM_ID, how="anti").sort(schema.ITEM_ID)
     encoded, unknown = feature_rows(fresh, features.vocabularies, decl.numeric)
     device = features.encoder.numeric_mean.device
     with torch.no_grad():
         vectors = features.encoder(encoded.to(device)).float()  # (M, D)
-    found = NewItems(fresh.get_column(schema.ITEM_ID), vectors, str(path), rejected, sum(unknown.values()))
+    found = NewItems(fresh.get_column(schema.ITEM_ID), vectors, str(path), 0 if rejects is None else rejects.height,
+                     sum(unknown.values()), rejects)  # fmt: skip
     log.info("score.items: %d items of %s are not in the model's vocabulary: ranked from their features alone "
              "(%d feature values unknown to the model left out)", found.count, path, found.unknown_values)  # fmt: skip
     return found

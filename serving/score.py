@@ -33,9 +33,11 @@ from pathlib import Path
 
 import polars as pl
 
+from recsys_alibi.atomic import atomic_path
 from recsys_alibi.config import ConfigError, JobConfig
 from recsys_alibi.data import schema
 from recsys_alibi.data.ingest import DataError
+from recsys_alibi.data.item_features import ITEM_REJECTS_FILE
 from recsys_alibi.evaluation.popularity_prior import item_popularity
 from serving.changed import FINGERPRINTS_DIR, CarryOver, history_fingerprints, model_digest
 from serving.distributed import World, scoring_world
@@ -126,6 +128,7 @@ class ScoreJobResult:
         lines: list[str] = []
         lines += [f"new items ranked from their features alone (not in the model's vocabulary): {self.new_items} "
                   f"from {self.new_items_source}; its rows rejected: {self.new_items_rejected}"
+                  + (f" (listed in {self.output_dir / STAGED_INPUT / ITEM_REJECTS_FILE})" if self.new_items_rejected else "")
                   + (f"; places of each top-K held for them: {self.new_item_slots}" if self.new_item_slots else "")
                   ] if self.new_items_source else []  # fmt: skip
         lines += [f"score.new_item_slots={self.slots_asked}: no place held (no item the model never saw "
@@ -144,7 +147,7 @@ class ScoreJobResult:
             f"{procs} in {self.seconds:.1f} s{speed}",
             f"unknown items: {self.unknown_items} ({self.unknown_events} events skipped); "
             f"users not ranked (no known item, no events or every item seen): {self.skipped_users}{skipped}; "
-            f"rejected rows: {self.rejected_rows}",
+            f"rejected event rows: {self.rejected_rows}",
         ]
         lines += [rules_summary(self.rules)] if self.rules else []
         lines += self.new_item_lines()
@@ -316,6 +319,7 @@ class _ScoreJob:
                 time_gap_buckets=self.ranker.time_gap_buckets,
             ))  # fmt: skip
             self._use_popularity(source)  # refused (no event times) like any bad input: nothing left behind
+            self._keep_item_rejects()
         except Exception as err:
             if manifest.users is None and not manifest.shards:  # nothing left behind but the rejects it names
                 named = tuple(n for n in (schema.REJECTS_FILE,) if str(self.output_dir / STAGED_INPUT / n) in str(err))
@@ -331,6 +335,16 @@ class _ScoreJob:
         manifest.users, manifest.n_shards, manifest.input_stats = source.n_users, n_shards, {**source.stats, **rules}
         write_json_atomic(self.output_dir / MANIFEST, manifest.to_json())
         return manifest, source
+
+    def _keep_item_rejects(self) -> None:
+        """The rows of a ``score.items`` table file that were rejected, with their reasons, in
+        ``OUTPUT/_input/item_rejects.parquet`` (kept with the job; the summary names it)."""
+        new = self.ranker.new_items
+        if new is not None and new.rejects is not None and new.rejects.height:
+            staged = self.output_dir / STAGED_INPUT
+            staged.mkdir(parents=True, exist_ok=True)
+            with atomic_path(staged / ITEM_REJECTS_FILE) as tmp:
+                new.rejects.write_parquet(tmp)
 
     def _use_popularity(self, source: ScoreInput) -> None:
         """``score.popularity_prior``: the item counts of the staged or prepared input (the job fingerprints it)."""

@@ -80,7 +80,9 @@ def test_unseen_items_are_ranked_for_users_of_their_category(tmp_path, mlflow_st
                  "--k", "3", "--items", str(tmp_path / "today.csv")]) == 0  # fmt: skip
     out = capsys.readouterr().out
     assert "new items ranked from their features alone (not in the model's vocabulary): 2 from" in out
-    assert "today.csv; its rows rejected: 2" in out  # both rows of the duplicate 40
+    assert f"today.csv; its rows rejected: 2 (listed in {tmp_path / 'r2' / '_input' / 'item_rejects.parquet'})" in out
+    kept = pl.read_parquet(tmp_path / "r2" / "_input" / "item_rejects.parquet")  # both rows of the duplicate 40
+    assert kept["item_id"].to_list() == ["40", "40"] and kept["reject_reason"].unique().len() == 1
     plain = pl.read_parquet(tmp_path / "r2" / "part-*.parquet")
     today = plain.filter(pl.col("item_id") == 41)
     assert today.height == 30 and today.select(_genre_of(pl.col("user_id")).unique()).item() == 1
@@ -105,7 +107,7 @@ def test_unseen_items_are_ranked_for_users_of_their_category(tmp_path, mlflow_st
     assert main(["score", "--quiet", "--model-uri", uri, "--input", str(tmp_path / "events.csv"), "--output",
                  str(tmp_path / "r3"), "--k", "3", "--set", f"data.items={tmp_path / 'today.csv'}", *FEATURES,
                  *_sets(["data.min_events_per_user=1", "data.min_events_per_item=1"])]) == 0  # fmt: skip
-    assert f"not in the model's vocabulary): 2 from {tmp_path / 'today.csv'}; its rows rejected: 2" in capsys.readouterr().out
+    assert f"not in the model's vocabulary): 2 from {tmp_path / 'today.csv'}; its rows rejected: 2 (listed in" in capsys.readouterr().out
     assert pl.read_parquet(tmp_path / "r3" / "part-*.parquet").filter(pl.col("item_id") == 41).height == 30
 
     # the pyfunc, given the table when loaded, ranks it the same way
