@@ -438,7 +438,7 @@ def write_shard(ranker: ShardRanker, source: ScoreInput, shard: int, shard_users
         ``unknown_events``, ``carried_users``, as the manifest records them. The caller records the shard.
     """
     batch = source.read_shard(shard * shard_users, shard_users)
-    fingerprints = history_fingerprints(batch)
+    fingerprints = history_fingerprints(batch, source.withheld)
     carried, changed = carry.split(fingerprints) if carry is not None else (None, None)
     rankings, _ = ranker.rank(batch.user_ids, batch.histories, batch.gaps, only=changed, new_seen=batch.new_seen,
                               withheld=source.withheld)  # fmt: skip

@@ -123,6 +123,15 @@ def test_history_fingerprint_changes_with_any_item_order_or_gap_and_only_then():
     assert again == [h[6], h[0]]  # independent of the user, its position and the shard
     timed = history_fingerprints(_shard([[1, 2], [1, 2]], gaps=[[0, 3], [0, 4]]))["history"].to_list()
     assert timed[0] != timed[1] and h[4] not in timed
+    # a new item (ranked from its features) in the input history, and the items withheld from everybody: both change it
+    from dataclasses import replace
+
+    plain = _shard([[1, 2], [1, 2]])
+    new_seen = replace(plain, new_seen=_shard([[9], []]).histories)
+    with_new = history_fingerprints(new_seen)["history"].to_list()
+    assert with_new[0] != with_new[1] and with_new[0] != h[4]
+    held = history_fingerprints(plain, np.array([11, 12]))["history"].to_list()
+    assert held[0] == held[1] != h[4] and history_fingerprints(plain, np.array([12, 11]))["history"].to_list() == held
 
 
 def test_previous_output_of_another_user_id_type_ranks_everybody(previous, tmp_path):
