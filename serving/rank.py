@@ -185,6 +185,9 @@ class ShardRanker:
         self.first_new_item = self.n_items + 1 - (self.new_items.count if self.new_items is not None else 0)
         # score.new_item_slots as it can apply: at most K places, at most the new items there are
         self.slots = min(cfg.new_item_slots, self.k, self.n_items + 1 - self.first_new_item)
+        if self.slots and self.slots >= self.k:
+            log.warning("score.new_item_slots=%d holds every place of the top %d: each ranking is new items only "
+                        "(those a user may be shown)", cfg.new_item_slots, self.k)  # fmt: skip
         self.item_ids = item_id_lookup(items, self.n_items)
         self.rules = load_rules(cfg.allow, cfg.deny, items)
         self.context = min(cfg.max_context, model.max_context or cfg.max_context)

@@ -55,7 +55,7 @@ def _trained(tmp_path, capsys) -> tuple:
     return prepared, f"runs:/{capsys.readouterr().out.strip().splitlines()[-1].split()[-1]}/model"
 
 
-def test_unseen_items_are_ranked_for_users_of_their_category(tmp_path, mlflow_store, one_torch_thread, capsys):
+def test_unseen_items_are_ranked_for_users_of_their_category(tmp_path, mlflow_store, one_torch_thread, capsys, caplog):
     prepared, uri = _trained(tmp_path, capsys)
 
     # default: the prepared input's item table; 30, 31, 32 are in it without events (not in the vocabulary)
@@ -94,7 +94,11 @@ def test_unseen_items_are_ranked_for_users_of_their_category(tmp_path, mlflow_st
         assert main(["score", "--quiet", "--model-uri", uri, "--input", str(prepared), "--output", str(tmp_path / name),
                      "--k", "2", "--items", str(tmp_path / "today.csv"), *extra]) == 0  # fmt: skip
         slotted[name] = pl.read_parquet(tmp_path / name / "part-*.parquet")
-    assert "; places of each top-K held for them: 1" in capsys.readouterr().out
+    captured = capsys.readouterr()
+    assert "; places of each top-K held for them: 1" in captured.out and "holds every place" not in caplog.text
+    assert main(["score", "--quiet", "--model-uri", uri, "--input", str(prepared), "--output", str(tmp_path / "all"),
+                 "--k", "2", "--items", str(tmp_path / "today.csv"), "--set", "score.new_item_slots=2"]) == 0  # fmt: skip
+    assert "score.new_item_slots=2 holds every place of the top 2" in caplog.text
     plain, slot = slotted["plain"], slotted["slot"]
     had = plain.filter(pl.col("item_id") >= 40)["user_id"]
     assert slot.filter(pl.col("item_id") >= 40)["user_id"].sort().to_list() == sorted(plain["user_id"].unique())
