@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from pathlib import Path
 
 import numpy as np
@@ -172,13 +173,13 @@ def record_newest_period(config: JobConfig, prepared_dir: Path, boundary: int | 
 
 
 def read_record(record: Path) -> dict[str, dict]:
-    """The recorded days of ``record`` ({boundary: {users, ndcg_sum}}); none when it is absent.
+    """The recorded days of ``record`` ({boundary: {users, ndcg_sum}}); none when it is absent or was written for
+    another grid (another version's points: its sums do not compare; :func:`check_prior_data` sets it aside).
 
     Raises:
-        DataError: one line naming the file and the fix, for a record that is not a regular file, is not JSON, was
-            written for another grid (its sums cannot be compared with this version's points), or holds an entry
-            that is not ``{"users": U >= 1, "ndcg_sum": [G sums, each a finite number in 0..U]}`` under a whole
-            boundary (seconds): nothing of it is used or overwritten.
+        DataError: one line naming the file and the fix, for a record that is not a regular file, is not JSON, or
+            holds an entry that is not ``{"users": U >= 1, "ndcg_sum": [G sums, each a finite number in 0..U]}``
+            under a whole boundary (seconds): nothing of it is used or overwritten.
     """
     import json
 
@@ -190,8 +191,10 @@ def read_record(record: Path) -> dict[str, dict]:
         if not record.is_file():
             raise ValueError("not a regular file")
         doc = json.loads(record.read_text())
-        if doc.get("grid") != grid_labels():
-            raise ValueError(f"written for another grid than this version's {len(grid_labels())} points")
+        if not isinstance(doc, dict) or "grid" not in doc:
+            raise ValueError("no grid: not a record of the choice")
+        if doc["grid"] != grid_labels():
+            return {}  # another version's grid: its sums do not compare (check_prior_data sets the file aside)
         days = doc["days"]
         for boundary, day in days.items():
             int(boundary)
@@ -210,7 +213,8 @@ def read_record(record: Path) -> dict[str, dict]:
 
 def check_prior_data(config: JobConfig, prepared_dir: Path, record: Path) -> None:
     """Refuse, before any work, what would stop the scoring step after training: a prior weight on data whose time
-    came from line order, and a damaged choice record (:func:`read_record`).
+    came from line order, and a damaged choice record (:func:`read_record`). A record of another grid (another
+    version's) is set aside as ``popularity_prior.json.other-grid-<seconds>`` with a warning, never overwritten.
 
     Raises:
         DataError: one line naming the fix.
@@ -222,8 +226,18 @@ def check_prior_data(config: JobConfig, prepared_dir: Path, record: Path) -> Non
     if prior.weight and (Path(prepared_dir) / schema.SEQUENCES_FILE).is_file() and not has_real_timestamps(prepared_dir):
         raise DataError(f"score.popularity_prior.weight={prior.weight:g} needs event times and {prepared_dir} took its "
                         "time from line order; set score.popularity_prior.weight=0")  # fmt: skip
-    if prior.choose and config.data.append:
-        read_record(record)
+    if prior.choose and config.data.append and not read_record(record) and record.is_file() and _other_grid(record):
+        aside = record.with_name(f"{record.name}.other-grid-{int(time.time())}")
+        record.rename(aside)  # kept, never overwritten: the choice starts over on this version's grid
+        log.warning("popularity prior: %s was written for another grid of the choice than this version's %d points; "
+                    "set aside as %s, the choice starts over", record, len(grid_labels()), aside.name)  # fmt: skip
+
+
+def _other_grid(record: Path) -> bool:
+    import json
+
+    doc = json.loads(record.read_text())
+    return isinstance(doc, dict) and "grid" in doc and doc["grid"] != grid_labels()
 
 
 def grid_labels() -> list[list]:

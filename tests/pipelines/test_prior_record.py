@@ -28,7 +28,7 @@ def test_a_whole_record_is_read_as_written(tmp_path):
 
 
 @pytest.mark.parametrize("damage", [
-    {"grid": "shorter"}, {"users": -7}, {"users": True}, {"users": 0}, {"users": 2.5},
+    {"grid": "none"}, {"users": -7}, {"users": True}, {"users": 0}, {"users": 2.5},
     {"sum": None}, {"sum": "0.5"}, {"sum": math.nan}, {"sum": math.inf}, {"sum": 4.0}, {"sum": -0.1},
     {"boundary": "yesterday"}, {"length": G - 1},
 ])  # fmt: skip
@@ -38,7 +38,9 @@ def test_a_damaged_record_is_refused_with_one_line_naming_it(tmp_path, damage):
     if "sum" in damage:
         sums[5] = damage["sum"]
     day = {"users": damage.get("users", 3), "ndcg_sum": sums[: damage.get("length", G)]}
-    _write(record, {damage.get("boundary", "1000"): day}, grid_labels()[:-1] if "grid" in damage else None)
+    _write(record, {damage.get("boundary", "1000"): day})
+    if "grid" in damage:  # no grid at all: not a record of this tool
+        record.write_text(json.dumps({"days": {"1000": day}}))
     before = record.read_bytes()
     with pytest.raises(DataError) as refused:
         read_record(record)
@@ -59,3 +61,15 @@ def test_the_pipeline_refuses_a_damaged_record_or_a_folder_in_its_place_before_a
         check_prior_data(config, tmp_path / "prepared", record)
     check_prior_data(load_config(None, ["data.append=true", "score.popularity_prior.choose=false"]),
                      tmp_path / "prepared", record)  # the choice off: the record is not read
+
+
+def test_a_record_of_another_grid_is_set_aside_whole_and_the_choice_starts_over(tmp_path, caplog):
+    config = load_config(None, ["data.append=true"])
+    record = tmp_path / "popularity_prior.json"
+    _write(record, {"1000": {"users": 2, "ndcg_sum": [0.5] * (G - 1)}}, grid_labels()[:-1])
+    before = record.read_bytes()
+    assert read_record(record) == {}  # its sums do not compare with this version's points
+    check_prior_data(config, tmp_path / "prepared", record)
+    assert not record.exists()
+    (aside,) = tmp_path.glob("popularity_prior.json.other-grid-*")
+    assert aside.read_bytes() == before and "set aside as popularity_prior.json.other-grid-" in caplog.text
