@@ -191,13 +191,18 @@ def read_record(record: Path) -> dict[str, dict]:
         if not record.is_file():
             raise ValueError("not a regular file")
         doc = json.loads(record.read_text())
-        if not isinstance(doc, dict) or "grid" not in doc:
-            raise ValueError("no grid: not a record of the choice")
+        if not isinstance(doc, dict) or not _is_grid(doc.get("grid")):
+            raise ValueError("no grid of [weight, half-life] points: not a record of the choice")
         if doc["grid"] != grid_labels():
             return {}  # another version's grid: its sums do not compare (check_prior_data sets the file aside)
-        days = doc["days"]
+        days = doc.get("days")
+        if not isinstance(days, dict):
+            raise ValueError("no 'days' object")
         for boundary, day in days.items():
-            int(boundary)
+            if not boundary.isdigit():
+                raise ValueError(f"day {boundary!r}: not a boundary in whole seconds")
+            if not isinstance(day, dict) or "users" not in day or "ndcg_sum" not in day:
+                raise ValueError(f"day {boundary}: not an object with users and ndcg_sum")
             users, sums = day["users"], day["ndcg_sum"]
             if isinstance(users, bool) or not isinstance(users, int) or users < 1:
                 raise ValueError(f"day {boundary}: users {users!r} is not a whole number >= 1")
@@ -227,10 +232,17 @@ def check_prior_data(config: JobConfig, prepared_dir: Path, record: Path) -> Non
         raise DataError(f"score.popularity_prior.weight={prior.weight:g} needs event times and {prepared_dir} took its "
                         "time from line order; set score.popularity_prior.weight=0")  # fmt: skip
     if prior.choose and config.data.append and not read_record(record) and record.is_file() and _other_grid(record):
-        aside = record.with_name(f"{record.name}.other-grid-{int(time.time())}")
+        stamp = int(time.time())
+        while (aside := record.with_name(f"{record.name}.other-grid-{stamp}")).exists() or aside.is_symlink():
+            stamp += 1  # never onto an earlier one
         record.rename(aside)  # kept, never overwritten: the choice starts over on this version's grid
         log.warning("popularity prior: %s was written for another grid of the choice than this version's %d points; "
                     "set aside as %s, the choice starts over", record, len(grid_labels()), aside.name)  # fmt: skip
+
+
+def _is_grid(grid) -> bool:
+    """Whether ``grid`` has the shape of :func:`grid_labels` (a list of [weight, half-life] pairs)."""
+    return isinstance(grid, list) and all(isinstance(p, list) and len(p) == 2 for p in grid)
 
 
 def _other_grid(record: Path) -> bool:

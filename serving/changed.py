@@ -146,6 +146,8 @@ class CarryOver:
         previous = Path(previous)
         if previous.resolve() == output_dir.resolve():
             raise DataError(f"--changed-since {previous} is the output itself; write the new rankings to another --output")
+        if not previous.exists():
+            raise DataError(f"--changed-since {previous}: no such folder; give the output directory of a finished `score`")
         try:
             manifest = read_manifest(previous) if previous.is_dir() else None
         except OutputDirError:  # hand-edited: its writes are atomic

@@ -85,7 +85,7 @@ class ExportResult:
 
     def summary(self) -> str:
         fresh = f" ({self.new_items} of them new, from their features alone)" if self.new_items else ""
-        line = (f"exported {self.items} item{fresh} and {self.users} user vectors (D={self.width}, inner product) -> "
+        line = (f"exported {self.items} item vectors{fresh} and {self.users} user vectors (D={self.width}, inner product) -> "
                 f"{self.output_dir} in {self.seconds:.1f} s; users without a known item: {self.users_without_vector}")  # fmt: skip
         if self.index:
             recall = ("not measured (export.recall_queries=0)" if self.index["recall"] is None else
@@ -142,7 +142,8 @@ def export_model(config: JobConfig, model, items: pl.DataFrame, input_path: str 
         n_users, user_sample = _write_users(ranker, source, config.score.shard_users, staging / USERS,
                                             config.export.recall_queries)  # fmt: skip
         index = _write_index(item_vectors, user_sample, config.export, staging / INDEX) if config.export.index == "faiss" else None
-        manifest = _manifest(ranker, model, model_ref or {"model": "in-memory"}, input_path, n_users, source.n_users, index)
+        manifest = _manifest(ranker, model, model_ref or {"model": "in-memory"}, input_path, n_users, source.n_users, index,
+                             served)  # fmt: skip
         (staging / MANIFEST).write_text(json_text(manifest))
         output_dir.mkdir(exist_ok=True)
         (output_dir / MANIFEST).unlink(missing_ok=True)  # no manifest while the set is being replaced
@@ -242,16 +243,17 @@ def _registry_version(model_uri: str) -> str | None:
 
 
 def _manifest(ranker: ShardRanker, model, model_ref: dict, input_path, n_users: int, input_users: int,
-              index: dict | None) -> dict:  # fmt: skip
-    """``export.json``: what the vectors are and what a consumer must apply to get ``score``'s rankings."""
+              index: dict | None, served: np.ndarray) -> dict:  # fmt: skip
+    """``export.json``: what the vectors are and what a consumer must apply to get ``score``'s rankings; ``served``
+    (N + M + 1,) bool: the ranker's items written to ``items.parquet``."""
     seen = ("remove each user's own history (every item of the input's history, not only the context window) "
             "from the results" if ranker.cfg.exclude_seen else "none: score.exclude_seen was false")  # fmt: skip
     return {
         "model": {**model_ref, "digest": model_digest(model)},
         "input": str(Path(input_path).resolve()) if "*" not in str(input_path) else str(input_path),
         "width": int(ranker.table.shape[1]),
-        "items": ranker.n_items,
-        "new_items": ranker.new_items.count if ranker.new_items else 0,
+        "items": int(served[1:].sum()),
+        "new_items": int(served[ranker.first_new_item:].sum()),
         "users": n_users,
         "users_without_vector": input_users - n_users,
         "similarity": "inner_product",

@@ -204,32 +204,33 @@ class ShardRanker:
             self.use_popularity(popularity)
 
     def for_input(self, source: ScoreInput) -> ScoreInput:
-        """``source`` with what this ranker's new items (``score.items``) need of it: ``new_item_remap`` (input
-        item index -> the ranker's index of that item when it is a new item, so a user's events on it exclude it
-        like any seen item) and ``withheld`` (the new items the input's k-core removed, served to no user: they
-        have events the histories lack). Unchanged when the ranker has no new items.
+        """``source`` with what ranking it needs beyond its histories: ``new_item_remap`` (input item index -> the
+        ranker's index of that item when it is a new item of ``score.items``, so a user's events on it exclude it
+        like any seen item) and ``withheld`` (every item of the ranker, known or new, whose events the input's
+        k-core removed: served to no user, since the histories no longer hold who had it).
 
         Raises:
             DataError: the input's files are not of one prepare.
         """
-        if self.new_items is None or not self.new_items.count:
-            return source
-        new = pl.DataFrame({schema.ITEM_ID: self.new_items.ids,
-                            "_rank_idx": np.arange(self.first_new_item, self.n_items + 1, dtype=np.int64)})  # fmt: skip
         remap, withheld = None, None
-        # a bare sequences file is in the model's numbering: it holds no new item (the empty frame stands for it)
-        input_items = source.vocabulary(pl.DataFrame(schema={schema.ITEM_IDX: pl.Int32, schema.ITEM_ID: self.item_ids.dtype}))
-        joined = input_items.select(schema.ITEM_IDX, schema.ITEM_ID).join(new, on=schema.ITEM_ID, how="inner")
-        if joined.height:
-            remap = np.zeros(int(input_items.get_column(schema.ITEM_IDX).max()) + 1, np.int64)
-            remap[joined.get_column(schema.ITEM_IDX).to_numpy()] = joined.get_column("_rank_idx").to_numpy()
+        if self.new_items is not None and self.new_items.count:
+            new = pl.DataFrame({schema.ITEM_ID: self.new_items.ids,
+                                "_rank_idx": np.arange(self.first_new_item, self.n_items + 1, dtype=np.int64)})  # fmt: skip
+            # a bare sequences file is in the model's numbering: it holds no new item (the empty frame stands for it)
+            input_items = source.vocabulary(pl.DataFrame(schema={schema.ITEM_IDX: pl.Int32, schema.ITEM_ID: self.item_ids.dtype}))
+            joined = input_items.select(schema.ITEM_IDX, schema.ITEM_ID).join(new, on=schema.ITEM_ID, how="inner")
+            if joined.height:
+                remap = np.zeros(int(input_items.get_column(schema.ITEM_IDX).max()) + 1, np.int64)
+                remap[joined.get_column(schema.ITEM_IDX).to_numpy()] = joined.get_column("_rank_idx").to_numpy()
         removed = source.removed_item_ids()
         if removed is not None and removed.len():
-            held = new.join(removed.to_frame(), on=schema.ITEM_ID, how="semi").get_column("_rank_idx").to_numpy()
+            ranked = self.item_ids.to_frame().with_row_index("_rank_idx").drop_nulls(schema.ITEM_ID)
+            held = ranked.join(removed.cast(self.item_ids.dtype, strict=False).to_frame().drop_nulls(), on=schema.ITEM_ID,
+                               how="semi").get_column("_rank_idx").to_numpy().astype(np.int64)  # fmt: skip
             if held.size:
                 withheld = held
-                log.info("score.items: %d items of the table have events that the input's k-core removed "
-                         "(data.min_events_per_item ...): not ranked", held.size)  # fmt: skip
+                log.info("%d items have events that the input's k-core removed (data.min_events_per_item ...): "
+                         "served to nobody", held.size)  # fmt: skip
         return replace(source, new_item_remap=remap, withheld=withheld)
 
     def use_popularity(self, popularity: pl.DataFrame) -> None:
@@ -298,7 +299,7 @@ class ShardRanker:
         bias = self.bias
         if withheld is not None and withheld.size:  # -inf: never ranked, whatever the user
             bias = torch.zeros(self.n_items + 1, dtype=torch.float32, device=self.table.device) if bias is None else bias.clone()
-            bias[torch.from_numpy(withheld).to(bias.device)] = float("-inf")
+            bias[torch.tensor(withheld, dtype=torch.int64, device=bias.device)] = float("-inf")
         frames = [self._rank_batch(user_ids, histories, rows, gaps, rules, new_seen, bias)
                   for rows in self._batches(lengths, only)]  # fmt: skip
         skipped = int((lengths == 0).sum())

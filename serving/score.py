@@ -371,6 +371,7 @@ class _ScoreJob:
                 log.info("%s is complete already; nothing to score", self.output_dir)
             return self._result(started, scored=(0, 0))
         assert source is not None and self.manifest.n_shards is not None
+        held_new = 0 if source.withheld is None else int((source.withheld >= self.ranker.first_new_item).sum())
         if self.ranker.bias is None:  # the other ranks (rank 0 read it in _open)
             self._use_popularity(source)
         self.hook("staged", -1)
@@ -383,7 +384,7 @@ class _ScoreJob:
         self.world.barrier()
         self.manifest = self.world.run_on_main(self._finish)
         counts = self.world.all_gather((users_scored, len(todo)))
-        return self._result(started, scored=(sum(c[0] for c in counts), sum(c[1] for c in counts)))
+        return self._result(started, scored=(sum(c[0] for c in counts), sum(c[1] for c in counts)), held_new=held_new)
 
     def _score_todo(self, source: ScoreInput, todo: list[int], advance: Callable[[int], None]) -> int:
         """Score the shards ``todo`` of this rank one after another; returns the users scored.
@@ -407,7 +408,9 @@ class _ScoreJob:
         record_shard(self.output_dir, self.world.rank, self.manifest, name, stats)
         self.hook("recorded", shard)
 
-    def _result(self, started: float, scored: tuple[int, int]) -> ScoreJobResult:
+    def _result(self, started: float, scored: tuple[int, int], held_new: int = 0) -> ScoreJobResult:
+        """The job's summary; ``held_new``: new items withheld from every user (``ScoreInput.withheld``), not counted
+        among the new items ranked."""
         m = self.manifest
         totals = m.totals()
         n_shards = m.n_shards or 0
@@ -417,7 +420,7 @@ class _ScoreJob:
             skipped_users=totals["skipped_users"], unknown_items=int(m.input_stats.get("unknown_items", 0)),
             unknown_events=totals["unknown_events"], rejected_rows=int(m.input_stats.get("rejected_rows", 0)),
             world_size=self.world.size, carried_users=totals["carried_users"], rules={key: int(v) for key, v in m.input_stats.items() if key.startswith(RULE_KINDS)},
-            new_items=self.ranker.new_items.count if self.ranker.new_items else 0,
+            new_items=(self.ranker.new_items.count - held_new) if self.ranker.new_items else 0,
             new_items_source=self.ranker.new_items.source if self.ranker.new_items else "",
             new_items_rejected=self.ranker.new_items.rejected if self.ranker.new_items else 0,
             new_item_slots=self.ranker.slots, slots_asked=self.ranker.cfg.new_item_slots,

@@ -82,7 +82,8 @@ def _markdown(results: dict[str, EvaluationResult], title: str) -> str:
     k = headline_k(_ks(main))
     focus = [f"HR@{k}", f"NDCG@{k}"]
     out = [f"# {title}", ""]
-    split = "".join(f" · {name.replace('_', ' ')}: {value}" for name, value in main.split.items())
+    split = "".join(f" · {name.replace('_', ' ')}: {value}" + (f" ({_utc(value)})" if name == "temporal_cutoff" else "")
+                    for name, value in main.split.items())  # fmt: skip
     out.append(f"Protocol: `{main.protocol}` · users: {main.n_users}{split} · full-catalog ranking · ties: {main.ties}")
     out += ["", "## Metrics", ""]
     metric_rows = [[m] + [_fmt(r.metrics.get(m)) for r in results.values()] for m in main.metrics]
@@ -187,6 +188,13 @@ def _history_figure(results: dict[str, EvaluationResult], metric: str) -> Figure
     ax.grid(alpha=0.3, axis="y")
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=min(len(results), 4), frameon=False)
     return fig
+
+
+def _utc(seconds: int) -> str:
+    """``2024-06-12 14:20:08 UTC`` for seconds since the epoch."""
+    import datetime as dt
+
+    return dt.datetime.fromtimestamp(seconds, dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def write_report(

@@ -250,4 +250,7 @@ def test_the_report_names_its_targets_and_the_temporal_cutoff(tmp_path, monkeypa
     kept = [ts for ts in sequences["timestamp"].to_list() if ts[0] < cutoff <= ts[-1]]
     assert report["split"] == {"targets": sum(sum(t >= cutoff for t in ts) for ts in kept), "temporal_cutoff": cutoff}
     assert report["n_users"] == len(kept) > 0
-    assert f"temporal cutoff: {cutoff}" in (tmp_path / "tmp" / "report.md").read_text()
+    import datetime as dt
+
+    when = dt.datetime.fromtimestamp(cutoff, dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    assert f"temporal cutoff: {cutoff} ({when})" in (tmp_path / "tmp" / "report.md").read_text()

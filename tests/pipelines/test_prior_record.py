@@ -28,9 +28,9 @@ def test_a_whole_record_is_read_as_written(tmp_path):
 
 
 @pytest.mark.parametrize("damage", [
-    {"grid": "none"}, {"users": -7}, {"users": True}, {"users": 0}, {"users": 2.5},
+    {"grid": "none"}, {"grid": None}, {"grid": [[1, 2, 3]]}, {"days": "garbage"}, {"day": [1, 2]}, {"users": -7}, {"users": True}, {"users": 0}, {"users": 2.5},
     {"sum": None}, {"sum": "0.5"}, {"sum": math.nan}, {"sum": math.inf}, {"sum": 4.0}, {"sum": -0.1},
-    {"boundary": "yesterday"}, {"length": G - 1},
+    {"boundary": "yesterday"}, {"boundary": "1_000"}, {"boundary": "-5"}, {"length": G - 1},
 ])  # fmt: skip
 def test_a_damaged_record_is_refused_with_one_line_naming_it(tmp_path, damage):
     record = tmp_path / "popularity_prior.json"
@@ -38,9 +38,12 @@ def test_a_damaged_record_is_refused_with_one_line_naming_it(tmp_path, damage):
     if "sum" in damage:
         sums[5] = damage["sum"]
     day = {"users": damage.get("users", 3), "ndcg_sum": sums[: damage.get("length", G)]}
-    _write(record, {damage.get("boundary", "1000"): day})
-    if "grid" in damage:  # no grid at all: not a record of this tool
-        record.write_text(json.dumps({"days": {"1000": day}}))
+    _write(record, {damage.get("boundary", "1000"): damage.get("day", day)})
+    if "grid" in damage:  # no grid, or not one of [weight, half-life] points: not a record of this tool
+        record.write_text(json.dumps({"days": {"1000": day}} if damage["grid"] == "none" else
+                                     {"grid": damage["grid"], "days": {"1000": day}}))  # fmt: skip
+    if "days" in damage:
+        record.write_text(json.dumps({"grid": grid_labels(), "days": damage["days"]}))
     before = record.read_bytes()
     with pytest.raises(DataError) as refused:
         read_record(record)
@@ -73,3 +76,6 @@ def test_a_record_of_another_grid_is_set_aside_whole_and_the_choice_starts_over(
     assert not record.exists()
     (aside,) = tmp_path.glob("popularity_prior.json.other-grid-*")
     assert aside.read_bytes() == before and "set aside as popularity_prior.json.other-grid-" in caplog.text
+    _write(record, {}, grid_labels()[:-2])  # a second one at once: beside the first, never onto it
+    check_prior_data(config, tmp_path / "prepared", record)
+    assert sorted(p.read_bytes() == before for p in tmp_path.glob("popularity_prior.json.other-grid-*")) == [False, True]

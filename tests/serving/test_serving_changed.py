@@ -100,8 +100,11 @@ def test_killed_changed_only_run_rerun_equals_an_uninterrupted_one(previous, tmp
 
 def test_changed_since_refuses_what_is_not_a_finished_output(previous, tmp_path):
     prepared, before = previous
-    with pytest.raises(DataError, match="not a complete scoring output"):
+    with pytest.raises(DataError, match="nowhere: no such folder"):
         _score(prepared, tmp_path / "a", changed_since=str(tmp_path / "nowhere"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(DataError, match="not a complete scoring output"):
+        _score(prepared, tmp_path / "b", changed_since=str(tmp_path / "empty"))
     with pytest.raises(DataError, match="is the output itself"):
         _score(prepared, before, changed_since=str(before))
 

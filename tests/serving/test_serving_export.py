@@ -40,7 +40,7 @@ def test_export_of_a_trained_model_ranks_every_user_like_score_on_default_data(t
     assert main(["score", *common, "--output", str(tmp_path / "rankings"), "--k", "10"]) == 0
     assert main(["export", *common, "--output", str(tmp_path / "export")]) == 0
     printed = capsys.readouterr().out
-    assert "\nexported 50 item and " in printed and "(D=16, inner product)" in printed
+    assert "\nexported 50 item vectors and " in printed and "(D=16, inner product)" in printed
     assert_same_rankings(dot_product_rankings(tmp_path / "export", tmp_path / "prep", 10), read_rankings(tmp_path / "rankings"), atol=1e-4)
     manifest = json.loads((tmp_path / "export" / "export.json").read_text())
     assert manifest["model"]["model_uri"] == uri and manifest["width"] == 16 and manifest["similarity"] == "inner_product"
