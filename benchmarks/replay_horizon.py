@@ -100,18 +100,12 @@ def model_values(loaded, prepared: Path, examples: pl.DataFrame, logprior: np.nd
     Args:
         logprior: (len(HALF_LIVES), N + 1) float64 ``log(1 + c)`` in the data's numbering (column 0 padding).
     """
-    from pipelines.prior_choice import in_model_numbering
-    from pipelines.promotion import examples_in_vocabulary
-    from recsys_alibi.data.sequences import read_items
     from recsys_alibi.evaluation.popularity_prior import HALF_LIVES, TIE_SCALE
+    from replay_prior import in_model_view
     from replay_scoring import scored_batches
-    from serving.inputs import vocabulary_remap
 
     sizes = dict(zip(examples["user_id"].to_list(), (len(t) for t in examples["targets"].to_list())))
-    remap, _ = vocabulary_remap(read_items(prepared), loaded.items)
-    if remap is not None:
-        logprior = in_model_numbering(logprior, remap, loaded.items.height)
-        examples = examples_in_vocabulary(examples, remap)[0]
+    examples, logprior = in_model_view(loaded, prepared, examples, logprior)
     out = {str(u): np.zeros(2) for u in sizes}  # a user the model can serve nothing of: a miss
     for part, scores in scored_batches(loaded, examples):
         logits = scores.double()  # (B, N + 1)

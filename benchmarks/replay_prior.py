@@ -61,10 +61,10 @@ def grid_values(loaded, examples, logprior: np.ndarray) -> dict[str, np.ndarray]
     return {str(u): v for u, v in zip(examples["user_id"].to_list(), values)}
 
 
-def model_values(loaded, prepared: Path, examples, logprior: np.ndarray) -> dict[str, np.ndarray]:
-    """:func:`grid_values` of a model of this step or an earlier one (``stale``; a gated chain's champion kept,
-    ``replay.py --gate``): the examples and the prior mapped into its numbering by raw ``item_id``; a user whose
-    target or whole history it does not know counts a miss (zeros)."""
+def in_model_view(loaded, prepared: Path, examples, logprior: np.ndarray) -> tuple:
+    """``(examples, logprior)`` of the step's data in the numbering of ``loaded`` (a model of this step's catalog or
+    an earlier one), mapped by raw ``item_id``: history events and targets it does not know dropped, an example
+    left with none removed (``pipelines.promotion.examples_in_vocabulary``); unchanged in the same numbering."""
     from pipelines.prior_choice import in_model_numbering
     from pipelines.promotion import examples_in_vocabulary
     from recsys_alibi.data.sequences import read_items
@@ -72,9 +72,15 @@ def model_values(loaded, prepared: Path, examples, logprior: np.ndarray) -> dict
 
     remap, _ = vocabulary_remap(read_items(prepared), loaded.items)
     if remap is None:
-        return grid_values(loaded, examples, logprior)
-    mapped = in_model_numbering(logprior, remap, loaded.items.height)
-    values = grid_values(loaded, examples_in_vocabulary(examples, remap)[0], mapped)
+        return examples, logprior
+    return examples_in_vocabulary(examples, remap)[0], in_model_numbering(logprior, remap, loaded.items.height)
+
+
+def model_values(loaded, prepared: Path, examples, logprior: np.ndarray) -> dict[str, np.ndarray]:
+    """:func:`grid_values` of a model of this step or an earlier one (``stale``; a gated chain's champion kept,
+    ``replay.py --gate``) in its own numbering (:func:`in_model_view`); a user whose target or whole history it
+    does not know counts a miss (zeros)."""
+    values = grid_values(loaded, *in_model_view(loaded, prepared, examples, logprior))
     return {str(u): values.get(str(u), np.zeros((len(GRID), 2))) for u in examples["user_id"].to_list()}
 
 

@@ -181,20 +181,26 @@ def read_record(record: Path) -> dict[str, dict]:
             holds an entry that is not ``{"users": U >= 1, "ndcg_sum": [G sums, each a finite number in 0..U]}``
             under a whole boundary (seconds): nothing of it is used or overwritten.
     """
+    return _recorded(record)[0]
+
+
+def _recorded(record: Path) -> tuple[dict[str, dict], bool]:
+    """(:func:`read_record`'s days, whether ``record`` is a record of another grid)."""
     import json
 
     from recsys_alibi.data.ingest import DataError
 
     if not record.exists() and not record.is_symlink():
-        return {}
+        return {}, False
     try:
         if not record.is_file():
             raise ValueError("not a regular file")
         doc = json.loads(record.read_text())
-        if not isinstance(doc, dict) or not _is_grid(doc.get("grid")):
+        grid = doc.get("grid") if isinstance(doc, dict) else None
+        if not (isinstance(grid, list) and all(isinstance(p, list) and len(p) == 2 for p in grid)):
             raise ValueError("no grid of [weight, half-life] points: not a record of the choice")
-        if doc["grid"] != grid_labels():
-            return {}  # another version's grid: its sums do not compare (check_prior_data sets the file aside)
+        if grid != grid_labels():
+            return {}, True  # another version's grid: its sums do not compare
         days = doc.get("days")
         if not isinstance(days, dict):
             raise ValueError("no 'days' object")
@@ -210,7 +216,7 @@ def read_record(record: Path) -> dict[str, dict]:
                     isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and 0 <= x <= users
                     for x in sums):  # fmt: skip
                 raise ValueError(f"day {boundary}: ndcg_sum is not {len(grid_labels())} finite sums in 0..{users}")
-        return days
+        return days, False
     except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as err:
         raise DataError(f"{record} is damaged ({err}); delete it to start the choice over, or set "
                         "score.popularity_prior.choose=false") from None  # fmt: skip
@@ -231,25 +237,13 @@ def check_prior_data(config: JobConfig, prepared_dir: Path, record: Path) -> Non
     if prior.weight and (Path(prepared_dir) / schema.SEQUENCES_FILE).is_file() and not has_real_timestamps(prepared_dir):
         raise DataError(f"score.popularity_prior.weight={prior.weight:g} needs event times and {prepared_dir} took its "
                         "time from line order; set score.popularity_prior.weight=0")  # fmt: skip
-    if prior.choose and config.data.append and not read_record(record) and record.is_file() and _other_grid(record):
+    if prior.choose and config.data.append and _recorded(record)[1]:
         stamp = int(time.time())
         while (aside := record.with_name(f"{record.name}.other-grid-{stamp}")).exists() or aside.is_symlink():
             stamp += 1  # never onto an earlier one
         record.rename(aside)  # kept, never overwritten: the choice starts over on this version's grid
         log.warning("popularity prior: %s was written for another grid of the choice than this version's %d points; "
                     "set aside as %s, the choice starts over", record, len(grid_labels()), aside.name)  # fmt: skip
-
-
-def _is_grid(grid) -> bool:
-    """Whether ``grid`` has the shape of :func:`grid_labels` (a list of [weight, half-life] pairs)."""
-    return isinstance(grid, list) and all(isinstance(p, list) and len(p) == 2 for p in grid)
-
-
-def _other_grid(record: Path) -> bool:
-    import json
-
-    doc = json.loads(record.read_text())
-    return isinstance(doc, dict) and "grid" in doc and doc["grid"] != grid_labels()
 
 
 def grid_labels() -> list[list]:

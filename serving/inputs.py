@@ -40,7 +40,7 @@ from recsys_alibi.data import schema
 from recsys_alibi.data.ingest import DataError, resolve_paths
 from recsys_alibi.data.item_features import ITEM_REJECTS_FILE
 from recsys_alibi.data.loader import FlatSequences
-from recsys_alibi.data.prepared import check_file, check_prepared, read_consistent
+from recsys_alibi.data.prepared import check_file, check_prepared, cleaned_item_ids, read_consistent
 from recsys_alibi.data.sequences import read_parquet_file, vocabulary_difference
 from recsys_alibi.data.time_gaps import checked_timestamps, gap_buckets, sequences_have_real_timestamps
 from recsys_alibi.data.timestamps import seconds_of_lists
@@ -138,12 +138,12 @@ class ScoreInput:
     def removed_item_ids(self) -> pl.Series | None:
         """Raw ids of the items the input's k-core removed (``data.min_events_per_item``, ...): in the cleaned
         events beside ``sequences`` (``cleaned.parquet``) and not in its ``items.parquet``; None without them."""
-        cleaned, items_path = self.sequences.with_name(schema.CLEANED_FILE), self.sequences.with_name(schema.ITEMS_FILE)
-        if self.sequences.name != schema.SEQUENCES_FILE or not cleaned.is_file() or not items_path.is_file():
+        items_path = self.sequences.with_name(schema.ITEMS_FILE)
+        events = cleaned_item_ids(self.sequences.parent) if self.sequences.name == schema.SEQUENCES_FILE else None
+        if events is None or not items_path.is_file():
             return None
         kept = read_consistent(items_path.parent, items_path.name, read_parquet_file, self.prepare_id)
-        events = pl.scan_parquet(cleaned).select(schema.ITEM_ID).unique()
-        return events.join(kept.lazy().select(schema.ITEM_ID), on=schema.ITEM_ID, how="anti").collect().get_column(schema.ITEM_ID)
+        return events.join(kept.select(schema.ITEM_ID), on=schema.ITEM_ID, how="anti").get_column(schema.ITEM_ID)
 
     def vocabulary(self, model_items: pl.DataFrame) -> pl.DataFrame:
         """The items the input's ``item_idx`` refer to: the ``items.parquet`` beside ``sequences`` (a prepared or

@@ -36,6 +36,7 @@ from recsys_alibi.data.errors import DataError
 from recsys_alibi.data.feature_rows import feature_rows
 from recsys_alibi.data.item_features import has_item_features, read_item_features
 from recsys_alibi.data.item_table import clean_item_table, id_as, read_item_table
+from recsys_alibi.data.prepared import cleaned_item_ids
 
 log = logging.getLogger(__name__)
 
@@ -84,11 +85,9 @@ def _table_rows(path: Path, decl: ItemFeaturesConfig, id_dtype: pl.DataType) -> 
             raise DataError(f"score.items: {path}'s item table has no column {missing[0]!r} the model reads "
                             f"(the model was trained on {decl.columns})")  # fmt: skip
         rows = rows.with_columns(id_as(schema.ITEM_ID, rows.schema[schema.ITEM_ID], id_dtype).alias(schema.ITEM_ID))
-        cleaned = path / schema.CLEANED_FILE  # items whose events the k-core removed: not new (ShardRanker.for_input)
-        if cleaned.is_file():
-            removed = pl.scan_parquet(cleaned).select(pl.col(schema.ITEM_ID).cast(id_dtype, strict=False)).unique().collect()
-            rows = rows.filter(pl.col(schema.ITEM_IDX).is_not_null()).vstack(
-                rows.filter(pl.col(schema.ITEM_IDX).is_null()).join(removed, on=schema.ITEM_ID, how="anti"))
+        events = cleaned_item_ids(path, id_dtype)  # a row without an index but with events: the k-core removed it,
+        if events is not None:  # so it is not a new item (ShardRanker.for_input)
+            rows = rows.filter(pl.col(schema.ITEM_IDX).is_not_null() | ~pl.col(schema.ITEM_ID).is_in(events[schema.ITEM_ID].implode()))
         return rows.drop_nulls(schema.ITEM_ID), None
     accepted, rejects = clean_item_table(read_item_table(path), decl, id_dtype)
     if rejects.height:

@@ -39,8 +39,8 @@ import polars as pl
 from recsys_alibi.config import DataConfig, ItemFeaturesConfig
 from recsys_alibi.data.errors import DataError
 from recsys_alibi.data.item_table import clean_item_table, empty_rejects, feature_rows_schema, read_item_table
-from recsys_alibi.data.prepared import read_consistent
-from recsys_alibi.data.schema import CLEANED_FILE, COUNT, ITEM_ID, ITEM_IDX, REJECT_REASON
+from recsys_alibi.data.prepared import cleaned_item_ids, read_consistent
+from recsys_alibi.data.schema import COUNT, ITEM_ID, ITEM_IDX, REJECT_REASON
 
 log = logging.getLogger(__name__)
 
@@ -211,12 +211,9 @@ def _removed_by_k_core(rows: pl.DataFrame, work: Path) -> int:
     """Rows without an index whose item has events in the cleaned log (``cleaned.parquet``) that the k-core
     (``data.min_events_per_item`` / ``min_events_per_user``) removed: not new items, so ``score`` never ranks them
     from their features (``ShardRanker.for_input``)."""
-    cleaned = work / CLEANED_FILE
     outside = rows.filter(pl.col(ITEM_IDX).is_null()).select(ITEM_ID)
-    if not cleaned.is_file() or outside.height == 0:
-        return 0
-    events = pl.scan_parquet(cleaned).select(ITEM_ID).unique().collect()
-    return outside.join(events.cast({ITEM_ID: outside.schema[ITEM_ID]}, strict=False), on=ITEM_ID, how="semi").height
+    events = cleaned_item_ids(work, outside.schema[ITEM_ID]) if outside.height else None
+    return 0 if events is None else outside.join(events, on=ITEM_ID, how="semi").height
 
 
 def _removed_words(removed: int) -> str:

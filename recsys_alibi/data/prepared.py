@@ -44,6 +44,7 @@ from recsys_alibi.data.ingest import DataError
 from recsys_alibi.data.schema import (
     CLEANED_FILE,
     EVENTS_FILE,
+    ITEM_ID,
     ITEMS_FILE,
     MANIFEST_FILE,
     REJECTS_FILE,
@@ -180,6 +181,21 @@ def roll_forward(directory: Path) -> bool:
     write_json_atomic(path, {**{k: v for k, v in manifest.items() if k != "staging"}, "state": COMPLETE})
     log.info("finished publishing %s (a prepare was killed while replacing its files)", directory)
     return True
+
+
+def cleaned_item_ids(directory: str | Path, id_dtype: pl.DataType | None = None) -> pl.DataFrame | None:
+    """The distinct ``item_id`` of a prepared (or staging) directory's ``cleaned.parquet``: every item with an event
+    before the k-core, so an item there and not in ``items.parquet`` is one the k-core removed. Cast to ``id_dtype``
+    when given (ids that do not fit dropped); None when the directory has no such file.
+
+    Returns:
+        One column ``item_id``, or None.
+    """
+    cleaned = Path(directory) / CLEANED_FILE
+    if not cleaned.is_file():
+        return None
+    ids = pl.scan_parquet(cleaned).select(ITEM_ID).unique()
+    return (ids if id_dtype is None else ids.select(pl.col(ITEM_ID).cast(id_dtype, strict=False)).drop_nulls()).collect()
 
 
 def read_manifest(directory: str | Path) -> dict | None:

@@ -247,6 +247,7 @@ def _check_horizon_figures(replay_dir, monkeypatch, per_user) -> None:
     prior file's per-user figures); the pooled difference is the mean of the per-user ones; bad --prior refused."""
     monkeypatch.setitem(sys.modules, "replay", replay)
     monkeypatch.setitem(sys.modules, "replay_scoring", scoring)
+    monkeypatch.setitem(sys.modules, "replay_prior", load_benchmark("replay_prior"))  # the script's folder when run
     horizon = load_benchmark("replay_horizon")
     horizon.main(["replay.json", "--prior", "warm=prior.json", "--output", "h.json"])
     out = json.loads((replay_dir / "h.json").read_text())
