@@ -50,7 +50,8 @@ the new item rows moved from their initial values); and the differences ``warm_m
 percentile-bootstrap 95 % intervals of the per-user paired difference
 (:func:`recsys_alibi.evaluation.paired.paired_difference`). Top level: ``seeds``,
 ``pooled_warm_minus_scratch`` and ``pooled_warm_minus_stale`` (``{"NDCG@10": {"difference", "ci95",
-"pairs"}, "HR@10": ...}`` over every (seed, step, user)), ``by_step`` (the same per step over the
+"pairs", "ci95_by_user", "users"}, "HR@10": ...}`` over every (seed, step, user); ``ci95_by_user`` resamples
+whole users, whose pairs recur over seeds and steps), ``by_step`` (the same per step over the
 seeds), ``warm_over_scratch_epochs`` (the time ratio in epochs, free of the load),
 ``trend_warm_minus_scratch`` and the other ``trend_*`` (the least-squares slope per step of the pooled
 difference, ``{"NDCG@10": {"slope_per_step", "ci95", "pairs"}}``: a downward trend has its interval below
@@ -397,15 +398,21 @@ def _lost_models(state: dict) -> bool:
     return False
 
 
-def _difference(a: list, b: list, metrics: tuple[str, ...] = METRICS) -> dict:
+def _difference(a: list, b: list, metrics: tuple[str, ...] = METRICS, users: list | None = None) -> dict:
     """Paired difference a - b per metric (``metrics``, the order of each pair's values; default NDCG@10, HR@10)
-    with its bootstrap 95 % interval."""
+    with its bootstrap 95 % interval over the pairs (``ci95``). ``users``: each pair's user, for pairs pooled
+    over seeds or steps (a user recurs): adds ``ci95_by_user``, the interval that resamples whole users with
+    all their pairs (:func:`recsys_alibi.evaluation.paired.paired_difference`, ``clusters``), and ``users``."""
     from recsys_alibi.evaluation.paired import paired_difference
 
     out = {}
     for i, metric in enumerate(metrics):
-        d = paired_difference(np.array([x[i] for x in a]), np.array([x[i] for x in b]))
+        x, y = np.array([v[i] for v in a]), np.array([v[i] for v in b])
+        d = paired_difference(x, y)
         out[metric] = {"difference": d.difference, "ci95": list(d.ci95), "pairs": len(a)}
+        if users is not None:
+            out[metric]["ci95_by_user"] = list(paired_difference(x, y, clusters=users).ci95)
+            out[metric]["users"] = len(set(users))
     return out
 
 
@@ -448,8 +455,9 @@ def pooled(runs: dict) -> dict:
     arms = list(steps[0]["arms"])
     out: dict = {}
     for a, b in comparisons(arms):
+        users = [u for s in steps for u in sorted(s["per_user"][a])]
         rows = [(s["step"], s["per_user"][a][u], s["per_user"][b][u]) for s in steps for u in sorted(s["per_user"][a])]
-        out[f"pooled_{a}_minus_{b}"] = _difference([r[1] for r in rows], [r[2] for r in rows])
+        out[f"pooled_{a}_minus_{b}"] = _difference([r[1] for r in rows], [r[2] for r in rows], users=users)
         out[f"trend_{a}_minus_{b}"] = _trend(rows)
     by_step = {}
     for k in sorted({s["step"] for s in steps}):
@@ -488,9 +496,10 @@ def kind_differences(steps: list, arms) -> dict:
     for a, b in comparisons(arms):
         out[f"{a}_minus_{b}"] = {}
         for kind in KINDS:
-            pairs = [(s["per_user"][a][u], s["per_user"][b][u]) for s in steps for u in sorted(s["per_user"][a])
+            pairs = [(s["per_user"][a][u], s["per_user"][b][u], u) for s in steps for u in sorted(s["per_user"][a])
                      if s["target_kinds"][u] == kind]  # fmt: skip
-            out[f"{a}_minus_{b}"][kind] = _difference([p[0] for p in pairs], [p[1] for p in pairs]) if pairs else None
+            out[f"{a}_minus_{b}"][kind] = (_difference([p[0] for p in pairs], [p[1] for p in pairs],
+                                                       users=[p[2] for p in pairs]) if pairs else None)  # fmt: skip
     return out
 
 

@@ -146,14 +146,16 @@ def comparisons(values: dict[str, dict], sizes: dict[str, int], arms: list[str],
         for mode in ("model", "prior"):
             def difference(chosen: list[str]) -> dict:
                 return replay_script._difference([values[f"warm/{mode}"][key] for key in chosen],
-                                                 [values[f"{other}/{mode}"][key] for key in chosen], METRICS)
+                                                 [values[f"{other}/{mode}"][key] for key in chosen], METRICS,
+                                                 users=[key.split("/")[2] for key in chosen])
 
             pooled = difference(keys)
             by_step = {str(k): difference([key for key in keys if key.split("/")[1] == str(k)]) for k in range(1, last + 1)}
             out[f"warm_minus_{other}_{mode}"] = {**pooled, "by_step": by_step}
             d = pooled["NDCG@10"]
-            print(f"warm - {other} ({mode}): NDCG@10 {d['difference']:+.4f} [{d['ci95'][0]:+.4f}, {d['ci95'][1]:+.4f}], "
-                  f"Recall@10 {pooled['Recall@10']['difference']:+.4f} over {d['pairs']} pairs")  # fmt: skip
+            print(f"warm - {other} ({mode}): NDCG@10 {d['difference']:+.4f} [{d['ci95'][0]:+.4f}, {d['ci95'][1]:+.4f}] "
+                  f"(resampling users [{d['ci95_by_user'][0]:+.4f}, {d['ci95_by_user'][1]:+.4f}]), "
+                  f"Recall@10 {pooled['Recall@10']['difference']:+.4f} over {d['pairs']} pairs of {d['users']} users")  # fmt: skip
     return out
 
 

@@ -97,7 +97,8 @@ def pair(arms: list[tuple[str, Path, dict]], steps: tuple[int, int] | None, pars
     out = {"pairs": len(keys), "steps": sorted({k[1] for k in keys}), "seeds": sorted({k[0] for k in keys}),
            "mean_NDCG@10": {label: sum(v[k][0][0] for k in keys) / len(keys) for label, _, v in arms}}  # fmt: skip
     for label, _, values in others:
-        out[f"{label}_minus_{base_label}"] = replay_script._difference([values[k][0] for k in keys], b)
+        out[f"{label}_minus_{base_label}"] = replay_script._difference([values[k][0] for k in keys], b,
+                                                                        users=[k[2] for k in keys])
     return out
 
 
@@ -128,7 +129,8 @@ def main(argv: list[str] | None = None) -> None:
     for key, d in out.items():
         if "_minus_" in key:
             n = d["NDCG@10"]
-            print(f"{key}: NDCG@10 {n['difference']:+.4f} [{n['ci95'][0]:+.4f}, {n['ci95'][1]:+.4f}]")
+            print(f"{key}: NDCG@10 {n['difference']:+.4f} [{n['ci95'][0]:+.4f}, {n['ci95'][1]:+.4f}] "
+                  f"(resampling {n['users']} users [{n['ci95_by_user'][0]:+.4f}, {n['ci95_by_user'][1]:+.4f}])")
     if args.output is not None:
         from recsys_alibi.atomic import write_json_atomic
 

@@ -221,6 +221,7 @@ def main(argv: list[str] | None = None) -> None:
                     if scored is not None:
                         other_pairs[a][0].append(v[g])
                         other_pairs[a][1].append(scored)
+    users = [user for _, _, user in keys]
     all_steps = np.concatenate([np.stack(list(chains[s][k].values())) for s in seeds for k in range(1, last + 1)])
     out = {
         "replay": str(args.replay), "arm": args.arm, "models": str(args.uris) if args.uris else "the replay's",
@@ -229,10 +230,10 @@ def main(argv: list[str] | None = None) -> None:
                 "0..k-1 (this seed), all ending by b_k; recent: the same among beta = inf",
         "seeds": seeds, "steps": last, "chosen": chosen_out,
         "mean_NDCG@10": {name: float(np.mean([v[0] for v in values])) for name, values in pairs.items()},
-        "prior_minus_arm": replay_script._difference(pairs["prior"], pairs["arm"]),
-        "prior_minus_recent": replay_script._difference(pairs["prior"], pairs["recent"]),
-        "recent_minus_arm": replay_script._difference(pairs["recent"], pairs["arm"]),
-        "prior_minus_stale_with_prior": replay_script._difference(pairs["prior"], pairs["stale_prior"]),
+        "prior_minus_arm": replay_script._difference(pairs["prior"], pairs["arm"], users=users),
+        "prior_minus_recent": replay_script._difference(pairs["prior"], pairs["recent"], users=users),
+        "recent_minus_arm": replay_script._difference(pairs["recent"], pairs["arm"], users=users),
+        "prior_minus_stale_with_prior": replay_script._difference(pairs["prior"], pairs["stale_prior"], users=users),
         "grid_means": [{**_label(g), "NDCG@10": float(all_steps[:, g, 0].mean())} for g in range(len(GRID))],
     }  # fmt: skip
     for a, (mine, theirs) in other_pairs.items():
@@ -246,16 +247,19 @@ def main(argv: list[str] | None = None) -> None:
         if not common:
             parser.error(f"--against {args.against}: no (seed, step, user) in common with this replay")
         out["against"] = {"file": str(args.against), "arm": json.loads(args.against.read_text())["arm"],
-                          "prior_minus_their_prior": replay_script._difference([per_user[c][1] for c in common],
-                                                                               [theirs[c][1] for c in common]),
-                          "arm_minus_their_arm": replay_script._difference([per_user[c][0] for c in common],
-                                                                           [theirs[c][0] for c in common])}  # fmt: skip
+                          "prior_minus_their_prior": replay_script._difference(
+                              [per_user[c][1] for c in common], [theirs[c][1] for c in common],
+                              users=[c.split("/")[2] for c in common]),
+                          "arm_minus_their_arm": replay_script._difference(
+                              [per_user[c][0] for c in common], [theirs[c][0] for c in common],
+                              users=[c.split("/")[2] for c in common])}  # fmt: skip
         out["prior_minus_their_prior"] = out["against"]["prior_minus_their_prior"]
     for name in ("prior_minus_arm", "prior_minus_recent", "recent_minus_arm", "prior_minus_stale_with_prior",
                  *(f"prior_minus_{a}" for a in others), "prior_minus_their_prior"):  # fmt: skip
         if name in out:
             d = out[name]["NDCG@10"]
-            print(f"{name}: NDCG@10 {d['difference']:+.4f} [{d['ci95'][0]:+.4f}, {d['ci95'][1]:+.4f}] over {d['pairs']} pairs")
+            by_user = f" (resampling users [{d['ci95_by_user'][0]:+.4f}, {d['ci95_by_user'][1]:+.4f}])" if "ci95_by_user" in d else ""
+            print(f"{name}: NDCG@10 {d['difference']:+.4f} [{d['ci95'][0]:+.4f}, {d['ci95'][1]:+.4f}]{by_user} over {d['pairs']} pairs")
     write_json_atomic(output.with_suffix(".per_user.json"), per_user)
     write_json_atomic(output, out)
     print(f"wrote {output}")

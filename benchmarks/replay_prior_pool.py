@@ -78,15 +78,16 @@ def pool(inputs: list[tuple[Path, dict, dict]], parser) -> dict:
         parser.error("some inputs were made --against another chain and some not: pool like with like")
     order = sorted(values)
     column = {name: [values[key][i] for key in order] for i, name in enumerate(NAMES)}
+    users = [key.split("/")[2] for key in order]
     out = {
         "inputs": [str(path) for path, _, _ in inputs], "arm": arms.pop(),
         "seeds": sorted({key.split("/")[0] for key in order}, key=lambda s: (len(s), s)),
         "chosen": {seed: steps for _, doc, _ in inputs for seed, steps in doc.get("chosen", {}).items()},
         "mean_NDCG@10": {name: sum(v[0] for v in rows) / len(rows) for name, rows in column.items()},
-        "prior_minus_arm": replay_script._difference(column["prior"], column["arm"]),
-        "prior_minus_recent": replay_script._difference(column["prior"], column["recent"]),
-        "recent_minus_arm": replay_script._difference(column["recent"], column["arm"]),
-        "prior_minus_stale_with_prior": replay_script._difference(column["prior"], column["stale_prior"]),
+        "prior_minus_arm": replay_script._difference(column["prior"], column["arm"], users=users),
+        "prior_minus_recent": replay_script._difference(column["prior"], column["recent"], users=users),
+        "recent_minus_arm": replay_script._difference(column["recent"], column["arm"], users=users),
+        "prior_minus_stale_with_prior": replay_script._difference(column["prior"], column["stale_prior"], users=users),
     }  # fmt: skip
     at_step: dict[str, list] = {}  # the same per step, over the seeds
     for key in order:
@@ -94,7 +95,7 @@ def pool(inputs: list[tuple[Path, dict, dict]], parser) -> dict:
     out["by_step"] = {k: {"prior_minus_stale_with_prior": replay_script._difference([v[1] for v in rows], [v[3] for v in rows])}
                       for k, rows in sorted(at_step.items(), key=lambda item: int(item[0]))}  # fmt: skip
     if all(with_against):
-        mine_prior, their_prior, mine_arm, their_arm, their_arms = [], [], [], [], set()
+        mine_prior, their_prior, mine_arm, their_arm, their_arms, paired_users = [], [], [], [], set(), []
         for path, doc, mine in inputs:
             against = Path(doc["against"]["file"])
             their_doc, theirs = _read(against, parser)
@@ -104,11 +105,12 @@ def pool(inputs: list[tuple[Path, dict, dict]], parser) -> dict:
                 their_prior.append(theirs[key][1])
                 mine_arm.append(mine[key][0])
                 their_arm.append(theirs[key][0])
+                paired_users.append(key.split("/")[2])
         if len(their_arms) > 1 or not mine_prior:
             parser.error("the inputs' --against files score different chains or share no (seed, step, user) with them")
         out["against_arm"] = their_arms.pop()
-        out["prior_minus_their_prior"] = replay_script._difference(mine_prior, their_prior)
-        out["arm_minus_their_arm"] = replay_script._difference(mine_arm, their_arm)
+        out["prior_minus_their_prior"] = replay_script._difference(mine_prior, their_prior, users=paired_users)
+        out["arm_minus_their_arm"] = replay_script._difference(mine_arm, their_arm, users=paired_users)
     return out
 
 
@@ -127,7 +129,8 @@ def main(argv: list[str] | None = None) -> None:
                  "arm_minus_their_arm"):  # fmt: skip
         if name in out:
             d = out[name]["NDCG@10"]
-            print(f"{name}: NDCG@10 {d['difference']:+.4f} [{d['ci95'][0]:+.4f}, {d['ci95'][1]:+.4f}] over {d['pairs']} pairs")
+            print(f"{name}: NDCG@10 {d['difference']:+.4f} [{d['ci95'][0]:+.4f}, {d['ci95'][1]:+.4f}] (resampling users "
+                  f"[{d['ci95_by_user'][0]:+.4f}, {d['ci95_by_user'][1]:+.4f}]) over {d['pairs']} pairs")
     write_json_atomic(args.output, out)
     print(f"wrote {args.output}")
 

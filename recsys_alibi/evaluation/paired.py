@@ -6,6 +6,12 @@ bootstrap over users (Efron & Tibshirani, *An Introduction to the Bootstrap*, 19
 computed with :func:`scipy.stats.bootstrap` on the differences (resampling users keeps each
 user's pair together, so the interval is that of a paired test). An interval that excludes 0
 says the gain is larger than the noise of which users happened to be evaluated.
+
+Pairs pooled over seeds and steps of a replay repeat users: one user is a pair at every (seed, step)
+where it has a target, and its pairs move together. Given each pair's user (``clusters``), the
+interval resamples whole users with all their pairs (the cluster bootstrap: Davison & Hinkley,
+*Bootstrap Methods and their Application*, 1997, section 3.8; Field & Welsh, JRSS B 69(3), 2007),
+so repeated users are not counted as independent evidence.
 """
 
 from __future__ import annotations
@@ -61,7 +67,12 @@ class PairedDifference:
 
 
 def paired_difference(
-    candidate: np.ndarray, baseline: np.ndarray, *, n_resamples: int = N_RESAMPLES, seed: int = 0
+    candidate: np.ndarray,
+    baseline: np.ndarray,
+    *,
+    n_resamples: int = N_RESAMPLES,
+    seed: int = 0,
+    clusters: np.ndarray | None = None,
 ) -> PairedDifference:
     """Mean per-user difference ``candidate - baseline`` with a percentile-bootstrap 95 % CI.
 
@@ -70,10 +81,13 @@ def paired_difference(
             in the same order.
         n_resamples: bootstrap resamples (2,000 by default).
         seed: seed of the resampling (the same inputs and seed give the same interval).
+        clusters: optional (U,) label of each pair's unit (e.g. the user of each (seed, step, user)
+            pair; any hashable values): whole units are resampled with all their pairs and each
+            resample's statistic is its pairs' mean (module doc). None: every pair is its own unit.
 
     Returns:
-        :class:`PairedDifference`. With a single user (or identical values) the interval is the
-        point itself.
+        :class:`PairedDifference`. With a single user (or unit, or identical values) the interval
+        is the point itself.
 
     Raises:
         ValueError: shapes differ, an input is empty, or holds NaN.
@@ -86,16 +100,38 @@ def paired_difference(
         raise ValueError(f"paired values need two (U,) arrays of the same users, got {a.shape} and {b.shape}")
     if np.isnan(a).any() or np.isnan(b).any():
         raise ValueError("paired values hold NaN")
+    if clusters is not None and len(clusters) != a.size:
+        raise ValueError(f"clusters need one label per pair, got {len(clusters)} for {a.size} pairs")
     diff = a - b
     mean = float(diff.mean())
     if a.size == 1 or np.all(diff == diff[0]):
         ci = (mean, mean)
+    elif clusters is not None:
+        ci = _cluster_interval(diff, clusters, n_resamples, seed)
     else:
         res = bootstrap((diff,), np.mean, n_resamples=n_resamples, confidence_level=LEVEL, method="percentile",
                         vectorized=True, rng=np.random.default_rng(seed))  # fmt: skip
         ci = (float(res.confidence_interval.low), float(res.confidence_interval.high))
     base = float(b.mean())
     return PairedDifference(int(a.size), base, float(a.mean()), mean, ci, float(a.mean()) / base if base else None)
+
+
+def _cluster_interval(diff: np.ndarray, clusters, n_resamples: int, seed: int) -> tuple[float, float]:
+    """Percentile interval of the mean of ``diff`` (P,) when whole clusters (``clusters``: (P,) labels) are
+    resampled with replacement: each resample draws C of the C clusters, its statistic the mean over the
+    drawn clusters' pairs (sum of their differences / number of their pairs)."""
+    _, index = np.unique(np.asarray(clusters, dtype=object).astype(str), return_inverse=True)
+    sums, counts = np.bincount(index, weights=diff), np.bincount(index).astype(np.float64)
+    if sums.size == 1:
+        mean = float(diff.mean())
+        return (mean, mean)
+    rng = np.random.default_rng(seed)
+    stats = np.empty(n_resamples)
+    for start in range(0, n_resamples, 200):  # (200, C) draws at a time: bounded memory for many clusters
+        drawn = rng.integers(0, sums.size, size=(min(200, n_resamples - start), sums.size))
+        stats[start : start + len(drawn)] = sums[drawn].sum(axis=1) / counts[drawn].sum(axis=1)
+    low, high = np.percentile(stats, [100 * (1 - LEVEL) / 2, 100 * (1 + LEVEL) / 2])
+    return (float(low), float(high))
 
 
 def paired_trend(

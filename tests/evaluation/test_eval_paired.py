@@ -35,6 +35,35 @@ def test_paired_interval_matches_the_normal_approximation_and_pairs_users():
     assert PairedDifference.from_json(d.to_json()) == d
 
 
+def test_cluster_interval_by_hand_two_users():
+    # user A: two pairs with difference 1; user B: one pair with difference 0. A resample of 2 users is AA (mean 1,
+    # p 1/4), AB or BA (2/3, p 1/2) or BB (0, p 1/4): the 2.5th and 97.5th percentiles are 0 and 1
+    d = paired_difference(np.array([1.0, 1.0, 0.0]), np.zeros(3), clusters=["A", "A", "B"])
+    assert d.difference == pytest.approx(2 / 3) and d.ci95 == (0.0, 1.0)
+    one = paired_difference(np.array([1.0, 0.0, 0.5]), np.zeros(3), clusters=[7, 7, 7])  # one user: the point
+    assert one.ci95 == pytest.approx((0.5, 0.5))
+
+
+def test_cluster_interval_counts_a_repeated_user_once():
+    # 400 users, each with 10 pairs of one difference (a user recurring over seeds and steps): the evidence is
+    # 400 values, not 4,000; the cluster interval is the normal one of the 400 user means, the pair interval
+    # about sqrt(10) narrower
+    rng = np.random.default_rng(1)
+    per_user = 0.02 + rng.normal(0, 0.1, 400)
+    diff, users = np.repeat(per_user, 10), np.repeat(np.arange(400), 10)
+    by_user = paired_difference(diff, np.zeros(4000), clusters=users)
+    by_pair = paired_difference(diff, np.zeros(4000))
+    half = 1.96 * per_user.std(ddof=1) / math.sqrt(400)  # 0.0098
+    assert by_user.difference == pytest.approx(per_user.mean())
+    assert by_user.ci95[0] == pytest.approx(by_user.difference - half, abs=1.2e-3)
+    assert by_user.ci95[1] == pytest.approx(by_user.difference + half, abs=1.2e-3)
+    ratio = (by_user.ci95[1] - by_user.ci95[0]) / (by_pair.ci95[1] - by_pair.ci95[0])
+    assert 2.6 < ratio < 3.8  # sqrt(10) = 3.16
+    assert paired_difference(diff, np.zeros(4000), clusters=users) == by_user  # seeded
+    with pytest.raises(ValueError, match="one label per pair"):
+        paired_difference(diff, np.zeros(4000), clusters=users[:-1])
+
+
 @pytest.mark.parametrize("a, b", [(np.zeros(3), np.zeros(4)), (np.zeros(0), np.zeros(0)), (np.array([np.nan]), np.zeros(1))])
 def test_paired_difference_rejects_unpaired_or_nan_values(a, b):
     with pytest.raises(ValueError, match="paired values"):

@@ -171,6 +171,8 @@ def test_tiny_replay_writes_every_field(replay_dir, monkeypatch):
         assert d["ci95"][0] <= d["difference"] <= d["ci95"][1] and d["pairs"] == step["test_users"]
         pooled = result[f"pooled_warm_minus_{other}"]["NDCG@10"]  # one step: the pooled pairs are that step's
         assert pooled["difference"] == pytest.approx(d["difference"]) and pooled["pairs"] == d["pairs"]
+        assert pooled["users"] == d["pairs"]  # one seed, one step: each user is one pair
+        assert pooled["ci95_by_user"][0] <= pooled["difference"] <= pooled["ci95_by_user"][1]
     for a, b in (("warm_features", "warm"), ("scratch_features", "scratch")):  # features against their twin
         d = step["differences"][f"{a}_minus_{b}"]["HR@10"]
         assert d["difference"] == pytest.approx(step["arms"][a]["HR@10"] - step["arms"][b]["HR@10"])
