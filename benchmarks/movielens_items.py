@@ -3,7 +3,7 @@
     python benchmarks/movielens_items.py --dataset ml-100k --output runs/items-ml100k.parquet
     python benchmarks/movielens_items.py --dataset ml-1m --output runs/items-ml1m.parquet
 
-Read from ``../shared/data`` (never copied into the repository): ML-100K ``u.item`` (``|``-separated:
+Read from ``--data`` (default ``../shared/data`` beside the checkout; never copied into the repository): ML-100K ``u.item`` (``|``-separated:
 id, title, release date ``01-Jan-1995``, video date, URL, then 19 genre flags named by ``u.genre``)
 and ML-1M ``movies.dat`` (``id::Title (1995)::Genre|Genre``). Keyed by the raw movie id, the
 ``item_id`` of ``u.data`` and ``ratings.dat``; declare the columns with
@@ -58,6 +58,11 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     from recsys_alibi.atomic import atomic_path
 
+    needed = {"ml-100k": ("u.item", "u.genre"), "ml-1m": ("movies.dat",)}[args.dataset]
+    missing = [name for name in needed if not (args.data / args.dataset / name).is_file()]
+    if missing:
+        parser.error(f"--data {args.data}: no {', '.join(missing)} in {args.data / args.dataset}; "
+                     "give the folder holding ml-100k/ and ml-1m/ (the shared data's folder)")  # fmt: skip
     table = READERS[args.dataset](args.data / args.dataset)
     args.output.parent.mkdir(parents=True, exist_ok=True)
     with atomic_path(args.output) as tmp:

@@ -102,7 +102,7 @@ def run_diagnose(
     else:
         from recsys_alibi.tracking import load_ranker, setup_tracking
 
-        setup_tracking(config.tracking)
+        setup_tracking(config.tracking, reading=model_uri)
         model = load_ranker(model_uri).model
         cfg = model.cfg
         with torch.no_grad():

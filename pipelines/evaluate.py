@@ -265,7 +265,7 @@ def run_evaluate(
     from recsys_alibi.model.scorer import RankerScorer
     from recsys_alibi.tracking import load_ranker, setup_tracking
 
-    setup_tracking(config.tracking)
+    setup_tracking(config.tracking, reading=model_uri)
     loaded = load_ranker(model_uri)
     sequences = in_model_indices(loaded.items, items, sequences, model_uri, prepared_dir)
     cutoff = protocol_cutoff(config, sequences)

@@ -149,6 +149,9 @@ def run_pipeline(config: JobConfig, *, progress: bool = True) -> PipelineResult:
     check_prior_data(config, prepared_dir, out / PRIOR_FILE)  # a first prepare of line-order data: before training
     record_newest_period(config, prepared_dir, boundary, out / PRIOR_FILE)  # the champion on the appended events
 
+    if prepared.appended is False:  # a re-run of a day already appended (a retry after a failure, a doubled cron)
+        log.warning("pipeline: nothing new was appended (every input file is already prepared): training again on "
+                    "data the directory already held; the gate keeps the champion unless the new version beats it")  # fmt: skip
     trained = run_train(config, prepared_dir, progress=progress)
     prepare_id = trained.prepare_id  # evaluation and the gate read the prepare the model was trained on
     lineage = lineage_tags(config, prepared_dir, prepare_id)

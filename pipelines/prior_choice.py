@@ -277,9 +277,10 @@ def chosen_prior(config: JobConfig, prepared_dir: Path, record: Path) -> tuple[d
     best = max(range(len(GRID)), key=lambda g: (means[g], -g))
     beta, half_life = GRID[best]
     weight = INF_WEIGHT if math.isinf(beta) else beta
-    days_text = "none" if half_life is None else f"{half_life:g} day{'' if half_life == 1 else 's'}"
+    days_text = "null (plain counts)" if half_life is None else f"{half_life:g} day{'' if half_life == 1 else 's'}"
     setting = "weight 0 (no prior)" if beta == 0 else (f"weight {'inf' if math.isinf(beta) else f'{beta:g}'}, "
                                                        f"half-life {days_text}")  # fmt: skip
+    # both values as `--set score.popularity_prior.weight=W` and `.half_life_days=H` take them (`inf`, `null`)
     line = (f"popularity prior: {setting}, chosen on {len(days)} appended day(s), "
             f"{users} users (NDCG@10 {means[best]:.4f} against {means[GRID.index((0.0, half_life))]:.4f} without)")  # fmt: skip
     return {"weight": weight, "half_life_days": half_life}, line

@@ -17,6 +17,7 @@ value stays accepted, so a dumped config loads again. A section written with no 
 
 from __future__ import annotations
 
+import difflib
 import errno
 import re
 from pathlib import Path
@@ -429,7 +430,9 @@ class EvaluateConfig(_Section):
 
     ks: list[int] = Field([1, 5, 10, 20, 50, 100], min_length=1)  # cut-offs K >= 1, each once
     protocol: Literal["leave_one_out", "temporal"] = "leave_one_out"
-    temporal_cutoff: int | None = None  # seconds since epoch; None: the 90% quantile of timestamps
+    # seconds since epoch, or an ISO-8601 date or time (`1998-03-01`, `1998-03-01T12:00:00+02:00`; UTC when it
+    # has no offset), as event timestamps are read; None: the 90% quantile of timestamps
+    temporal_cutoff: int | None = None
     exclude_seen: bool = True
     batch_size: int = Field(256, ge=1)  # users per scoring batch, at most
     # and at most this many padded history events per batch (users x longest context): bounds the
@@ -446,6 +449,25 @@ class EvaluateConfig(_Section):
         if any(v < 1 for v in values) or len(set(values)) != len(values):
             raise ValueError("must be distinct integers >= 1")
         return values
+
+    @field_validator("temporal_cutoff", mode="before")
+    @classmethod
+    def _cutoff_seconds(cls, value: Any) -> Any:
+        """A date or time (YAML reads `1998-03-01` as a date) or an ISO-8601 text -> whole seconds since the
+        epoch (UTC when no offset is given; a date is its midnight UTC); anything else as given."""
+        import datetime as dt
+
+        if isinstance(value, str):
+            try:
+                value = dt.datetime.fromisoformat(value.strip())
+            except ValueError:
+                raise ValueError("expected seconds since the epoch or an ISO-8601 date or time") from None
+        if isinstance(value, dt.date) and not isinstance(value, dt.datetime):
+            value = dt.datetime(value.year, value.month, value.day)
+        if isinstance(value, dt.datetime):
+            value = value if value.tzinfo is not None else value.replace(tzinfo=dt.timezone.utc)
+            return int(value.timestamp() // 1)
+        return value
 
     @model_validator(mode="after")
     def _cutoff_needs_temporal(self) -> "EvaluateConfig":
@@ -469,6 +491,11 @@ class RayConfig(_Section):
     gpus_per_actor: float = Field(0.0, ge=0)  # > 0: actors on GPUs (score.device auto then picks cuda)
 
 
+PRIOR_INF_WEIGHT = 1000.0
+"""``score.popularity_prior.weight`` inf as scored (float32): the counts decide wherever log(1 + c) differs by more
+than ~0.03, the model's logits (far less than 1000 apart) break the ties."""
+
+
 class PopularityPriorConfig(_Section):
     """``score.popularity_prior``: ``weight * log(1 + c_i)`` added to every item's score, ``c_i`` the item's events
     in the scored input before its newest event, each weighing ``0.5 ** (age_days / half_life_days)``
@@ -477,11 +504,22 @@ class PopularityPriorConfig(_Section):
     popularity prior on the next periods"); choose both on your own log with ``benchmarks/replay_prior.py``."""
 
     weight: float = Field(0.0, ge=0, le=1e6)  # 0: off; at most 1e6, so weight * log(1 + count) stays a float32
+    # weight inf (``inf`` or ``.inf``, as the daily pipeline prints its choice): the recent counts first, the model
+    # breaks ties; scored as PRIOR_INF_WEIGHT
     half_life_days: float | None = Field(7.0, gt=0)  # None: plain event counts
     # the daily `pipeline` (data.append) chooses weight and half-life walk-forward, on how its champion ranked
     # every appended day so far (pipelines.prior_choice; until a day is recorded, the two above); `score` alone
     # and a pipeline that does not append use the two above
     choose: bool = True
+
+    @field_validator("weight", mode="before")
+    @classmethod
+    def _inf_weight(cls, value: Any) -> Any:
+        """``inf`` (text, or YAML's ``.inf``) -> :data:`PRIOR_INF_WEIGHT`; anything else as given."""
+        text = value.strip().lower().lstrip("+") if isinstance(value, str) else None
+        if text in ("inf", ".inf", "infinity") or (isinstance(value, float) and value == float("inf")):
+            return PRIOR_INF_WEIGHT
+        return value
 
 
 class ScoreConfig(_Section):
@@ -794,7 +832,10 @@ def _validate(tree: dict[str, Any]) -> JobConfig:
         messages = list(dict.fromkeys(e["msg"].removeprefix("Value error, ") for e in same))
         message = " or ".join([messages[0], *(m.removeprefix("Input should be ") for m in messages[1:])])
         if errors[0]["type"] == "extra_forbidden":
-            message = f"unknown key; the keys there are {', '.join(_known_keys(where))}"
+            known = _known_keys(where)
+            close = difflib.get_close_matches(where.rsplit(".", 1)[-1], known, n=1)
+            message = (f"unknown key{f' (did you mean {close[0]!r}?)' if close else ''}; "
+                       f"the keys there are {', '.join(known)}")  # fmt: skip
         value = errors[0]["input"]
         shown = errors[0]["type"] in {"missing", "extra_forbidden"} or isinstance(value, dict)  # a section: named above
         given = "" if shown else f" (got {value!r:.80})"

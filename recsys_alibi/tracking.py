@@ -49,14 +49,29 @@ def tracking_uri(cfg: TrackingConfig) -> str:
     return os.environ.get("MLFLOW_TRACKING_URI") or cfg.uri or f"sqlite:///{Path.cwd() / 'mlflow.db'}"
 
 
-def setup_tracking(cfg: TrackingConfig) -> str:
+def setup_tracking(cfg: TrackingConfig, reading: str | None = None) -> str:
     """Point MLflow at the store and make sure the experiment exists; returns the experiment id.
 
     A new experiment on a local store keeps its artifacts under ``<cwd>/mlruns``.
+
+    Args:
+        cfg: the tracking section.
+        reading: the model URI the job is about to load (``score``, ``evaluate``, ``export``): a ``runs:/`` or
+            ``models:/`` URI on a SQLite store whose file does not exist cannot resolve, and is refused before
+            the store is created (no stray ``mlflow.db`` in the working directory of a mistaken run).
+
+    Raises:
+        ModelUriError: ``reading`` names a run or registered model and the SQLite store does not exist.
     """
     import mlflow
 
     uri = tracking_uri(cfg)
+    store = local_store_path(uri) if uri.startswith("sqlite:") else None
+    if reading is not None and urlparse(reading).scheme in ("runs", "models") and store is not None and not store.exists():
+        raise ModelUriError(
+            f"cannot load model '{reading}': there is no tracking store at {uri} (none was created here); run "
+            "from the folder where the model was trained, or set MLFLOW_TRACKING_URI / tracking.uri to its store"
+        )
     mlflow.set_tracking_uri(uri)
     with _store_setup_lock(uri):  # jobs started together on a new SQLite store would both create its tables
         experiment = mlflow.get_experiment_by_name(cfg.experiment)
@@ -274,8 +289,9 @@ def load_ranker(model_uri: str) -> LoadedRanker:
     except (MlflowException, OSError) as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ModelUriError(
-            f"cannot load model '{model_uri}' ({first}); use runs:/RUN_ID/model or models:/NAME/VERSION "
-            "from `recsys-alibi train` and check MLFLOW_TRACKING_URI / tracking.uri"
+            f"cannot load model '{model_uri}' ({first}) from the tracking store {mlflow.get_tracking_uri()}; use "
+            "runs:/RUN_ID/model or models:/NAME/VERSION from `recsys-alibi train` and check MLFLOW_TRACKING_URI / "
+            "tracking.uri"
         ) from None
     except ModelUriError as err:
         raise ModelUriError(f"model '{model_uri}': {err}") from None

@@ -105,7 +105,7 @@ def run_export(config: JobConfig, model_uri: str, input_path: str | Path, output
 
     if config.export.index == "faiss":
         _import_faiss()  # before loading anything
-    setup_tracking(config.tracking)
+    setup_tracking(config.tracking, reading=model_uri)
     loaded = load_ranker(model_uri)
     ref = {"model_uri": model_uri, "run_id": loaded.run_id, "version": _registry_version(model_uri)}
     return export_model(config, loaded.model, loaded.items, input_path, output_dir, model_ref=ref)
@@ -257,7 +257,8 @@ def _manifest(ranker: ShardRanker, model, model_ref: dict, input_path, n_users: 
         "users": n_users,
         "users_without_vector": input_users - n_users,
         "similarity": "inner_product",
-        "score": "dot(users.vector, items.vector): the float32 score that `score` writes",
+        "score": ("dot(users.vector, items.vector): `score`'s float32 score up to float32 rounding (~1e-6 "
+                  "relative: another summation order), so items whose scores tie within it may swap places"),
         "padding": "item index 0 is padding and is not exported; every row of items.parquet is a real item",
         "seen_items": seen,
         "ties": "equal scores rank the lower row of items.parquet first",

@@ -127,8 +127,9 @@ def new_items(model, items: pl.DataFrame, path: str | Path) -> NewItems:
         vectors = features.encoder(encoded.to(device)).float()  # (M, D)
     found = NewItems(fresh.get_column(schema.ITEM_ID), vectors, str(path), 0 if rejects is None else rejects.height,
                      sum(unknown.values()), rejects)  # fmt: skip
-    log.info("score.items: %d items of %s are not in the model's vocabulary: ranked from their features alone "
-             "(%d feature values unknown to the model left out)", found.count, path, found.unknown_values)  # fmt: skip
+    if found.count:  # a table with nothing new says nothing (the summary counts new items where there are any)
+        log.info("score.items: %d items of %s are not in the model's vocabulary: ranked from their features alone "
+                 "(%d feature values unknown to the model left out)", found.count, path, found.unknown_values)  # fmt: skip
     return found
 
 

@@ -195,7 +195,7 @@ def run_score(
     if scorer is None and config.score.engine != "local":  # never a silent local run of a Ray job
         raise ConfigError(f"score.engine={config.score.engine}: score with serving.engines.run_score, which starts that engine")
     scorer = scorer or score_with_model
-    setup_tracking(config.tracking)
+    setup_tracking(config.tracking, reading=model_uri)
     loaded = load_ranker(model_uri)
     return scorer(
         config, loaded.model, loaded.items, input_path, output_dir, k=k, progress=progress,

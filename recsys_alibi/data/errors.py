@@ -19,6 +19,7 @@ from __future__ import annotations
 import codecs
 import gzip
 import json
+import os
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -169,6 +170,30 @@ def bad_parquet_file(paths: list[Path]) -> tuple[Path, str] | None:
     return None
 
 
+def not_utf8_error(path: Path, what: str = "") -> DataError | None:
+    """The one-line error of a text file (plain or gzip) that is not UTF-8: its line, offset and byte, and the
+    ``iconv`` command that converts it, writing beside the file where its folder is writable, else into the
+    working directory (a read-only data folder); None when the file is UTF-8. ``what``: a prefix naming the
+    file's role (e.g. ``"item table "``)."""
+    found = invalid_utf8(path)
+    if found is None:
+        return None
+    line, offset, byte = found
+    gz = is_gzip(path)
+    plain = Path(path.name[:-3] if gz else path.name)
+    converted = f"{plain.stem}.utf8{plain.suffix}" + (".gz" if gz else "")
+    target = path.with_name(converted) if os.access(path.parent, os.W_OK) else Path(converted)
+    convert = (
+        f"zcat '{path}' | iconv -f latin1 -t utf-8 | gzip > '{target}'"
+        if gz
+        else f"iconv -f latin1 -t utf-8 '{path}' > '{target}'"
+    )
+    return DataError(
+        f"{what}'{path}' is not UTF-8 text: byte 0x{byte:02x} at line {line} (offset {offset}); "
+        f"convert it to UTF-8 (from its real encoding), e.g. {convert}"
+    )
+
+
 def read_error(paths: list[Path] | tuple[Path, ...], fmt: str, err: BaseException, fix: str) -> DataError:
     """A one-line DataError for a reader failure, naming the file (and line or byte) at fault.
 
@@ -189,21 +214,9 @@ def read_error(paths: list[Path] | tuple[Path, ...], fmt: str, err: BaseExceptio
             return DataError(f"cannot read '{found[0]}' as parquet: {found[1]}; check or remove that file")
         return DataError(f"cannot read '{paths[0]}' as {fmt}: {first_line(err)}; {fix}")
     for path in paths:  # text formats: an encoding problem first, it is the most common
-        found_utf8 = invalid_utf8(path)
-        if found_utf8 is not None:
-            line, offset, byte = found_utf8
-            gz = is_gzip(path)
-            plain = Path(path.name[:-3] if gz else path.name)
-            target = path.with_name(f"{plain.stem}.utf8{plain.suffix}" + (".gz" if gz else ""))
-            convert = (
-                f"zcat '{path}' | iconv -f latin1 -t utf-8 | gzip > '{target}'"
-                if gz
-                else f"iconv -f latin1 -t utf-8 '{path}' > '{target}'"
-            )
-            return DataError(
-                f"'{path}' is not UTF-8 text: byte 0x{byte:02x} at line {line} (offset {offset}); "
-                f"convert it to UTF-8 (from its real encoding), e.g. {convert}"
-            )
+        encoding = not_utf8_error(path)
+        if encoding is not None:
+            return encoding
     if fmt == "ndjson":
         for path in paths:
             found_line = bad_ndjson_line(path)

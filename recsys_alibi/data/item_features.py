@@ -199,7 +199,7 @@ def write_item_features(
         "missing": {c: int(rows.get_column(c).null_count()) for c in feats.numeric}
         | {c: int((rows.get_column(c).list.len() == 0).sum()) for c in feats.categorical},
     }
-    log.info(
+    log.debug(  # the prepare summary prints the same (item_table_line)
         "item table: %d items (%d without events%s), %d rows rejected%s; %d of %d event items have no row",
         rows.height, stats["items_without_events"], _removed_words(removed), new_rejected,
         f" ({by_reason})" if new_rejected else "", stats["items_without_row"], items.height,

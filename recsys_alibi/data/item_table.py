@@ -43,7 +43,7 @@ import numpy as np
 import polars as pl
 
 from recsys_alibi.config import ItemFeaturesConfig
-from recsys_alibi.data.errors import DataError, first_line
+from recsys_alibi.data.errors import DataError, first_line, not_utf8_error
 from recsys_alibi.data.formats import literal, not_a_file, stem_suffix
 from recsys_alibi.data.ids import round_trips
 from recsys_alibi.data.schema import ITEM_ID, ITEM_IDX, REJECT_REASON
@@ -89,7 +89,9 @@ def read_item_table(path: str | Path) -> ItemTable:
         else:
             frame = pl.read_ndjson(literal(path))  # read_ndjson always globs
     except (pl.exceptions.PolarsError, OSError, ValueError) as err:
-        raise DataError(f"cannot read item table '{path}': {first_line(err)}") from None
+        encoding = not_utf8_error(Path(path), "item table ") if fmt != "parquet" and Path(path).is_file() else None
+        layout = "; an item table .csv is comma-separated (.tsv: tab-separated) with a header row" if fmt == "csv" else ""
+        raise (encoding or DataError(f"cannot read item table '{path}': {first_line(err)}{layout}")) from None
     if not frame.width:
         raise DataError(f"item table '{path}' has no columns")
     if ROW in frame.columns:

@@ -132,6 +132,23 @@ class PrepareResult:
 # ----------------------------------------------------------------------------- prepare
 
 
+
+EARLIEST_FINE_UNIT_TIME = 100_000_000  # seconds: 1973-03-03, where 1e11 milliseconds lies
+
+
+def _warn_if_the_unit_looks_too_fine(unit: str, t_max: int | None, line_order: bool) -> None:
+    """Warn when ``data.timestamp_unit`` names a unit finer than seconds and every event then falls before
+    1973-03-03 (the newest at ``t_max`` seconds): the usual sign of seconds read as milliseconds (or finer),
+    which would put every time-dependent step (temporal cutoff, time gaps, the popularity prior's ages, the
+    daily period boundaries) on a clock a thousand times too slow. Relative times in that unit stay possible,
+    so this warns rather than refuses."""
+    if unit in ("ms", "us", "ns") and not line_order and t_max is not None and 0 <= t_max < EARLIEST_FINE_UNIT_TIME:
+        import datetime as dt
+
+        newest = dt.datetime.fromtimestamp(t_max, dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+        log.warning("data.timestamp_unit=%s: every event falls before 1973-03-03 (the newest at %s); if the "
+                    "timestamps are seconds, prepare again with data.timestamp_unit=s (or auto)", unit, newest)  # fmt: skip
+
 def prepare(
     cfg: DataConfig, input_path: str | Path, output_dir: str | Path, *, fmt: str | None = None
 ) -> PrepareResult:
@@ -376,6 +393,7 @@ def _clean_and_write(
         vocab.write_parquet(work / ITEMS_FILE, metadata=tag)
         histogram.result()
 
+    _warn_if_the_unit_looks_too_fine(cfg.timestamp_unit, t_max, LINE_ORDER_KEY in tag)
     n_users, n_items, n_all = int(lengths.shape[0]), int(vocab.height), ingested.n_all
     n_rejected = sum(ingested.by_reason.values())
     counts = {

@@ -18,6 +18,8 @@ import numpy as np
 import polars as pl
 import torch
 
+from recsys_alibi.config import PRIOR_INF_WEIGHT
+
 DAY_SECONDS = 86_400
 BETAS = (0.0, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 8.0, math.inf)  # inf: the counts first, the model breaks ties
 HALF_LIVES = (1.0, 3.0, 7.0, 14.0, 28.0, None)  # days; None: plain counts
@@ -25,7 +27,7 @@ GRID = tuple((b, h) for b in BETAS for h in HALF_LIVES)
 """The (weight, half-life) points a walk-forward choice compares (``benchmarks/replay_prior.py``, the daily
 pipeline's ``score.popularity_prior.choose``)."""
 TIE_SCALE = 1e6  # weight inf: log(1 + c) * TIE_SCALE + logit in float64 (logits lie far less than 1e6 apart)
-INF_WEIGHT = 1000.0  # weight inf in ``score`` (float32): the counts decide wherever log(1 + c) differs by > ~0.03
+INF_WEIGHT = PRIOR_INF_WEIGHT  # weight inf in ``score`` (float32): the counts decide wherever log(1 + c) differs by > ~0.03
 
 
 def recency_counts(prepared: Path, as_of: int, half_lives: tuple[float | None, ...]) -> np.ndarray:

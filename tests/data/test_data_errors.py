@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import io
 import json
+from pathlib import Path
 
 import polars as pl
 import pytest
@@ -32,6 +33,19 @@ def test_non_utf8_text_names_the_file_line_and_byte(tmp_path, gz):
     msg = _error(path)
     assert f"'{path}' is not UTF-8 text: byte 0xe9 at line 2 (offset 32)" in msg and "iconv" in msg
     assert str(tmp_path / ("latin.utf8.csv.gz" if gz else "latin.utf8.csv")) in msg
+
+
+def test_non_utf8_text_in_a_read_only_folder_is_converted_into_the_working_directory(tmp_path, monkeypatch):
+    import recsys_alibi.data.errors as errors
+
+    data = tmp_path / "shared"
+    data.mkdir()
+    path = data / "latin.csv"
+    path.write_bytes(LATIN1)
+    real_access = errors.os.access
+    monkeypatch.setattr(errors.os, "access", lambda p, mode: False if Path(p) == data else real_access(p, mode))
+    msg = _error(path)  # the fix must not write into the data's folder (a read-only share, a mount)
+    assert msg.endswith(f"iconv -f latin1 -t utf-8 '{path}' > 'latin.utf8.csv'")
 
 
 def test_non_utf8_header_is_named_not_blamed_on_the_column_map(tmp_path):

@@ -251,3 +251,25 @@ def test_clean_partition_matches_the_reference_in_any_row_order(tmp_path, string
         assert_frame_equal(got, reference.select(got.columns))
         # the same events with raw ids, time and source row (cleaned.parquet, what an append merges into)
         assert_frame_equal(cleaned.select(reference.columns).sort("source_row"), reference.sort("source_row"))
+
+
+@pytest.mark.parametrize(
+    "unit, times, warned",
+    [("ms", [874_724_710, 893_286_638], True),  # ML-100K seconds read as milliseconds: 1970-01-11
+     ("s", [874_724_710, 893_286_638], False),
+     ("ms", [874_724_710_000, 893_286_638_000], False),  # real milliseconds: 1998
+     ("auto", [874_724_710, 893_286_638], False)],
+)
+def test_seconds_read_as_milliseconds_are_warned_of(tmp_path, caplog, unit, times, warned):
+    rows = [f"u{u},i{i},{times[(u + i) % 2]}" for u in range(3) for i in range(3)]
+    (tmp_path / "events.csv").write_text("user_id,item_id,timestamp\n" + "\n".join(rows) + "\n")
+    cfg = LOOSE.model_copy(update={"timestamp_unit": unit})
+    with caplog.at_level("WARNING", logger="recsys_alibi.data.prepare"):
+        result = prepare(cfg, tmp_path / "events.csv", tmp_path / "out")
+    assert result.counts["events"] == 9  # a warning only: nothing is refused or dropped
+    lines = [r.getMessage() for r in caplog.records if "timestamp_unit" in r.getMessage()]
+    if warned:
+        assert lines == ["data.timestamp_unit=ms: every event falls before 1973-03-03 (the newest at 1970-01-11 "
+                         "08:08:06 UTC); if the timestamps are seconds, prepare again with data.timestamp_unit=s (or auto)"]
+    else:
+        assert lines == []

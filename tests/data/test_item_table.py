@@ -160,3 +160,21 @@ def test_a_directory_given_as_the_item_table_is_named_as_such(tmp_path):
     with pytest.raises(DataError) as err:
         read_item_table(tmp_path / "tables")
     assert "is a directory, not a regular file: only regular files are read" in str(err.value)
+
+
+def test_a_latin1_item_table_is_named_with_its_line_byte_and_the_fix(inputs):
+    (inputs / "latin.csv").write_bytes("item_id,genre,year\n10,Com\xe9dy,1995\n".encode("latin-1"))
+    with pytest.raises(DataError) as err:
+        prepare(_cfg(inputs / "latin.csv"), inputs / "events.csv", inputs / "out")
+    assert str(err.value) == (f"item table '{inputs / 'latin.csv'}' is not UTF-8 text: byte 0xe9 at line 2 (offset 25); "
+                              f"convert it to UTF-8 (from its real encoding), e.g. iconv -f latin1 -t utf-8 "
+                              f"'{inputs / 'latin.csv'}' > '{inputs / 'latin.utf8.csv'}'")  # fmt: skip
+
+
+def test_an_item_table_in_another_layout_says_the_layout_it_needs(inputs):
+    # MovieLens u.item: '|'-separated, no header: polars' schema error alone does not say what to change
+    (inputs / "u_item.csv").write_text("10|Toy Story (1995)|01-Jan-1995\n11|American President, The (1995)|01-Jan-1995\n")
+    with pytest.raises(DataError) as err:
+        prepare(_cfg(inputs / "u_item.csv"), inputs / "events.csv", inputs / "out")
+    assert str(err.value).startswith(f"cannot read item table '{inputs / 'u_item.csv'}': ")
+    assert str(err.value).endswith("; an item table .csv is comma-separated (.tsv: tab-separated) with a header row")

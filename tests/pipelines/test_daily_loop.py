@@ -58,7 +58,7 @@ def test_second_day_warm_starts_from_the_champion_and_counts_what_is_new(tmp_pat
     assert printed.strip().splitlines()[-1].startswith("pipeline: data ")  # the decision line stays last
 
 
-def test_the_second_day_chooses_the_popularity_prior_on_the_appended_events(tmp_path, mlflow_store, capsys):
+def test_the_second_day_chooses_the_popularity_prior_on_the_appended_events(tmp_path, mlflow_store, capsys, caplog):
     """score.popularity_prior.choose: the day-1 champion ranked the appended events, counted by hand (each
     returning user's first day-2 item not in its history and in the champion's catalog, ranked over that catalog,
     seen items out);
@@ -117,7 +117,7 @@ def test_the_second_day_chooses_the_popularity_prior_on_the_appended_events(tmp_
     best = int(np.argmax(np.array(day["ndcg_sum"])))
     beta, half_life = GRID[best]
     line = next(line for line in printed.splitlines() if line.startswith("popularity prior: weight "))
-    days = "none" if half_life is None else f"{half_life:g} day{'' if half_life == 1 else 's'}"
+    days = "null (plain counts)" if half_life is None else f"{half_life:g} day{'' if half_life == 1 else 's'}"
     assert line.startswith("popularity prior: weight 0 (no prior), chosen on 1 appended day(s)" if beta == 0 else
                            f"popularity prior: weight {'inf' if math.isinf(beta) else f'{beta:g}'}, half-life {days}, ")
     identity = json.loads((out / "rankings" / "_manifest.json").read_text())["identity"]
@@ -128,7 +128,9 @@ def test_the_second_day_chooses_the_popularity_prior_on_the_appended_events(tmp_
         assert identity["popularity_prior"]["half_life_days"] == half_life
     assert main(_pipeline(out, tmp_path / "day-002.parquet", "data.append=true")) == 0  # again
     assert json.loads((out / "popularity_prior.json").read_text()) == record  # nothing appended: nothing recorded
-    assert line in capsys.readouterr().out  # the same choice
+    again = capsys.readouterr()
+    assert line in again.out  # the same choice
+    assert "pipeline: nothing new was appended (every input file is already prepared): training again" in caplog.text
     off = ("data.append=true", "score.popularity_prior.choose=false")
     assert main(_pipeline(out, tmp_path / "day-002.parquet", *off)) == 0
     assert "popularity prior" not in capsys.readouterr().out

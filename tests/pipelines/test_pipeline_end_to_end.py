@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import polars as pl
+import pytest
 
 from pipelines.cli import main
 from recsys_alibi.config import load_config
@@ -191,3 +192,25 @@ def test_the_pipeline_evaluates_on_the_prepare_its_model_was_trained_on(tmp_path
     err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error")]
     assert err == [f"error: {out / 'prepared'} was prepared again while this job was reading it; run the job again"]
     assert not (out / "report").exists() and not (out / "rankings").exists()
+
+
+@pytest.mark.parametrize("command", ["score", "export"])
+def test_a_model_uri_where_no_store_exists_is_refused_without_creating_one(tmp_path, monkeypatch, capsys, command):
+    # the usual mistake: running from another folder than the one the model was trained in
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    (tmp_path / "in").mkdir()
+    assert main([command, "--model-uri", "models:/recsys-alibi-ranker/1", "--input", str(tmp_path / "in")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"error: cannot load model 'models:/recsys-alibi-ranker/1': there is no tracking store at "
+                   f"sqlite:///{tmp_path / 'mlflow.db'} (none was created here); run from the folder where the model "
+                   "was trained, or set MLFLOW_TRACKING_URI / tracking.uri to its store"]  # fmt: skip
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in"]  # no mlflow.db, no lock, no mlruns
+
+
+def test_a_model_missing_from_an_existing_store_names_the_store(tmp_path, mlflow_store, capsys):
+    (tmp_path / "in").mkdir()
+    assert main(["score", "--model-uri", "models:/recsys-alibi-ranker/1", "--input", str(tmp_path / "in")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: cannot load model 'models:/recsys-alibi-ranker/1' (")
+    assert f"from the tracking store {mlflow_store};" in err[0]
