@@ -41,11 +41,13 @@ from pipelines.prior_choice import PRIOR_FILE, append_boundary, check_prior_data
 from pipelines.train import TrainJobResult, run_train
 from recsys_alibi.atomic import replace_dir
 from recsys_alibi.config import ConfigError, JobConfig, with_overrides
+from recsys_alibi.data.ingest import DataError
 from recsys_alibi.data.sequences import read_items, read_sequences
 from recsys_alibi.data.time_gaps import has_real_timestamps, sequences_for
 from recsys_alibi.evaluation.report import format_metrics_table
 from serving.engines import engine_scorer, run_score
 from recsys_alibi.staging import staging_dir
+from serving.manifest import SKIPPED_DIR
 from serving.score import ScoreJobResult
 
 log = logging.getLogger(__name__)
@@ -102,7 +104,10 @@ class PipelineResult:
                 f"mlflow_run_id: {self.train.run_id}",
                 f"model_uri: {self.train.model.uri}",
                 f"report: {self.model_eval.report_dir / 'report.md'}",
-                f"rankings: {self.score.output_dir} (from {self.gate.champion_uri})",
+                f"rankings: {self.score.output_dir} (from {self.gate.champion_uri}): ranked {self.score.users_ranked} "
+                f"of {self.score.users} users"
+                + (f"; not ranked: {self.score.skipped_users} (listed in {self.score.output_dir / SKIPPED_DIR})"
+                   if self.score.skipped_users else ""),
                 *(self.score.new_item_lines() if self.score.new_items or self.score.slots_asked else []),
                 *([self.prior_line] if self.prior_line else []),
                 self.lineage_line(),
@@ -202,7 +207,17 @@ def score_into_place(config: JobConfig, model_uri: str, prepared_dir: Path, rank
     failing while it scores leaves the earlier rankings as they were, and a reader never sees a mix of two runs."""
     rankings = Path(os.path.realpath(rankings))
     with staging_dir(rankings) as staging:  # a killed run's staging is removed first, never a running one's
-        scored = run_score(config, model_uri, prepared_dir, staging / rankings.name, progress=progress)
+        try:
+            scored = run_score(config, model_uri, prepared_dir, staging / rankings.name, progress=progress,
+                               shown_dir=rankings)  # fmt: skip
+        except DataError as error:  # no user ranked: the earlier rankings stay, this run's list is kept beside them
+            unranked = staging / rankings.name / SKIPPED_DIR
+            if not unranked.is_dir():
+                raise
+            kept = rankings.with_name(f"{rankings.name}.unranked")
+            replace_dir(unranked, kept)
+            raise DataError(f"{str(error).replace(str(unranked), str(kept))}; the earlier rankings in {rankings} "
+                            "were left as they were") from None  # fmt: skip
         replace_dir(staging / rankings.name, rankings)
     return replace(scored, output_dir=rankings)
 

@@ -177,6 +177,16 @@ class DataConfig(_Section):
 
     _paths = field_validator("input", "items")(_path_or_none)
 
+    @field_validator("separator")
+    @classmethod
+    def _one_byte(cls, value: str | None) -> str | None:
+        """``tab`` and ``\\t`` (a backslash and t, as a shell passes it) are the tab; else one single-byte character."""
+        if value in ("tab", "\\t"):
+            return "\t"
+        if value is not None and len(value.encode()) != 1:
+            raise ValueError("the separator is one single-byte character: ',', ';', '|', or tab as 'tab'")
+        return value
+
     @model_validator(mode="after")
     def _items_declared(self) -> "DataConfig":
         if self.items is not None and not self.item_features.columns:

@@ -39,10 +39,11 @@ def engine_scorer(config: JobConfig) -> Callable[..., ScoreJobResult]:
 
 
 def run_score(config: JobConfig, model_uri: str, input_path: str | Path, output_dir: str | Path, *, k: int | None = None,
-              progress: bool = True) -> ScoreJobResult:  # fmt: skip
+              progress: bool = True, shown_dir: str | Path | None = None) -> ScoreJobResult:  # fmt: skip
     """Score every user of ``input_path`` with ``model_uri`` on ``score.engine``'s engine, which is
     checked before the model is loaded (:func:`engine_scorer`; Ray missing or unreachable fails fast).
 
     Args and Raises as :func:`serving.score.run_score`, and ConfigError as :func:`engine_scorer`.
     """
-    return run_loaded(config, model_uri, input_path, output_dir, k=k, progress=progress, scorer=engine_scorer(config))
+    return run_loaded(config, model_uri, input_path, output_dir, k=k, progress=progress, scorer=engine_scorer(config),
+                      shown_dir=shown_dir)  # fmt: skip

@@ -163,11 +163,11 @@ class ScoreInput:
         gaps = None
         if self.time_gap_buckets:
             frame = frame.with_columns(seconds_of_lists(pl.col(schema.TIMESTAMP), frame.schema[schema.TIMESTAMP].inner, "auto"))
-            try:
-                timestamps = checked_timestamps(frame)
+            try:  # null timestamps, time going backwards in a history: one line naming the users
+                buckets = gap_buckets(checked_timestamps(frame), self.time_gap_buckets)
             except ValueError as err:
                 raise DataError(f"{self.name or self.sequences}, users {start}..{start + frame.height - 1}: {err}") from None
-            gaps = select_events(gap_buckets(timestamps, self.time_gap_buckets), known_events(histories, self.remap))
+            gaps = select_events(buckets, known_events(histories, self.remap))
         return Shard(user_ids=frame.get_column(schema.USER_ID), histories=mapped, unknown_events=unknown, gaps=gaps,
                      input_lengths=histories.lengths(), new_seen=self._new_seen(histories))  # fmt: skip
 
@@ -310,7 +310,9 @@ def _check_sequences(path: Path, name: str | None = None) -> None:
     Checked (one scan of the file): ``user_id`` is an integer or string column (a float id is not
     one raw id: ``1.0`` and ``1`` would merge) with no null and no id in two rows (the rankings are
     keyed by user); ``item_idx`` is a list of integers with no null entry and none below 0 (0 is
-    padding). An empty or null history is allowed: that user is skipped and listed.
+    padding). An empty or null history is allowed: that user is skipped and listed. Where the file has a
+    ``length`` column or a ``timestamp`` list, each row's must agree with its ``item_idx`` (a file edited
+    by hand or joined wrongly; which of the two is right cannot be told).
     """
     found, shown = pl.read_parquet_schema(path), name or path
     if schema.USER_ID not in found or not isinstance(found.get(schema.ITEM_IDX), pl.List):
@@ -327,11 +329,23 @@ def _check_sequences(path: Path, name: str | None = None) -> None:
     if not item_type.is_integer():
         raise DataError(f"{shown}: item_idx holds {item_type}, but item indices are integers (1..N, 0 = padding)")
     user, item = pl.col(schema.USER_ID), pl.col(schema.ITEM_IDX)
+    disagree = {**({schema.LENGTH: pl.col(schema.LENGTH)} if found.get(schema.LENGTH, pl.Null).is_integer() else {}),
+                **({schema.TIMESTAMP: pl.col(schema.TIMESTAMP).list.len()}
+                   if isinstance(found.get(schema.TIMESTAMP), pl.List) else {})}  # fmt: skip
     facts = pl.scan_parquet(path).select(
         null_users=user.null_count(), distinct=user.n_unique(), rows=pl.len(),
         null_items=item.list.eval(pl.element().is_null().sum()).explode().sum(),
         negative=item.list.eval((pl.element() < 0).sum()).explode().sum(),
+        **{column: (size != item.list.len()).sum() for column, size in disagree.items()},
     ).collect().row(0, named=True)  # fmt: skip
+    for column, size in disagree.items():
+        if facts[column]:
+            first = _first_row(path, size != item.list.len())
+            what = "list length" if column == schema.TIMESTAMP else "value"
+            raise DataError(
+                f"{shown}: {column}'s {what} differs from the number of item_idx entries in {facts[column]} rows "
+                f"(first: row {first}); fix the file or drop the {column} column"
+            )
     if facts["null_users"]:
         first = _first_row(path, user.is_null())
         raise DataError(f"{shown}: {facts['null_users']} rows have a null user_id (first: row {first}); give every row its user's id")

@@ -165,6 +165,7 @@ def run_score(
     k: int | None = None,
     progress: bool = True,
     scorer: Callable[..., ScoreJobResult] | None = None,
+    shown_dir: str | Path | None = None,
 ) -> ScoreJobResult:
     """Score every user of ``input_path`` with ``model_uri`` and write top-``k`` part files.
 
@@ -177,6 +178,8 @@ def run_score(
         progress: show a progress bar (rank 0).
         scorer: what scores the loaded model (default :func:`score_with_model`, the local engine;
             :func:`serving.engines.run_score` passes ``score.engine``'s).
+        shown_dir: the directory the warning about users not ranked names (default ``output_dir``):
+            where the rankings will be once a caller that scores into a staging directory has moved them.
 
     A user with no event the model knows is not ranked; such users are counted, warned about
     and listed with the reason in ``output_dir/_skipped/``.
@@ -199,7 +202,7 @@ def run_score(
     loaded = load_ranker(model_uri)
     return scorer(
         config, loaded.model, loaded.items, input_path, output_dir, k=k, progress=progress,
-        model_ref={"model_uri": model_uri, "run_id": loaded.run_id},
+        model_ref={"model_uri": model_uri, "run_id": loaded.run_id}, shown_dir=shown_dir,
     )
 
 
@@ -215,6 +218,7 @@ def score_with_model(
     model_ref: dict | None = None,
     hook: Hook | None = None,
     job: Callable[..., "_ScoreJob"] | None = None,
+    shown_dir: str | Path | None = None,
 ) -> ScoreJobResult:
     """:func:`run_score` with a model already in memory.
 
@@ -233,12 +237,14 @@ def score_with_model(
     with scoring_world() as world:
         runner = (job or _ScoreJob)(config, ranker, items, Path(input_path), Path(output_dir),
                                     model_ref, world, progress, hook)  # fmt: skip
-        return _checked(runner.run(), world.is_main)
+        return _checked(runner.run(), world.is_main, Path(shown_dir or output_dir) / SKIPPED_DIR)
 
 
-def _checked(result: ScoreJobResult, main: bool) -> ScoreJobResult:
+def _checked(result: ScoreJobResult, main: bool, skipped_list: Path) -> ScoreJobResult:
     """Warn about users that were not ranked; raise when no user at all was (nothing to serve), the empty rankings
-    withdrawn first (:func:`serving.manifest.withdraw_rankings`: only the skipped users' list stays)."""
+    withdrawn first (:func:`serving.manifest.withdraw_rankings`: only the skipped users' list stays).
+    ``skipped_list``: the list's directory as the warning names it (where a caller that scores into a staging
+    directory puts it)."""
     if result.users and not result.users_ranked and main:
         withdraw_rankings(result.output_dir)
     if result.users and not result.users_ranked and result.rules:
@@ -256,7 +262,7 @@ def _checked(result: ScoreJobResult, main: bool) -> ScoreJobResult:
         )
     if result.skipped_users and main:
         log.warning("%d of %d users were not ranked (no item the model knows, or every item already seen or excluded); "
-                    "listed with the reason in %s", result.skipped_users, result.users, result.output_dir / SKIPPED_DIR)  # fmt: skip
+                    "listed with the reason in %s", result.skipped_users, result.users, skipped_list)  # fmt: skip
     return result
 
 

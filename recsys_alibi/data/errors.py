@@ -194,7 +194,46 @@ def not_utf8_error(path: Path, what: str = "") -> DataError | None:
     )
 
 
-def read_error(paths: list[Path] | tuple[Path, ...], fmt: str, err: BaseException, fix: str) -> DataError:
+def unclosed_quote_line(path: Path, quote: bytes = b'"') -> int | None:
+    """The line (from 1) where a quoted CSV field opens and is never closed, or None.
+
+    A field may span lines inside its quotes; only a quote still open at the end of the file is
+    one that was never closed (``""`` inside a field counts twice and changes nothing).
+    """
+    opened = None
+    with open_bytes(path) as fh:
+        for number, raw in enumerate(fh, start=1):
+            if raw.count(quote) % 2:
+                opened = number if opened is None else None
+    return opened
+
+
+COMPRESSED_MAGIC = {  # the first bytes of the compressed formats that are not read (only gzip is), and their unpacker
+    b"BZh": ("bzip2", "bunzip2 -k"),
+    b"\xfd7zXZ\x00": ("xz", "unxz -k"),
+    b"\x28\xb5\x2f\xfd": ("zstd", "unzstd"),
+    b"PK\x03\x04": ("zip", "unzip"),
+    b"7z\xbc\xaf\x27\x1c": ("7z", "7z x"),
+}
+
+
+def unread_compression(path: Path) -> DataError | None:
+    """The one-line error of a file compressed with another tool than gzip (bzip2, xz, zstd, zip, 7z: told by
+    its first bytes, whatever its name), or None. Such a file otherwise reads as text that is not UTF-8."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(8)
+    except OSError:
+        return None
+    for magic, (kind, unpack) in COMPRESSED_MAGIC.items():
+        if head.startswith(magic):
+            return DataError(f"cannot read '{path}': it is {kind}-compressed and only gzip (.gz) is read; "
+                             f"decompress it first ({unpack} '{path}') or recompress it with gzip")  # fmt: skip
+    return None
+
+
+def read_error(paths: list[Path] | tuple[Path, ...], fmt: str, err: BaseException, fix: str,
+               what: str = "") -> DataError:  # fmt: skip
     """A one-line DataError for a reader failure, naming the file (and line or byte) at fault.
 
     Args:
@@ -202,24 +241,36 @@ def read_error(paths: list[Path] | tuple[Path, ...], fmt: str, err: BaseExceptio
         fmt: the format they were read as.
         err: what the reader raised.
         fix: advice to end the message with when nothing more precise is found.
+        what: what the files are, put before each file's name ("item table "; empty for events).
     """
     paths = list(paths)
     for path in paths:  # a .gz cut short (an interrupted copy) is the most likely cause, whatever the format
         problem = broken_gzip(path)
         if problem is not None:
             return gzip_error(path, problem)
+    if fmt != "parquet":  # text read from another compression (Parquet compresses inside: its magic is PAR1)
+        for path in paths:
+            compressed = unread_compression(path)
+            if compressed is not None:
+                return compressed
     if fmt == "parquet":
         found = bad_parquet_file(paths)
         if found is not None:
-            return DataError(f"cannot read '{found[0]}' as parquet: {found[1]}; check or remove that file")
-        return DataError(f"cannot read '{paths[0]}' as {fmt}: {first_line(err)}; {fix}")
+            return DataError(f"cannot read {what}'{found[0]}' as parquet: {found[1]}; check or remove that file")
+        return DataError(f"cannot read {what}'{paths[0]}' as {fmt}: {first_line(err)}; {fix}")
     for path in paths:  # text formats: an encoding problem first, it is the most common
-        encoding = not_utf8_error(path)
+        encoding = not_utf8_error(path, what)
         if encoding is not None:
             return encoding
+    if fmt == "csv":
+        for path in paths:
+            quoted = unclosed_quote_line(path)
+            if quoted is not None:
+                return DataError(f"{what}'{path}' line {quoted} opens a quoted field (\") that is never closed; "
+                                 "close or remove that quote")  # fmt: skip
     if fmt == "ndjson":
         for path in paths:
             found_line = bad_ndjson_line(path)
             if found_line is not None:
-                return DataError(f"'{path}' line {found_line[0]} is {found_line[1]}; fix or remove that line")
-    return DataError(f"cannot read '{paths[0]}' as {fmt}: {first_line(err)}; {fix}")
+                return DataError(f"{what}'{path}' line {found_line[0]} is {found_line[1]}; fix or remove that line")
+    return DataError(f"cannot read {what}'{paths[0]}' as {fmt}: {first_line(err)}; {fix}")

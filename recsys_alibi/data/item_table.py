@@ -43,7 +43,7 @@ import numpy as np
 import polars as pl
 
 from recsys_alibi.config import ItemFeaturesConfig
-from recsys_alibi.data.errors import DataError, first_line, not_utf8_error
+from recsys_alibi.data.errors import DataError, read_error
 from recsys_alibi.data.formats import literal, not_a_file, stem_suffix
 from recsys_alibi.data.ids import round_trips
 from recsys_alibi.data.schema import ITEM_ID, ITEM_IDX, REJECT_REASON
@@ -89,9 +89,8 @@ def read_item_table(path: str | Path) -> ItemTable:
         else:
             frame = pl.read_ndjson(literal(path))  # read_ndjson always globs
     except (pl.exceptions.PolarsError, OSError, ValueError) as err:
-        encoding = not_utf8_error(Path(path), "item table ") if fmt != "parquet" and Path(path).is_file() else None
-        layout = "; an item table .csv is comma-separated (.tsv: tab-separated) with a header row" if fmt == "csv" else ""
-        raise (encoding or DataError(f"cannot read item table '{path}': {first_line(err)}{layout}")) from None
+        layout = "an item table .csv is comma-separated (.tsv: tab-separated) with a header row" if fmt == "csv" else ""
+        raise read_error([path], fmt, err, layout or "check the file", what="item table ") from None
     if not frame.width:
         raise DataError(f"item table '{path}' has no columns")
     if ROW in frame.columns:
@@ -140,10 +139,16 @@ def check_declaration(table: ItemTable, feats: ItemFeaturesConfig) -> None:
             )
 
 
-def id_as(column: str, dtype: pl.DataType, id_dtype: pl.DataType) -> pl.Expr:
-    """The id cells in the events' id type; null where they are not an id of that type."""
+def id_as(column: str, dtype: pl.DataType, id_dtype: pl.DataType, text: bool = False) -> pl.Expr:
+    """The id cells in the events' id type; null where they are not an id of that type.
+
+    ``text``: the cells come from a text file (CSV/TSV), whose ids are stripped of surrounding spaces as the
+    events' text formats strip theirs (:func:`recsys_alibi.data.ids.id_expr`): ``b `` in both files is one item."""
     col = pl.col(column)
     if id_dtype == pl.String:
+        if dtype == pl.String and text:
+            stripped = col.str.strip_chars()
+            return pl.when(stripped != "").then(stripped)
         return col.cast(pl.String) if (dtype.is_integer() or dtype == pl.String) else pl.lit(None, pl.String)
     if dtype == pl.String:
         text = col.str.strip_chars()
@@ -205,7 +210,7 @@ def clean_item_table(table: ItemTable, feats: ItemFeaturesConfig, id_dtype: pl.D
     """
     check_declaration(table, feats)
     frame, schema = table.frame, table.frame.schema
-    ids = id_as(feats.id_column, schema[feats.id_column], id_dtype).alias(ITEM_ID)
+    ids = id_as(feats.id_column, schema[feats.id_column], id_dtype, table.text).alias(ITEM_ID)
     reasons = [
         pl.when(pl.col(feats.id_column).is_null()).then(pl.lit("null_item_id")),
         pl.when(ids.is_null()).then(pl.lit("bad_item_id")),

@@ -114,7 +114,7 @@ class PrepareResult:
         c = self.counts
         whole = (
             f"{c['events']:,} events, {c['users']:,} users, {c['items']:,} items "
-            f"from {c['input_rows']:,} rows ({c['rejected']:,} rejected, {c['deduplicated']:,} duplicates, "
+            f"from {c['input_rows']:,} {self.stats.get('format', 'input')} rows ({c['rejected']:,} rejected, {c['deduplicated']:,} duplicates, "
             f"{c['filtered']:,} filtered) -> {self.output_dir}"
         )
         whole += item_table_line(self.stats.get(ITEM_TABLE_KEY))

@@ -118,6 +118,8 @@ def scan_source(
             empty = next((p for p in paths if not head_bytes(p, 1)), paths[0])
             fix = "point --input at the event log" if len(paths) == 1 else "remove it from the input"
             raise DataError(f"empty input: '{empty}' has no rows; {fix}") from None
+        if fmt == "csv" and cfg.has_header and len(paths) > 1:
+            _check_same_header(paths, _separator(cfg, paths))
         raise read_error(paths, fmt, err, f"check the file or {FORMAT_HELP}") from None
     raw = tuple(name for name in schema.names() if name not in INTERNAL)
     if text and any("\ufffd" in name for name in raw):  # polars replaced bytes of a non-UTF-8 header
@@ -150,18 +152,28 @@ def _looks_numeric(text: str) -> bool:
     return True
 
 
+def _plain_name(name: str) -> str:
+    """A column name compared loosely: case, outer spaces and ' ' / '-' against '_' do not count."""
+    return "_".join(name.strip().lower().replace("-", " ").replace("_", " ").split())
+
+
 def _check_columns(cfg: DataConfig, fmt: str, columns: dict[str, str], raw: tuple[str, ...]) -> None:
     for canon, name in columns.items():
         if name not in raw:
-            shown = ", ".join(raw[:12]) + (", ..." if len(raw) > 12 else "")
+            shown = ", ".join(map(repr, raw[:12])) + (", ..." if len(raw) > 12 else "")  # 'user id', 'a\tb'
             fix = f"map it with --set data.columns.{canon}=NAME"
-            if canon == TIMESTAMP:
+            alike = [col for col in raw if _plain_name(col) == _plain_name(name)]
+            if alike:  # 'User ID', ' user_id', 'user-id': the shell needs the name quoted
+                fix = f"map it with --set 'data.columns.{canon}={alike[0]}'"
+            elif canon == TIMESTAMP:
                 fix += " (or null to use the line order as time)"
             elif canon in (EVENT_TYPE, VALUE):
                 fix += " (or null when the input has none)"
             other = header_separator(raw[0]) if fmt == "csv" and len(raw) == 1 else None
             if other is not None:  # the header was not split: another separator
-                fix = f"the header looks '{other}'-separated: set --set data.separator='{other}', or {fix}"
+                named, setting = (("tab", "data.separator=tab") if other == "\t"  # ',' and '|' need YAML's quotes
+                                  else (f"'{other}'", f"\"data.separator='{other}'\""))  # fmt: skip
+                fix = f"the header looks {named}-separated: set --set {setting}, or {fix}"
             elif fmt == "csv" and all(_looks_numeric(col) for col in raw):  # the first line is an event, not names
                 fix = ("its first line looks like data, not a header: set --set data.has_header=false and map the "
                        "columns by position (e.g. --set data.columns.user_id=column_1), or --format movielens for "
@@ -203,6 +215,26 @@ def _field_counts(paths: list[Path], separator: str, skip_header: bool) -> pl.La
     frames = [pl.scan_lines(p, glob=False).slice(1) if skip_header else pl.scan_lines(p, glob=False) for p in paths]
     line = pl.col("line").str.replace_all(r'"[^"]*"', "")
     return pl.concat(frames, how="vertical").select(line.str.count_matches(separator, literal=True).alias("_fields") + 1)
+
+
+def _check_same_header(paths: list[Path], separator: str) -> None:
+    """Name the first CSV file whose header differs from the first file's (Polars' error names the first file).
+
+    Raises:
+        DataError: naming both files and both headers.
+    """
+    def header(path: Path) -> list[str]:
+        head = head_bytes(path, 1 << 16).decode("utf-8", "replace").splitlines()
+        return next(csv.reader(head[:1], delimiter=separator), []) if head else []
+
+    first = header(paths[0])
+    for path in paths[1:]:
+        other = header(path)
+        if other != first:
+            raise DataError(
+                f"'{path}' has other columns than '{paths[0]}' ({', '.join(map(repr, other))} against "
+                f"{', '.join(map(repr, first))}); every CSV file of one input has the same header: fix or move that file"
+            )
 
 
 def _check_header_unique(cfg: DataConfig, path: Path, separator: str) -> None:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import bz2
 import gzip
 import io
 import json
+import lzma
 from pathlib import Path
 
 import polars as pl
@@ -33,6 +35,16 @@ def test_non_utf8_text_names_the_file_line_and_byte(tmp_path, gz):
     msg = _error(path)
     assert f"'{path}' is not UTF-8 text: byte 0xe9 at line 2 (offset 32)" in msg and "iconv" in msg
     assert str(tmp_path / ("latin.utf8.csv.gz" if gz else "latin.utf8.csv")) in msg
+
+
+@pytest.mark.parametrize("fmt", [None, "csv", "movielens"])
+@pytest.mark.parametrize(("compress", "kind", "unpack"), [(bz2.compress, "bzip2", "bunzip2 -k"), (lzma.compress, "xz", "unxz -k")])
+def test_another_compression_than_gzip_is_named_not_called_an_encoding(tmp_path, compress, kind, unpack, fmt):
+    # read as text, a .bz2 or .xz is bytes that are not UTF-8: the iconv advice would only make it worse
+    path = tmp_path / f"events.csv.{kind}"
+    path.write_bytes(compress(b"user_id,item_id,timestamp\nu1,a,1\nu1,b,2\n"))
+    assert _error(path, fmt) == (f"cannot read '{path}': it is {kind}-compressed and only gzip (.gz) is read; "
+                                 f"decompress it first ({unpack} '{path}') or recompress it with gzip")
 
 
 def test_non_utf8_text_in_a_read_only_folder_is_converted_into_the_working_directory(tmp_path, monkeypatch):

@@ -117,7 +117,7 @@ def test_s3rec_line_with_a_user_and_no_item_is_a_counted_reject(tmp_path):
     assert stats["rejects_by_reason"] == {"missing_item_id": 2}
     assert pl.read_parquet(tmp_path / "out" / "events.parquet").select("user_id", "item_id").rows() == [
         (1, 5), (1, 6), (2, 7)]  # fmt: skip
-    assert "from 5 rows (2 rejected" in result.summary()
+    assert "from 5 s3rec rows (2 rejected" in result.summary()
 
 
 # ----------------------------------------------------------------------------- ids and timestamps
@@ -349,18 +349,60 @@ def test_semicolon_and_pipe_separators_are_detected_and_suggested(tmp_path):
         path = _write(tmp_path / "s.csv", f"user_id{sep}item_id{sep}timestamp\nu1{sep}a,b{sep}1\nu1{sep}c{sep}2\n")
         assert _events(LOOSE, path)["item_id"].to_list() == ["a,b", "c"]
         assert infer_format([_write(tmp_path / "s.log", f"user{sep}item\nu{sep}i\n")]) == "csv"
-    msg = _one_line_error(prepare, DataConfig(separator=","), _write(tmp_path / "semi.csv", "user_id;item_id;timestamp\nu1;a;1\n"), tmp_path / "out")
-    assert "data.separator=';'" in msg and "data.columns.user_id" in msg
+    for sep, setting in ((";", "\"data.separator=';'\""), ("|", "\"data.separator='|'\""), ("\t", "data.separator=tab")):
+        path = _write(tmp_path / "other.csv", f"user_id{sep}item_id{sep}timestamp\nu1{sep}a{sep}1\n")
+        msg = _one_line_error(prepare, DataConfig(separator=","), path, tmp_path / "out")
+        named = "tab" if sep == "\t" else f"'{sep}'"  # the setting as a shell passes it on to YAML: ',' and '|' quoted
+        assert msg.endswith(f"the header looks {named}-separated: set --set {setting}, or map it with --set "
+                            "data.columns.user_id=NAME")
+        assert f"[{f'user_id{sep}item_id{sep}timestamp'!r}]" in msg
+
+
+@pytest.mark.parametrize(("given", "read"), [("tab", "\t"), ("\\t", "\t"), ("|", "|"), (";", ";")])
+def test_the_separator_setting_takes_tab_by_name(given, read):
+    assert DataConfig(separator=given).separator == read
+
+
+@pytest.mark.parametrize("given", ["", ";;", "§"])
+def test_a_separator_of_other_than_one_byte_is_refused(given):
+    with pytest.raises(ValueError, match="the separator is one single-byte character"):
+        DataConfig(separator=given)
 
 
 def test_a_headerless_file_is_told_apart_from_a_missing_column(tmp_path):
     """MovieLens' u.data saved as .tsv: its first event is taken for the header; the fix says so."""
     path = _write(tmp_path / "w.tsv", "196\t242\t3\t881250949\n186\t302\t3\t891717742\n")
     msg = _one_line_error(prepare, DataConfig(), path, tmp_path / "out")
-    assert msg == ("column 'user_id' (data.columns.user_id) is not in the csv input columns [196, 242, 3, 881250949]; "
+    assert msg == ("column 'user_id' (data.columns.user_id) is not in the csv input columns ['196', '242', '3', '881250949']; "
                    "its first line looks like data, not a header: set --set data.has_header=false and map the columns "
                    "by position (e.g. --set data.columns.user_id=column_1), or --format movielens for MovieLens' u.data "
                    "/ ratings.dat; else map it with --set data.columns.user_id=NAME")
+
+
+def test_a_header_name_with_spaces_is_quoted_and_the_alike_column_suggested(tmp_path):
+    path = _write(tmp_path / "h.csv", "User ID,item id ,timestamp\nu1,a,1\nu1,b,2\n")
+    msg = _one_line_error(prepare, DataConfig(), path, tmp_path / "out")
+    assert msg == ("column 'user_id' (data.columns.user_id) is not in the csv input columns ['User ID', 'item id ', "
+                   "'timestamp']; map it with --set 'data.columns.user_id=User ID'")
+    mapped = DataConfig(columns=ColumnMap(user_id="User ID", item_id="item id "), min_events_per_user=1, min_events_per_item=1)
+    assert _events(mapped, path)["item_id"].to_list() == ["a", "b"]  # the suggested names read the file
+
+
+def test_a_csv_file_with_other_columns_in_a_directory_is_the_one_named(tmp_path):
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    _write(logs / "a.csv", "user_id,item_id,timestamp\nu1,a,1\n")
+    _write(logs / "b.csv", "user_id,item_id,timestamp,rating\nu1,b,2,5\n")
+    assert _one_line_error(prepare, DataConfig(), logs, tmp_path / "out") == (
+        f"'{logs / 'b.csv'}' has other columns than '{logs / 'a.csv'}' ('user_id', 'item_id', 'timestamp', 'rating' "
+        "against 'user_id', 'item_id', 'timestamp'); every CSV file of one input has the same header: fix or move that file")
+
+
+def test_an_unclosed_quote_names_its_line(tmp_path):
+    # a quoted field may span lines (line 2 opens, line 3 closes); line 4's quote is never closed
+    path = _write(tmp_path / "q.csv", 'user_id,item_id,timestamp\nu1,"a\nb",1\nu1,"c,2\nu2,d,3\n')
+    assert _one_line_error(prepare, DataConfig(), path, tmp_path / "out") == (
+        f"'{path}' line 4 opens a quoted field (\") that is never closed; close or remove that quote")
 
 
 def test_ndjson_types_are_read_from_every_line(tmp_path):

@@ -3,6 +3,8 @@ declarations refused with one line (exit 2), real item metadata (ml-latest-small
 
 from __future__ import annotations
 
+import lzma
+
 import json
 
 import polars as pl
@@ -176,5 +178,28 @@ def test_an_item_table_in_another_layout_says_the_layout_it_needs(inputs):
     (inputs / "u_item.csv").write_text("10|Toy Story (1995)|01-Jan-1995\n11|American President, The (1995)|01-Jan-1995\n")
     with pytest.raises(DataError) as err:
         prepare(_cfg(inputs / "u_item.csv"), inputs / "events.csv", inputs / "out")
-    assert str(err.value).startswith(f"cannot read item table '{inputs / 'u_item.csv'}': ")
+    assert str(err.value).startswith(f"cannot read item table '{inputs / 'u_item.csv'}' as csv: ")
     assert str(err.value).endswith("; an item table .csv is comma-separated (.tsv: tab-separated) with a header row")
+
+
+def test_an_ndjson_item_table_names_its_bad_line_and_a_compressed_one_its_compression(inputs):
+    (inputs / "items.ndjson").write_text('{"item_id": 10, "genre": "Comedy"}\n{"item_id": 11, "genre": Drama}\n')
+    with pytest.raises(DataError) as err:
+        prepare(_cfg(inputs / "items.ndjson"), inputs / "events.csv", inputs / "out")
+    assert str(err.value).startswith(f"item table '{inputs / 'items.ndjson'}' line 2 is not valid JSON (")
+    (inputs / "items.csv").write_bytes(lzma.compress(b"item_id,genre\n10,Comedy\n"))  # xz under a .csv name
+    with pytest.raises(DataError) as err:
+        prepare(_cfg(inputs / "items.csv"), inputs / "events.csv", inputs / "out")
+    assert str(err.value) == (f"cannot read '{inputs / 'items.csv'}': it is xz-compressed and only gzip (.gz) is read; "
+                              f"decompress it first (unxz -k '{inputs / 'items.csv'}') or recompress it with gzip")
+
+
+def test_text_ids_are_stripped_in_the_table_as_in_the_events(tmp_path):
+    # text ids: "b " in the events' CSV is item "b"; the table's "b " must be its row, not an item without events
+    (tmp_path / "events.csv").write_text("user_id,item_id,timestamp\n1,a,1\n1,b ,2\n2, b,3\n")
+    (tmp_path / "items.csv").write_text("item_id,genre,year\na,x,1\nb ,y,2\n")
+    prepare(_cfg(tmp_path / "items.csv"), tmp_path / "events.csv", tmp_path / "out")
+    rows, _, _ = read_item_features(tmp_path / "out")
+    assert rows.select("item_id", "item_idx", "genre").sort("item_id").rows() == [("a", 2, ["x"]), ("b", 1, ["y"])]
+    stats = json.loads((tmp_path / "out" / "stats.json").read_text())["item_table"]
+    assert (stats["items_without_events"], stats["items_without_row"], stats["rejected"]) == (0, 0, 0)

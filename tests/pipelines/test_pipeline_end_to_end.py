@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 
 import polars as pl
 import pytest
@@ -77,7 +78,7 @@ def _files(folder) -> dict[str, bytes]:
     return {str(f.relative_to(folder)): f.read_bytes() for f in sorted(folder.rglob("*")) if f.is_file()}
 
 
-def test_a_run_that_fails_while_scoring_leaves_the_earlier_rankings_whole(tmp_path, mlflow_store, capsys, monkeypatch):
+def test_a_run_that_fails_while_scoring_leaves_the_earlier_rankings_whole(tmp_path, mlflow_store, capsys, caplog, monkeypatch):
     """The rankings of a run replace the earlier run's as a whole: a run that fails (or is killed) while it scores
     leaves them as they were, and the next run removes what a killed one left beside them."""
     import pipelines.pipeline as pipeline_module
@@ -90,8 +91,8 @@ def test_a_run_that_fails_while_scoring_leaves_the_earlier_rankings_whole(tmp_pa
     assert "_manifest.json" in before and any(name.startswith("part-") for name in before)
     real, written = pipeline_module.run_score, []
 
-    def fails_after_writing(config, model_uri, input_path, output_dir, progress):
-        real(config, model_uri, input_path, output_dir, progress=progress)
+    def fails_after_writing(config, model_uri, input_path, output_dir, progress, shown_dir):
+        real(config, model_uri, input_path, output_dir, progress=progress, shown_dir=shown_dir)
         written.append(_files(output_dir))
         raise RuntimeError("the disk went away")
 
@@ -109,6 +110,34 @@ def test_a_run_that_fails_while_scoring_leaves_the_earlier_rankings_whole(tmp_pa
     after = pl.read_parquet(out / "rankings" / "part-*.parquet")
     assert after.group_by(schema.USER_ID).len()["len"].max() == 5 and _files(out / "rankings") != before
     assert sorted(p.name for p in out.iterdir() if p.name.startswith(".rankings")) == []
+    capsys.readouterr()
+
+    # rules that leave no user an item: an error naming this run's list of users, kept beside the earlier rankings
+    before = _files(out / "rankings")
+    items = pl.read_parquet(out / "prepared" / schema.ITEMS_FILE).select(schema.ITEM_ID)
+    items.write_parquet(tmp_path / "deny.parquet")
+    assert main([*args, "--set", f"score.deny={tmp_path / 'deny.parquet'}"]) == 2
+    err = capsys.readouterr().err
+    unranked = out / "rankings.unranked"
+    assert "no user was ranked" in err and str(unranked) in err and ".tmp" not in err
+    assert _files(out / "rankings") == before and pl.read_parquet(unranked / "*.parquet").height > 0
+
+    # users left without an item: the warning and the summary name the list where it ends up, not the staging
+    sequences = pl.read_parquet(out / "prepared" / schema.SEQUENCES_FILE)
+    users, seen = sequences.get_column(schema.USER_ID), set(sequences.get_column(schema.ITEM_IDX)[0].to_list())
+    table = pl.read_parquet(out / "prepared" / schema.ITEMS_FILE).filter(~pl.col(schema.ITEM_IDX).is_in(list(seen)))
+    allow = pl.DataFrame({schema.USER_ID: users[:1], schema.ITEM_ID: table.get_column(schema.ITEM_ID)[:1]})
+    allow.write_parquet(tmp_path / "allow.parquet")  # the first user is allowed one item not seen, the others none
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        assert main([*args, "--set", f"score.allow={tmp_path / 'allow.parquet'}"]) == 0
+    printed = capsys.readouterr().out
+    skipped = pl.read_parquet(out / "rankings" / "_skipped" / "*.parquet").height
+    ranked = pl.read_parquet(out / "rankings" / "part-*.parquet").get_column(schema.USER_ID).n_unique()
+    assert ranked == 1 and skipped == users.len() - 1
+    assert f"ranked {ranked} of {users.len()} users; not ranked: {skipped} (listed in {out / 'rankings' / '_skipped'})" in printed
+    warned = [r.getMessage() for r in caplog.records if "were not ranked" in r.getMessage()]
+    assert len(warned) == 1 and warned[0].endswith(str(out / "rankings" / "_skipped"))
 
 
 def test_bad_config_key_is_a_one_line_error(capsys):

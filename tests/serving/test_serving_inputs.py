@@ -70,7 +70,9 @@ def test_prepared_dir_with_another_vocabulary_is_mapped_by_raw_id(prepared, tmp_
     seq = pl.read_parquet(prepared / schema.SEQUENCES_FILE).with_columns(
         pl.col(schema.ITEM_IDX).list.eval(pl.element().replace_strict(reverse) ).cast(pl.List(pl.Int32))
     )
-    seq = seq.with_columns(pl.col(schema.ITEM_IDX).list.concat(pl.lit([31], dtype=pl.List(pl.Int32))))
+    seq = seq.with_columns(pl.col(schema.ITEM_IDX).list.concat(pl.lit([31], dtype=pl.List(pl.Int32))),
+                           pl.col(schema.TIMESTAMP).list.concat(pl.col(schema.TIMESTAMP).list.last()),
+                           pl.col(schema.LENGTH) + 1)  # fmt: skip
     seq.write_parquet(other / schema.SEQUENCES_FILE)
     pl.concat([
         vocab.with_columns(pl.col(schema.ITEM_IDX).replace_strict(reverse, return_dtype=pl.Int32)),
@@ -135,7 +137,7 @@ def test_time_gap_model_needs_real_timestamps_one_per_event(tmp_path):
     short.parent.mkdir()
     ts = pl.Series(schema.TIMESTAMP, [[10]], dtype=pl.List(pl.Int64))  # two items, one timestamp
     pl.read_parquet(path).with_columns(ts).write_parquet(short)
-    with pytest.raises(DataError, match="another length"):
+    with pytest.raises(DataError, match="timestamp.s list length differs from the number of item_idx entries in 1 rows"):
         _score_gaps(short, tmp_path / "o3")
     # raw events whose time is their line order (SASRec text): staged, then refused
     log = tmp_path / "log.txt"

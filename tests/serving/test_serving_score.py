@@ -39,7 +39,8 @@ def test_users_without_a_known_item_are_listed_with_the_reason_and_counted(tmp_p
     rows = sequences.to_dicts()
     for user, history in only_unknown.items():
         rows[user][schema.ITEM_IDX], rows[user][schema.TIMESTAMP] = history, list(range(len(history)))
-    rows[8][schema.ITEM_IDX], rows[8][schema.TIMESTAMP] = [], []
+        rows[user][schema.LENGTH] = len(history)
+    rows[8][schema.ITEM_IDX], rows[8][schema.TIMESTAMP], rows[8][schema.LENGTH] = [], [], 0
     pl.DataFrame(rows, schema=sequences.schema).write_parquet(prepared / schema.SEQUENCES_FILE)
     model_items = vocabulary().with_columns(
         pl.when(pl.col(schema.ITEM_IDX) <= 5).then(pl.col(schema.ITEM_ID) + 500_000).otherwise(pl.col(schema.ITEM_ID))
@@ -106,6 +107,27 @@ def test_bare_sequences_with_bad_keys_or_indices_are_refused(tmp_path, users, hi
         _run(path, tmp_path / "out")
     assert message in str(caught.value)
     assert not list((tmp_path / "out").glob("part-*.parquet"))
+
+
+@pytest.mark.parametrize(
+    ("column", "values", "message"),
+    [
+        (schema.LENGTH, pl.Series([1, 2, 1, 0]), "length's value differs from the number of item_idx entries in 2 rows (first: row 1)"),
+        (schema.TIMESTAMP, pl.Series([[5], [6, 7], [8], []]), "timestamp's list length differs from the number of "
+                                                               "item_idx entries in 2 rows (first: row 1)"),
+    ],
+)
+def test_a_length_or_timestamp_list_that_disagrees_with_the_history_is_refused(tmp_path, column, values, message):
+    path = tmp_path / "users.parquet"
+    histories = pl.Series([[1], [2, 3, 4], [3], [4]], dtype=pl.List(pl.Int32))
+    frame = pl.DataFrame({schema.USER_ID: ["a", "b", "c", "d"], schema.ITEM_IDX: histories, column: values})
+    frame.write_parquet(path)
+    with pytest.raises(DataError) as caught:
+        _run(path, tmp_path / "out")
+    assert str(caught.value) == f"{path}: {message}; fix the file or drop the {column} column"
+    agreeing = {schema.LENGTH: histories.list.len(), schema.TIMESTAMP: histories.list.eval(pl.element() * 10)}[column]
+    frame.with_columns(agreeing.alias(column)).write_parquet(path)
+    assert _run(path, tmp_path / "out").users == 4  # the same file, its column in agreement: scored
 
 
 def test_a_refused_input_leaves_no_manifest_so_the_fixed_input_is_scored_there(tmp_path, monkeypatch):
