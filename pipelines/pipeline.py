@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -206,6 +207,7 @@ def score_into_place(config: JobConfig, model_uri: str, prepared_dir: Path, rank
     place of the earlier run's rankings as a whole (:func:`recsys_alibi.atomic.replace_dir`): a run killed or
     failing while it scores leaves the earlier rankings as they were, and a reader never sees a mix of two runs."""
     rankings = Path(os.path.realpath(rankings))
+    kept = rankings.with_name(f"{rankings.name}.unranked")  # a run that ranked no user: its list of users
     with staging_dir(rankings) as staging:  # a killed run's staging is removed first, never a running one's
         try:
             scored = run_score(config, model_uri, prepared_dir, staging / rankings.name, progress=progress,
@@ -214,11 +216,11 @@ def score_into_place(config: JobConfig, model_uri: str, prepared_dir: Path, rank
             unranked = staging / rankings.name / SKIPPED_DIR
             if not unranked.is_dir():
                 raise
-            kept = rankings.with_name(f"{rankings.name}.unranked")
             replace_dir(unranked, kept)
             raise DataError(f"{str(error).replace(str(unranked), str(kept))}; the earlier rankings in {rankings} "
                             "were left as they were") from None  # fmt: skip
         replace_dir(staging / rankings.name, rankings)
+    shutil.rmtree(kept, ignore_errors=True)  # an earlier failed run's list, outdated by these rankings
     return replace(scored, output_dir=rankings)
 
 

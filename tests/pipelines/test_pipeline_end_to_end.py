@@ -134,7 +134,7 @@ def test_a_run_that_fails_while_scoring_leaves_the_earlier_rankings_whole(tmp_pa
     printed = capsys.readouterr().out
     skipped = pl.read_parquet(out / "rankings" / "_skipped" / "*.parquet").height
     ranked = pl.read_parquet(out / "rankings" / "part-*.parquet").get_column(schema.USER_ID).n_unique()
-    assert ranked == 1 and skipped == users.len() - 1
+    assert ranked == 1 and skipped == users.len() - 1 and not unranked.exists()  # the failed run's list is gone
     assert f"ranked {ranked} of {users.len()} users; not ranked: {skipped} (listed in {out / 'rankings' / '_skipped'})" in printed
     warned = [r.getMessage() for r in caplog.records if "were not ranked" in r.getMessage()]
     assert len(warned) == 1 and warned[0].endswith(str(out / "rankings" / "_skipped"))
