@@ -183,8 +183,9 @@ class DataConfig(_Section):
         """``tab`` and ``\\t`` (a backslash and t, as a shell passes it) are the tab; else one single-byte character."""
         if value in ("tab", "\\t"):
             return "\t"
-        if value is not None and len(value.encode()) != 1:
-            raise ValueError("the separator is one single-byte character: ',', ';', '|', or tab as 'tab'")
+        if value is not None and (len(value.encode()) != 1 or value in "\n\r\""):
+            raise ValueError("the separator is one single-byte character other than a newline or '\"': ';', or tab as "
+                             "'tab'; ',' and '|' quoted for YAML: --set \"data.separator='|'\"")
         return value
 
     @model_validator(mode="after")

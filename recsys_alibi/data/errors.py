@@ -209,26 +209,29 @@ def unclosed_quote_line(path: Path, quote: bytes = b'"') -> int | None:
 
 
 COMPRESSED_MAGIC = {  # the first bytes of the compressed formats that are not read (only gzip is), and their unpacker
-    b"BZh": ("bzip2", "bunzip2 -k"),
-    b"\xfd7zXZ\x00": ("xz", "unxz -k"),
-    b"\x28\xb5\x2f\xfd": ("zstd", "unzstd"),
-    b"PK\x03\x04": ("zip", "unzip"),
-    b"7z\xbc\xaf\x27\x1c": ("7z", "7z x"),
+    b"BZh": ("bzip2", "bzip2 -dc", ".bz2"),
+    b"\xfd7zXZ\x00": ("xz", "xz -dc", ".xz"),
+    b"\x28\xb5\x2f\xfd": ("zstd", "zstd -dc", ".zst"),
+    b"PK\x03\x04": ("zip", "unzip -p", ".zip"),
+    b"7z\xbc\xaf\x27\x1c": ("7z", "7z x -so", ".7z"),
 }
 
 
 def unread_compression(path: Path) -> DataError | None:
     """The one-line error of a file compressed with another tool than gzip (bzip2, xz, zstd, zip, 7z: told by
-    its first bytes, whatever its name), or None. Such a file otherwise reads as text that is not UTF-8."""
+    its first bytes, whatever its name), or None. Such a file otherwise reads as text that is not UTF-8.
+    The command given writes the text beside the working directory whatever the file's name
+    (``bunzip2 -k r.csv`` would write ``r.csv.out``)."""
     try:
         with open(path, "rb") as fh:
             head = fh.read(8)
     except OSError:
         return None
-    for magic, (kind, unpack) in COMPRESSED_MAGIC.items():
+    for magic, (kind, unpack, suffix) in COMPRESSED_MAGIC.items():
         if head.startswith(magic):
+            name = path.name[: -len(suffix)] if path.name.lower().endswith(suffix) else f"{path.stem}.plain{path.suffix}"
             return DataError(f"cannot read '{path}': it is {kind}-compressed and only gzip (.gz) is read; "
-                             f"decompress it first ({unpack} '{path}') or recompress it with gzip")  # fmt: skip
+                             f"decompress it first ({unpack} '{path}' > '{name}') or recompress it with gzip")  # fmt: skip
     return None
 
 

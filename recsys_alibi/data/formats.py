@@ -20,7 +20,7 @@ import re
 from pathlib import Path
 
 from recsys_alibi.atomic import describe_path, path_kind
-from recsys_alibi.data.errors import GZIP_ERRORS, DataError, first_line, gzip_error, unread_compression
+from recsys_alibi.data.errors import GZIP_ERRORS, DataError, first_line, gzip_error
 
 FORMATS = ("parquet", "csv", "ndjson", "movielens", "sasrec", "s3rec")
 SNIFF_LINES = 200  # lines read to infer a text format
@@ -144,9 +144,6 @@ def infer_format(paths: list[Path]) -> str:
         return "ndjson"
     if name.endswith(".dat") or name == "u.data":
         return "movielens"
-    compressed = unread_compression(path)  # bzip2, xz, zstd, zip: sniffed as text it would be garbage
-    if compressed is not None:
-        raise compressed
     head = head_bytes(path)
     if head.startswith(b"PAR1"):
         return "parquet"

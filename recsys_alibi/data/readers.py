@@ -27,7 +27,7 @@ from pathlib import Path
 import polars as pl
 
 from recsys_alibi.config import DataConfig
-from recsys_alibi.data.errors import GZIP_ERRORS, DataError, open_bytes, read_error
+from recsys_alibi.data.errors import GZIP_ERRORS, DataError, open_bytes, read_error, unread_compression
 from recsys_alibi.data.formats import (
     FORMAT_HELP,
     FORMATS,
@@ -101,6 +101,10 @@ def scan_source(
     """
     paths = list(input_path) if isinstance(input_path, (list, tuple)) else resolve_paths(input_path)
     fmt = fmt or cfg.format
+    for path in paths:  # bzip2, xz, zstd, zip under any name, any format: refused before anything reads them
+        compressed = unread_compression(path)
+        if compressed is not None:
+            raise compressed
     if fmt == "auto":
         fmt = infer_format(paths)
     if fmt not in FORMATS:
@@ -124,6 +128,8 @@ def scan_source(
     raw = tuple(name for name in schema.names() if name not in INTERNAL)
     if text and any("\ufffd" in name for name in raw):  # polars replaced bytes of a non-UTF-8 header
         raise read_error(paths, fmt, ValueError("the header is not UTF-8"), "convert the file to UTF-8")
+    if fmt == "csv" and any("\n" in name for name in raw):  # a quote opened in the header took the lines after it
+        raise read_error(paths, fmt, ValueError("a header name spans lines"), "close the quote in the header")
     _check_columns(cfg, fmt, columns, raw)
     if text and cfg.id_type != "auto":
         text_ids = ()
@@ -160,11 +166,13 @@ def _plain_name(name: str) -> str:
 def _check_columns(cfg: DataConfig, fmt: str, columns: dict[str, str], raw: tuple[str, ...]) -> None:
     for canon, name in columns.items():
         if name not in raw:
-            shown = ", ".join(map(repr, raw[:12])) + (", ..." if len(raw) > 12 else "")  # 'user id', 'a\tb'
+            shown = ", ".join(repr(col if len(col) <= 60 else col[:60] + "...") for col in raw[:12])  # 'user id', 'a\tb'
+            shown += ", ..." if len(raw) > 12 else ""
             fix = f"map it with --set data.columns.{canon}=NAME"
             alike = [col for col in raw if _plain_name(col) == _plain_name(name)]
             if alike:  # 'User ID', ' user_id', 'user-id': the shell needs the name quoted
-                fix = f"map it with --set 'data.columns.{canon}={alike[0]}'"
+                value = f'"{alike[0]}"' if alike[0] != alike[0].strip() else alike[0]  # YAML keeps outer spaces only quoted
+                fix = f"map it with --set 'data.columns.{canon}={value}'"
             elif canon == TIMESTAMP:
                 fix += " (or null to use the line order as time)"
             elif canon in (EVENT_TYPE, VALUE):
@@ -406,8 +414,28 @@ def _read_movielens(cfg: DataConfig, paths: list[Path]) -> Read:
     head = head_bytes(paths[0], 4096).decode("utf-8", "replace")
     names = [USER_ID, ITEM_ID, VALUE, TIMESTAMP]
     separator = "::" if "::" in head else "," if is_movielens_csv(head) else "\t"
+    if separator == ",":
+        _check_grouplens_headers(paths)
     lf = _split_lines(paths, separator, list(enumerate(names)), 4, skip=MOVIELENS_CSV_HEADER)
     return _with_row(lf), {n: n for n in names}, True, (USER_ID, ITEM_ID)
+
+
+def _check_grouplens_headers(paths: list[Path]) -> None:
+    """Refuse a GroupLens CSV among others whose header is another (``movieId,userId,...``): its fields are read
+    by position, so its users and items would be swapped without a word.
+
+    Raises:
+        DataError: naming the file and its header.
+    """
+    for path in paths:
+        first = head_bytes(path, 4096).decode("utf-8", "replace").split("\n", 1)[0].strip()
+        field = first.split(",", 1)[0].strip().strip('"')
+        if first and not is_movielens_csv(first) and not _looks_numeric(field):
+            raise DataError(
+                f"'{path}' starts with the header {first[:80]!r}, not GroupLens' {MOVIELENS_CSV_HEADER!r}: a MovieLens "
+                "file's fields are read by position; fix the header, or read the files with --format csv and "
+                "data.columns"
+            )
 
 
 def _read_sasrec(cfg: DataConfig, paths: list[Path]) -> Read:

@@ -38,13 +38,24 @@ def test_non_utf8_text_names_the_file_line_and_byte(tmp_path, gz):
 
 
 @pytest.mark.parametrize("fmt", [None, "csv", "movielens"])
-@pytest.mark.parametrize(("compress", "kind", "unpack"), [(bz2.compress, "bzip2", "bunzip2 -k"), (lzma.compress, "xz", "unxz -k")])
+@pytest.mark.parametrize(("compress", "kind", "unpack"), [(bz2.compress, "bzip2", "bzip2 -dc"), (lzma.compress, "xz", "xz -dc")])
 def test_another_compression_than_gzip_is_named_not_called_an_encoding(tmp_path, compress, kind, unpack, fmt):
     # read as text, a .bz2 or .xz is bytes that are not UTF-8: the iconv advice would only make it worse
-    path = tmp_path / f"events.csv.{kind}"
+    path = tmp_path / f"events.csv.{'bz2' if kind == 'bzip2' else kind}"
     path.write_bytes(compress(b"user_id,item_id,timestamp\nu1,a,1\nu1,b,2\n"))
     assert _error(path, fmt) == (f"cannot read '{path}': it is {kind}-compressed and only gzip (.gz) is read; "
-                                 f"decompress it first ({unpack} '{path}') or recompress it with gzip")
+                                 f"decompress it first ({unpack} '{path}' > 'events.csv') or recompress it with gzip")
+
+
+@pytest.mark.parametrize("fmt", [None, "csv"])
+def test_a_compressed_file_under_a_text_name_or_in_a_directory_is_refused_whatever_the_format(tmp_path, fmt):
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "day1.csv").write_text("user_id,item_id,timestamp\nu1,a,1\n")
+    (logs / "day2.csv").write_bytes(bz2.compress(b"user_id,item_id,timestamp\nu1,b,2\n"))  # not named .bz2
+    assert _error(logs, fmt) == (f"cannot read '{logs / 'day2.csv'}': it is bzip2-compressed and only gzip (.gz) is "
+                                 f"read; decompress it first (bzip2 -dc '{logs / 'day2.csv'}' > 'day2.plain.csv') or "
+                                 "recompress it with gzip")
 
 
 def test_non_utf8_text_in_a_read_only_folder_is_converted_into_the_working_directory(tmp_path, monkeypatch):

@@ -363,7 +363,7 @@ def test_the_separator_setting_takes_tab_by_name(given, read):
     assert DataConfig(separator=given).separator == read
 
 
-@pytest.mark.parametrize("given", ["", ";;", "§"])
+@pytest.mark.parametrize("given", ["", ";;", "§", "\n", '"'])
 def test_a_separator_of_other_than_one_byte_is_refused(given):
     with pytest.raises(ValueError, match="the separator is one single-byte character"):
         DataConfig(separator=given)
@@ -396,6 +396,26 @@ def test_a_csv_file_with_other_columns_in_a_directory_is_the_one_named(tmp_path)
     assert _one_line_error(prepare, DataConfig(), logs, tmp_path / "out") == (
         f"'{logs / 'b.csv'}' has other columns than '{logs / 'a.csv'}' ('user_id', 'item_id', 'timestamp', 'rating' "
         "against 'user_id', 'item_id', 'timestamp'); every CSV file of one input has the same header: fix or move that file")
+
+
+def test_a_grouplens_file_with_its_columns_in_another_order_is_refused_not_swapped(tmp_path):
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    _write(logs / "day1.csv", "userId,movieId,rating,timestamp\n1,10,4.0,100\n")
+    _write(logs / "day2.csv", "movieId,userId,rating,timestamp\n20,2,5.0,200\n")
+    assert _one_line_error(prepare, DataConfig(), logs, tmp_path / "out") == (
+        f"'{logs / 'day2.csv'}' starts with the header 'movieId,userId,rating,timestamp', not GroupLens' "
+        "'userid,movieid,rating,timestamp': a MovieLens file's fields are read by position; fix the header, or read "
+        "the files with --format csv and data.columns")
+
+
+def test_header_names_with_outer_spaces_are_suggested_in_yaml_quotes_and_an_open_quote_in_the_header_named(tmp_path):
+    path = _write(tmp_path / "h.csv", " user_id , item_id ,timestamp\nu1,a,1\nu1,b,2\n")
+    assert _one_line_error(prepare, DataConfig(), path, tmp_path / "out").endswith(
+        "map it with --set 'data.columns.user_id=\" user_id \"'")
+    quoted = _write(tmp_path / "q.csv", 'user_id,"item_id,timestamp\nu1,a,1\nu1,b,2\n')
+    assert _one_line_error(prepare, DataConfig(), quoted, tmp_path / "out") == (
+        f"'{quoted}' line 1 opens a quoted field (\") that is never closed; close or remove that quote")
 
 
 def test_an_unclosed_quote_names_its_line(tmp_path):

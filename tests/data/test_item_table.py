@@ -191,7 +191,7 @@ def test_an_ndjson_item_table_names_its_bad_line_and_a_compressed_one_its_compre
     with pytest.raises(DataError) as err:
         prepare(_cfg(inputs / "items.csv"), inputs / "events.csv", inputs / "out")
     assert str(err.value) == (f"cannot read '{inputs / 'items.csv'}': it is xz-compressed and only gzip (.gz) is read; "
-                              f"decompress it first (unxz -k '{inputs / 'items.csv'}') or recompress it with gzip")
+                              f"decompress it first (xz -dc '{inputs / 'items.csv'}' > 'items.plain.csv') or recompress it with gzip")
 
 
 def test_text_ids_are_stripped_in_the_table_as_in_the_events(tmp_path):
