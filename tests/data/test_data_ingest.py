@@ -388,23 +388,27 @@ def test_a_header_name_with_spaces_is_quoted_and_the_alike_column_suggested(tmp_
     assert _events(mapped, path)["item_id"].to_list() == ["a", "b"]  # the suggested names read the file
 
 
-def test_a_csv_file_with_other_columns_in_a_directory_is_the_one_named(tmp_path):
+def _two_day_error(tmp_path, first: str, second: str) -> tuple[Path, str]:
+    """The one-line error of prepare on a directory of two CSV files (``a.csv``, ``b.csv``)."""
     logs = tmp_path / "logs"
     logs.mkdir()
-    _write(logs / "a.csv", "user_id,item_id,timestamp\nu1,a,1\n")
-    _write(logs / "b.csv", "user_id,item_id,timestamp,rating\nu1,b,2,5\n")
-    assert _one_line_error(prepare, DataConfig(), logs, tmp_path / "out") == (
+    _write(logs / "a.csv", first)
+    _write(logs / "b.csv", second)
+    return logs, _one_line_error(prepare, DataConfig(), logs, tmp_path / "out")
+
+
+def test_a_csv_file_with_other_columns_in_a_directory_is_the_one_named(tmp_path):
+    logs, msg = _two_day_error(tmp_path, "user_id,item_id,timestamp\nu1,a,1\n", "user_id,item_id,timestamp,rating\nu1,b,2,5\n")
+    assert msg == (
         f"'{logs / 'b.csv'}' has other columns than '{logs / 'a.csv'}' ('user_id', 'item_id', 'timestamp', 'rating' "
         "against 'user_id', 'item_id', 'timestamp'); every CSV file of one input has the same header: fix or move that file")
 
 
 def test_a_grouplens_file_with_its_columns_in_another_order_is_refused_not_swapped(tmp_path):
-    logs = tmp_path / "logs"
-    logs.mkdir()
-    _write(logs / "day1.csv", "userId,movieId,rating,timestamp\n1,10,4.0,100\n")
-    _write(logs / "day2.csv", "movieId,userId,rating,timestamp\n20,2,5.0,200\n")
-    assert _one_line_error(prepare, DataConfig(), logs, tmp_path / "out") == (
-        f"'{logs / 'day2.csv'}' starts with the header 'movieId,userId,rating,timestamp', not GroupLens' "
+    logs, msg = _two_day_error(tmp_path, "userId,movieId,rating,timestamp\n1,10,4.0,100\n",
+                               "movieId,userId,rating,timestamp\n20,2,5.0,200\n")  # fmt: skip
+    assert msg == (
+        f"'{logs / 'b.csv'}' starts with the header 'movieId,userId,rating,timestamp', not GroupLens' "
         "'userid,movieid,rating,timestamp': a MovieLens file's fields are read by position; fix the header, or read "
         "the files with --format csv and data.columns")
 
