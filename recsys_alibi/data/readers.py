@@ -107,6 +107,9 @@ def scan_source(
             raise compressed
     if fmt == "auto":
         fmt = infer_format(paths)
+        if cfg.separator is not None and fmt != "csv":  # never a setting silently ignored
+            raise DataError(f"data.separator is set but '{paths[0]}' reads as {fmt}, whose fields are fixed; drop the "
+                            "setting, or read the file with --format csv")  # fmt: skip
     if fmt not in FORMATS:
         raise DataError(f"unknown format '{fmt}'; {FORMAT_HELP} (or auto)")
     try:

@@ -363,6 +363,13 @@ def test_the_separator_setting_takes_tab_by_name(given, read):
     assert DataConfig(separator=given).separator == read
 
 
+def test_a_separator_on_a_file_read_as_movielens_is_refused_not_ignored(tmp_path):
+    path = _write(tmp_path / "ratings.csv", "userId,movieId,rating,timestamp\n1,10,4.0,100\n")
+    assert _one_line_error(prepare, DataConfig(separator="\t"), path, tmp_path / "out") == (
+        f"data.separator is set but '{path}' reads as movielens, whose fields are fixed; drop the setting, or read the "
+        "file with --format csv")
+
+
 @pytest.mark.parametrize("given", ["", ";;", "§", "\n", '"'])
 def test_a_separator_of_other_than_one_byte_is_refused(given):
     with pytest.raises(ValueError, match="the separator is one single-byte character"):
