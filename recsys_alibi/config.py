@@ -78,7 +78,8 @@ class _Section(BaseModel):
             value = getattr(self, key)
             if in_effect or value == type(self).model_fields[key].default:
                 continue
-            shown = yaml_word(value)
+            plain = not isinstance(value, str) or (value.isprintable() and value.strip() == value)
+            shown = yaml_word(value) if plain else repr(value)  # a tab as '\t', not a blank
             given = f"{prefix}.{key}" if isinstance(value, _Section) else f"{prefix}.{key}={shown}"
             raise ValueError(f"{given} takes effect only with {needs}: set {needs}, or drop {prefix}.{key}")
 

@@ -272,6 +272,12 @@ DEPENDENT = [  # (the key given, the setting that switches it off, the setting i
 ]  # fmt: skip
 
 
+def test_a_refused_tab_is_shown_as_an_escape_not_a_blank(tmp_path):
+    message = _error(tmp_path, None, ("data.format=movielens", "data.separator=tab"))
+    assert message.endswith("data.separator='\\t' takes effect only with data.format=csv or auto: set data.format=csv "
+                            "or auto, or drop data.separator")
+
+
 @pytest.mark.parametrize(("given", "off", "needs", "on"), DEPENDENT, ids=[f"{c[0]}-{c[1]}" for c in DEPENDENT])
 def test_a_dependent_key_is_refused_while_its_setting_is_off(tmp_path, given, off, needs, on):
     message = _error(tmp_path, None, (off, given))
