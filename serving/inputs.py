@@ -329,9 +329,11 @@ def _check_sequences(path: Path, name: str | None = None) -> None:
     if not item_type.is_integer():
         raise DataError(f"{shown}: item_idx holds {item_type}, but item indices are integers (1..N, 0 = padding)")
     user, item = pl.col(schema.USER_ID), pl.col(schema.ITEM_IDX)
-    disagree = {**({schema.LENGTH: pl.col(schema.LENGTH)} if found.get(schema.LENGTH, pl.Null).is_integer() else {}),
-                **({schema.TIMESTAMP: pl.col(schema.TIMESTAMP).list.len()}
-                   if isinstance(found.get(schema.TIMESTAMP), pl.List) else {})}  # fmt: skip
+    disagree = {}  # column -> (rows,) its count of events, to equal item_idx's
+    if found.get(schema.LENGTH, pl.Null).is_integer():
+        disagree[schema.LENGTH] = pl.col(schema.LENGTH)
+    if isinstance(found.get(schema.TIMESTAMP), pl.List):
+        disagree[schema.TIMESTAMP] = pl.col(schema.TIMESTAMP).list.len()
     facts = pl.scan_parquet(path).select(
         null_users=user.null_count(), distinct=user.n_unique(), rows=pl.len(),
         null_items=item.list.eval(pl.element().is_null().sum()).explode().sum(),

@@ -251,11 +251,6 @@ def read_error(paths: list[Path] | tuple[Path, ...], fmt: str, err: BaseExceptio
         problem = broken_gzip(path)
         if problem is not None:
             return gzip_error(path, problem)
-    if fmt != "parquet":  # text read from another compression (Parquet compresses inside: its magic is PAR1)
-        for path in paths:
-            compressed = unread_compression(path)
-            if compressed is not None:
-                return compressed
     if fmt == "parquet":
         found = bad_parquet_file(paths)
         if found is not None:

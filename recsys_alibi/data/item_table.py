@@ -43,7 +43,7 @@ import numpy as np
 import polars as pl
 
 from recsys_alibi.config import ItemFeaturesConfig
-from recsys_alibi.data.errors import DataError, read_error
+from recsys_alibi.data.errors import DataError, read_error, unread_compression
 from recsys_alibi.data.formats import literal, not_a_file, stem_suffix
 from recsys_alibi.data.ids import round_trips
 from recsys_alibi.data.schema import ITEM_ID, ITEM_IDX, REJECT_REASON
@@ -76,6 +76,9 @@ def read_item_table(path: str | Path) -> ItemTable:
     path = Path(path)
     if not path.is_file():  # what is there instead, and why it is refused (recsys_alibi.data.formats)
         raise not_a_file(path, "item table", "--items (data.items)", takes="file")
+    compressed = unread_compression(path)  # bzip2, xz, zstd, zip: refused as the event files are
+    if compressed is not None:
+        raise compressed
     name, _ = stem_suffix(path)
     fmt = _SUFFIXES.get(Path(name).suffix)
     if fmt is None:
@@ -139,14 +142,14 @@ def check_declaration(table: ItemTable, feats: ItemFeaturesConfig) -> None:
             )
 
 
-def id_as(column: str, dtype: pl.DataType, id_dtype: pl.DataType, text: bool = False) -> pl.Expr:
+def id_as(column: str, dtype: pl.DataType, id_dtype: pl.DataType, from_text: bool = False) -> pl.Expr:
     """The id cells in the events' id type; null where they are not an id of that type.
 
-    ``text``: the cells come from a text file (CSV/TSV), whose ids are stripped of surrounding spaces as the
+    ``from_text``: the cells come from a text file (CSV/TSV), whose ids are stripped of surrounding spaces as the
     events' text formats strip theirs (:func:`recsys_alibi.data.ids.id_expr`): ``b `` in both files is one item."""
     col = pl.col(column)
     if id_dtype == pl.String:
-        if dtype == pl.String and text:
+        if dtype == pl.String and from_text:
             stripped = col.str.strip_chars()
             return pl.when(stripped != "").then(stripped)
         return col.cast(pl.String) if (dtype.is_integer() or dtype == pl.String) else pl.lit(None, pl.String)

@@ -114,8 +114,8 @@ class PrepareResult:
         c = self.counts
         whole = (
             f"{c['events']:,} events, {c['users']:,} users, {c['items']:,} items "
-            f"from {c['input_rows']:,} {self.stats.get('format', 'input')} rows ({c['rejected']:,} rejected, {c['deduplicated']:,} duplicates, "
-            f"{c['filtered']:,} filtered) -> {self.output_dir}"
+            f"from {c['input_rows']:,} {self.stats.get('format', 'input')} rows ({c['rejected']:,} rejected, "
+            f"{c['deduplicated']:,} duplicates, {c['filtered']:,} filtered) -> {self.output_dir}"
         )
         whole += item_table_line(self.stats.get(ITEM_TABLE_KEY))
         if self.appended is None:

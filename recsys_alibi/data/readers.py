@@ -217,8 +217,7 @@ def _separator(cfg: DataConfig, paths: list[Path]) -> str:
     name, _ = stem_suffix(paths[0])
     if name.endswith(".tsv"):
         return "\t"
-    first = head_bytes(paths[0], 4096).decode("utf-8", "replace").split("\n", 1)[0]
-    return header_separator(first) or ","
+    return header_separator(_first_line(paths[0])) or ","
 
 
 def _field_counts(paths: list[Path], separator: str, skip_header: bool) -> pl.LazyFrame:
@@ -228,19 +227,26 @@ def _field_counts(paths: list[Path], separator: str, skip_header: bool) -> pl.La
     return pl.concat(frames, how="vertical").select(line.str.count_matches(separator, literal=True).alias("_fields") + 1)
 
 
+def _first_line(path: Path) -> str:
+    """The first line of a text file (plain or gzip; bytes that are not UTF-8 replaced), without its line end."""
+    lines = head_bytes(path, 1 << 16).decode("utf-8", "replace").splitlines()
+    return lines[0] if lines else ""
+
+
+def _csv_header(path: Path, separator: str) -> list[str]:
+    """The fields of a CSV file's first line (quotes honoured)."""
+    return next(csv.reader([_first_line(path)], delimiter=separator), [])
+
+
 def _check_same_header(paths: list[Path], separator: str) -> None:
     """Name the first CSV file whose header differs from the first file's (Polars' error names the first file).
 
     Raises:
         DataError: naming both files and both headers.
     """
-    def header(path: Path) -> list[str]:
-        head = head_bytes(path, 1 << 16).decode("utf-8", "replace").splitlines()
-        return next(csv.reader(head[:1], delimiter=separator), []) if head else []
-
-    first = header(paths[0])
+    first = _csv_header(paths[0], separator)
     for path in paths[1:]:
-        other = header(path)
+        other = _csv_header(path, separator)
         if other != first:
             raise DataError(
                 f"'{path}' has other columns than '{paths[0]}' ({', '.join(map(repr, other))} against "
@@ -255,8 +261,7 @@ def _check_header_unique(cfg: DataConfig, path: Path, separator: str) -> None:
     Raises:
         DataError: naming the column and its ``data.columns`` key.
     """
-    head = head_bytes(path, 1 << 16).decode("utf-8", "replace").splitlines()
-    header = next(csv.reader(head[:1], delimiter=separator), []) if head else []
+    header = _csv_header(path, separator)
     for canon, raw in _mapped(cfg).items():
         if header.count(raw) > 1:
             raise DataError(
@@ -431,7 +436,7 @@ def _check_grouplens_headers(paths: list[Path]) -> None:
         DataError: naming the file and its header.
     """
     for path in paths:
-        first = head_bytes(path, 4096).decode("utf-8", "replace").split("\n", 1)[0].strip()
+        first = _first_line(path).strip()
         field = first.split(",", 1)[0].strip().strip('"')
         if first and not is_movielens_csv(first) and not _looks_numeric(field):
             raise DataError(
