@@ -14,9 +14,8 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from pipelines.collisions import check_pipeline_paths
@@ -40,14 +39,12 @@ from pipelines.promotion import (
 from pipelines.preflight import check_before_data
 from pipelines.prior_choice import PRIOR_FILE, append_boundary, check_prior_data, chosen_prior, record_newest_period
 from pipelines.train import TrainJobResult, run_train
-from recsys_alibi.atomic import replace_dir
 from recsys_alibi.config import ConfigError, JobConfig, with_overrides
-from recsys_alibi.data.ingest import DataError
 from recsys_alibi.data.sequences import read_items, read_sequences
 from recsys_alibi.data.time_gaps import has_real_timestamps, sequences_for
 from recsys_alibi.evaluation.report import format_metrics_table
-from serving.engines import engine_scorer, run_score
-from recsys_alibi.staging import staging_dir
+from serving.engines import engine_scorer
+from serving.replace_rankings import score_into_place
 from serving.manifest import SKIPPED_DIR
 from serving.score import ScoreJobResult
 
@@ -184,7 +181,7 @@ def run_pipeline(config: JobConfig, *, progress: bool = True) -> PipelineResult:
     log_gate_to_run(trained.run_id, gate)
     prior, prior_line = chosen_prior(config, prepared_dir, out / PRIOR_FILE)
     rescore = with_overrides(config, score={"popularity_prior": prior})
-    scored = score_into_place(rescore, gate.champion_uri, prepared_dir, out / "rankings", progress)
+    scored = score_into_place(rescore, gate.champion_uri, prepared_dir, out / "rankings", progress=progress)
     return PipelineResult(
         output_dir=out,
         prepare_summary=prepared.summary(),
@@ -199,29 +196,6 @@ def run_pipeline(config: JobConfig, *, progress: bool = True) -> PipelineResult:
         same_lineage_runs=tuple(same_lineage),
         prior_line=prior_line,
     )
-
-
-def score_into_place(config: JobConfig, model_uri: str, prepared_dir: Path, rankings: Path,
-                     progress: bool) -> ScoreJobResult:  # fmt: skip
-    """Score into a staging directory beside ``rankings`` (a link followed to its directory), then put it in the
-    place of the earlier run's rankings as a whole (:func:`recsys_alibi.atomic.replace_dir`): a run killed or
-    failing while it scores leaves the earlier rankings as they were, and a reader never sees a mix of two runs."""
-    rankings = Path(os.path.realpath(rankings))
-    kept = rankings.with_name(f"{rankings.name}.unranked")  # a run that ranked no user: its list of users
-    with staging_dir(rankings) as staging:  # a killed run's staging is removed first, never a running one's
-        try:
-            scored = run_score(config, model_uri, prepared_dir, staging / rankings.name, progress=progress,
-                               shown_dir=rankings)  # fmt: skip
-        except DataError as error:  # no user ranked: the earlier rankings stay, this run's list is kept beside them
-            unranked = staging / rankings.name / SKIPPED_DIR
-            if not unranked.is_dir():
-                raise
-            replace_dir(unranked, kept)
-            raise DataError(f"{str(error).replace(str(unranked), str(kept))}; the earlier rankings in {rankings} "
-                            "were left as they were") from None  # fmt: skip
-        replace_dir(staging / rankings.name, rankings)
-    shutil.rmtree(kept, ignore_errors=True)  # an earlier failed run's list, outdated by these rankings
-    return replace(scored, output_dir=rankings)
 
 
 def check_pipeline_launch(config: JobConfig, env: dict[str, str] | None = None) -> None:

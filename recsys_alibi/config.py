@@ -547,7 +547,7 @@ class ScoreConfig(_Section):
     batch_tokens: int = Field(131_072, ge=1)  # history events per batch (bounds activation memory)
     attention_backend: Literal["auto", "model", "flex", "sdpa", "eager"] = "auto"  # auto: sdpa on CPU, flex on GPU
     device: str = "auto"  # auto: cuda when available, else cpu; or cpu, cuda, cuda:N, mps
-    overwrite: bool = False  # replace another job's rankings in --output instead of refusing (same job: resumed)
+    overwrite: bool = False  # replace another job's rankings in --output as a whole instead of refusing (README)
     engine: Literal["local", "ray"] = "local"  # --engine: this process (or torchrun shards), or a Ray actor pool
     ray: RayConfig = RayConfig()
     # business rules (serving.rules): Parquet of item_id (every user) or user_id, item_id (per user)

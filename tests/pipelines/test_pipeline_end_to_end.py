@@ -81,7 +81,7 @@ def _files(folder) -> dict[str, bytes]:
 def test_a_run_that_fails_while_scoring_leaves_the_earlier_rankings_whole(tmp_path, mlflow_store, capsys, caplog, monkeypatch):
     """The rankings of a run replace the earlier run's as a whole: a run that fails (or is killed) while it scores
     leaves them as they were, and the next run removes what a killed one left beside them."""
-    import pipelines.pipeline as pipeline_module
+    import serving.replace_rankings as replace_module
     from recsys_alibi.staging import held_temp, release
 
     out = tmp_path / "job"
@@ -89,14 +89,14 @@ def test_a_run_that_fails_while_scoring_leaves_the_earlier_rankings_whole(tmp_pa
     assert main(args) == 0
     before = _files(out / "rankings")
     assert "_manifest.json" in before and any(name.startswith("part-") for name in before)
-    real, written = pipeline_module.run_score, []
+    real, written = replace_module.run_score, []
 
     def fails_after_writing(config, model_uri, input_path, output_dir, progress, shown_dir):
         real(config, model_uri, input_path, output_dir, progress=progress, shown_dir=shown_dir)
         written.append(_files(output_dir))
         raise RuntimeError("the disk went away")
 
-    monkeypatch.setattr(pipeline_module, "run_score", fails_after_writing)
+    monkeypatch.setattr(replace_module, "run_score", fails_after_writing)
     assert main([*args, "--set", "score.k=5"]) == 1  # other rankings: 5 rows a user
     assert "pipeline failed: RuntimeError: the disk went away" in capsys.readouterr().err
     assert written and written[0] != before and _files(out / "rankings") == before
@@ -105,7 +105,7 @@ def test_a_run_that_fails_while_scoring_leaves_the_earlier_rankings_whole(tmp_pa
     killed, fd = held_temp(out / "rankings", directory=True)  # what a run killed while it scored leaves
     (killed / "rankings").mkdir()
     release(fd)
-    monkeypatch.setattr(pipeline_module, "run_score", real)
+    monkeypatch.setattr(replace_module, "run_score", real)
     assert main([*args, "--set", "score.k=5"]) == 0
     after = pl.read_parquet(out / "rankings" / "part-*.parquet")
     assert after.group_by(schema.USER_ID).len()["len"].max() == 5 and _files(out / "rankings") != before

@@ -171,12 +171,8 @@ def test_float_item_indices_are_refused(tmp_path):
         _run(path, tmp_path / "out")
 
 
-FULL_DEVICE = "/dev/full"  # Linux: every write fails with ENOSPC
-
-
-@pytest.mark.skipif(not os.path.exists(FULL_DEVICE), reason="needs /dev/full (Linux)")
-def test_full_disk_while_scoring_is_one_line_and_a_rerun_completes(tmp_path, mlflow_store, monkeypatch, capsys):
-    from pipelines.cli import main
+def _score_args_of_a_logged_model(tmp_path) -> list[str]:
+    """``score`` arguments (all but ``--output``) for the tiny model logged to the test's MLflow store."""
     from recsys_alibi.config import load_config
     from recsys_alibi.tracking import log_ranker, setup_tracking
 
@@ -184,8 +180,18 @@ def test_full_disk_while_scoring_is_one_line_and_a_rerun_completes(tmp_path, mlf
     setup_tracking(load_config().tracking)
     with mlflow.start_run() as run:
         log_ranker(tiny_model(), vocabulary(), None, tmp_path / "model")
-    args = ["score", "--model-uri", f"runs:/{run.info.run_id}/model", "--input", str(prepared), "--quiet",
+    return ["score", "--model-uri", f"runs:/{run.info.run_id}/model", "--input", str(prepared), "--quiet",
             "--set", "score.shard_users=5", "--set", "score.attention_backend=sdpa", "--set", "score.device=cpu"]
+
+
+FULL_DEVICE = "/dev/full"  # Linux: every write fails with ENOSPC
+
+
+@pytest.mark.skipif(not os.path.exists(FULL_DEVICE), reason="needs /dev/full (Linux)")
+def test_full_disk_while_scoring_is_one_line_and_a_rerun_completes(tmp_path, mlflow_store, monkeypatch, capsys):
+    from pipelines.cli import main
+
+    args = _score_args_of_a_logged_model(tmp_path)
     assert main([*args, "--output", str(tmp_path / "clean")]) == 0
     capsys.readouterr()
 
@@ -223,3 +229,34 @@ def test_progress_speed_shows_the_mean_throughput_when_all_users_came_in_one_adv
         task = bar.tasks[0]
         assert task.speed is None  # rich's windowed rate: one sample, hence the old "0 users/s"
         assert score_module._speed_label(task) == "250 users/s"
+
+
+def test_an_overwrite_of_another_jobs_rankings_replaces_them_as_a_whole(tmp_path, mlflow_store, monkeypatch, capsys):
+    """score.overwrite over other rankings: a run failing part-way leaves them byte for byte, the re-run puts the
+    new job's rankings (equal to a scoring into a new folder) in their place, and no staging folder is left."""
+    from pipelines.cli import main
+
+    args = _score_args_of_a_logged_model(tmp_path)
+    out = tmp_path / "out"
+    assert main([*args, "--output", str(out), "--set", "score.k=3"]) == 0
+    assert main([*args, "--output", str(tmp_path / "k2"), "--set", "score.k=2"]) == 0
+    earlier, wanted = snapshot(out), snapshot(tmp_path / "k2")
+    assert earlier != wanted
+    capsys.readouterr()
+
+    real = score_module.write_atomic
+
+    def fails_at_the_second_shard(path, write):
+        if path.name == "part-00001.parquet":
+            raise OSError(28, "No space left on device", str(path))
+        real(path, write)
+
+    monkeypatch.setattr(score_module, "write_atomic", fails_at_the_second_shard)
+    again = [*args, "--output", str(out), "--set", "score.k=2", "--set", "score.overwrite=true"]
+    assert main(again) == 1
+    assert snapshot(out) == earlier  # the earlier rankings, whole, while and after the new job failed
+    monkeypatch.setattr(score_module, "write_atomic", real)
+    assert main(again) == 0
+    assert snapshot(out) == wanted
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []  # no staging left beside
+    assert f"-> {out};" in capsys.readouterr().out
