@@ -42,7 +42,12 @@ from recsys_alibi.data.item_features import ITEM_REJECTS_FILE
 from recsys_alibi.data.loader import FlatSequences
 from recsys_alibi.data.prepared import check_file, check_prepared, cleaned_item_ids, read_consistent
 from recsys_alibi.data.sequences import read_parquet_file, vocabulary_difference
-from recsys_alibi.data.time_gaps import checked_timestamps, gap_buckets, sequences_have_real_timestamps
+from recsys_alibi.data.time_gaps import (
+    backwards_sequences,
+    checked_timestamps,
+    gap_buckets,
+    sequences_have_real_timestamps,
+)
 from recsys_alibi.data.timestamps import seconds_of_lists
 
 log = logging.getLogger(__name__)
@@ -163,10 +168,18 @@ class ScoreInput:
         gaps = None
         if self.time_gap_buckets:
             frame = frame.with_columns(seconds_of_lists(pl.col(schema.TIMESTAMP), frame.schema[schema.TIMESTAMP].inner, "auto"))
-            try:  # null timestamps, time going backwards in a history: one line naming the users
-                buckets = gap_buckets(checked_timestamps(frame), self.time_gap_buckets)
+            try:  # null timestamps: one line naming the shard's users
+                timestamps = checked_timestamps(frame)
             except ValueError as err:
                 raise DataError(f"{self.name or self.sequences}, users {start}..{start + frame.height - 1}: {err}") from None
+            backwards = backwards_sequences(timestamps)
+            if backwards.size:
+                row = int(backwards[0])
+                raise DataError(
+                    f"{self.name or self.sequences}: timestamps go backwards inside the history of user "
+                    f"{frame.get_column(schema.USER_ID)[row]!r} (row {start + row}); sort each history by time first"
+                )
+            buckets = gap_buckets(timestamps, self.time_gap_buckets)
             gaps = select_events(buckets, known_events(histories, self.remap))
         return Shard(user_ids=frame.get_column(schema.USER_ID), histories=mapped, unknown_events=unknown, gaps=gaps,
                      input_lengths=histories.lengths(), new_seen=self._new_seen(histories))  # fmt: skip

@@ -56,16 +56,28 @@ def gap_buckets(timestamps: FlatSequences, n_buckets: int) -> FlatSequences:
     """
     if n_buckets < MIN_BUCKETS:
         raise ValueError(f"time gaps need at least {MIN_BUCKETS} buckets (padding, first event, gaps), got {n_buckets}")
-    ts = timestamps.values.astype(np.int64)
-    gaps = np.diff(ts, prepend=ts[:1])  # (E,) seconds since the previous value
-    first = np.zeros(ts.size, dtype=bool)
-    starts = timestamps.offsets[:-1][timestamps.lengths() > 0]
-    first[starts] = True
+    ts, gaps, first = _gaps(timestamps)
     if (gaps[~first] < 0).any():
         raise ValueError("timestamps go backwards inside a history; sort each history by time first")
     buckets = 2 + np.floor(np.log2(1.0 + np.maximum(gaps, 0))).astype(np.int64)
     buckets = np.where(first, FIRST_EVENT, np.minimum(buckets, n_buckets - 1))
     return FlatSequences(values=buckets, offsets=timestamps.offsets)
+
+
+def _gaps(timestamps: FlatSequences) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(seconds, gap to the previous event, is first of its sequence)``, each ``(E,)``."""
+    ts = timestamps.values.astype(np.int64)
+    gaps = np.diff(ts, prepend=ts[:1])  # (E,) seconds since the previous value
+    first = np.zeros(ts.size, dtype=bool)
+    first[timestamps.offsets[:-1][timestamps.lengths() > 0]] = True
+    return ts, gaps, first
+
+
+def backwards_sequences(timestamps: FlatSequences) -> np.ndarray:
+    """0-based indices ``(U',)`` int64 of the sequences whose timestamps go backwards somewhere."""
+    _, gaps, first = _gaps(timestamps)
+    events = np.flatnonzero((gaps < 0) & ~first)
+    return np.unique(np.searchsorted(timestamps.offsets, events, side="right") - 1)
 
 
 def checked_timestamps(sequences: pl.DataFrame) -> FlatSequences:

@@ -22,6 +22,7 @@ from recsys_alibi.data.loader import (
 )
 from recsys_alibi.data.splits import HISTORY_TIME_GAPS, leave_one_out, temporal_split
 from recsys_alibi.data.time_gaps import (
+    backwards_sequences,
     check_real_timestamps,
     gap_buckets,
     has_real_timestamps,
@@ -55,6 +56,10 @@ def test_bad_inputs_raise():
         gap_buckets(_flat([[5, 3]]), 8)
     # a later user may start before the previous one ended: not "backwards"
     assert gap_buckets(_flat([[50, 60], [10, 11]]), 8).values.tolist() == [1, 5, 1, 3]
+
+    # which sequences go backwards: the second and the fourth (an equal time is not backwards)
+    assert backwards_sequences(_flat([[1, 2], [9, 4, 5], [], [3, 3, 2, 1], [7]])).tolist() == [1, 3]
+    assert backwards_sequences(_flat([[50, 60], [10, 11]])).tolist() == []
 
 
 def _sequences() -> pl.DataFrame:

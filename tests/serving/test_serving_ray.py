@@ -87,7 +87,7 @@ def test_ray_job_input_error_raised_in_an_actor_reaches_the_caller_as_one_line(p
         score_with_ray(score_config(ray=ONE_ACTOR), tiny_model(time_gap_buckets=6), vocabulary(), tmp_path / "in",
                        tmp_path / "out", progress=False)  # fmt: skip
     assert "\n" not in str(err.value) and str(err.value).endswith(
-        "users 10..14: timestamps go backwards inside a history; sort each history by time first")
+        "timestamps go backwards inside the history of user 'u012' (row 12); sort each history by time first")
 
 
 def test_score_cli_engine_ray_prints_only_the_summary(prepared, tmp_path, mlflow_store, capfd):

@@ -260,3 +260,15 @@ def test_an_overwrite_of_another_jobs_rankings_replaces_them_as_a_whole(tmp_path
     assert snapshot(out) == wanted
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []  # no staging left beside
     assert f"-> {out};" in capsys.readouterr().out
+
+
+def test_time_going_backwards_in_a_history_names_the_user_and_row(tmp_path):
+    prepared = write_prepared(tmp_path / "in")
+    sequences = pl.read_parquet(prepared / "sequences.parquet")
+    sequences.with_columns(pl.when(pl.col("user_id") == "u017").then(pl.col("timestamp").list.reverse())
+                           .otherwise(pl.col("timestamp")).alias("timestamp")).write_parquet(prepared / "sequences.parquet")  # fmt: skip
+    with pytest.raises(DataError) as err:
+        score_with_model(score_config(k=3), tiny_model(time_gap_buckets=6), vocabulary(), prepared, tmp_path / "out",
+                         progress=False)  # fmt: skip
+    assert str(err.value) == (f"{prepared / 'sequences.parquet'}: timestamps go backwards inside the history of user "
+                              "'u017' (row 17); sort each history by time first")
