@@ -20,14 +20,16 @@ def check_before_data(config: JobConfig) -> None:
     """Every pipeline check that needs no data, run before generate/prepare write anything.
 
     Raises:
-        ConfigError: the warm schedule never reaches the context schedule's last switch, the feature encoder
+        ConfigError: a tracking URI MLflow cannot use, the warm schedule never reaches the context schedule's last switch, the feature encoder
             with no item table to prepare, a warm start across item features and none, a sharded
             table with the full softmax, an accelerator this machine lacks.
         ModelUriError: ``train.init_from`` names no model in the tracking store, or a deleted run.
     """
+    from recsys_alibi.tracking import check_tracking_uri, tracking_uri, tracking_uri_origin
     from recsys_alibi.training.fit import check_sharding
     from recsys_alibi.training.launch import check_accelerator
 
+    check_tracking_uri(tracking_uri(config.tracking), tracking_uri_origin())
     check_warm_schedule(config)
     check_feature_table(config)
     check_sharding(config)

@@ -24,7 +24,7 @@ from urllib.parse import unquote, urlparse
 
 import polars as pl
 
-from recsys_alibi.config import JobConfig, TrackingConfig
+from recsys_alibi.config import ConfigError, JobConfig, TrackingConfig
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +49,62 @@ def tracking_uri(cfg: TrackingConfig) -> str:
     return os.environ.get("MLFLOW_TRACKING_URI") or cfg.uri or f"sqlite:///{Path.cwd() / 'mlflow.db'}"
 
 
+_DATABASE_SCHEMES = ("postgresql", "mysql", "mssql")  # MLflow's SQLAlchemy stores besides SQLite
+_SERVICE_SCHEMES = ("http", "https", "databricks", "databricks-uc", "uc")
+
+
+def tracking_uri_origin() -> str:
+    """Where :func:`tracking_uri` took its value: ``MLFLOW_TRACKING_URI`` or ``tracking.uri``."""
+    return "MLFLOW_TRACKING_URI" if os.environ.get("MLFLOW_TRACKING_URI") else "tracking.uri"
+
+
+def check_tracking_uri(uri: str, origin: str = "tracking.uri") -> None:
+    """Refuse a tracking URI MLflow would fail on with a traceback, before any work.
+
+    Accepted: ``sqlite:///PATH`` (relative) or ``sqlite:////PATH``; ``http(s)://HOST[:PORT]``;
+    ``postgresql://``, ``mysql://``, ``mssql://`` (with ``+driver``) when their driver imports; Databricks.
+    A folder (``./mlruns``, ``file:///...``) only with ``MLFLOW_ALLOW_FILE_STORE=true`` (MLflow keeps the
+    file store in maintenance mode and refuses it otherwise).
+
+    Raises:
+        ConfigError: one line naming the URI, ``origin`` and the forms that work.
+    """
+    shown = f"tracking URI '{uri}' ({origin})"
+    parsed = urlparse(uri)
+    scheme = parsed.scheme.lower()
+    base = scheme.split("+", 1)[0]
+    if uri in _SERVICE_SCHEMES:  # "databricks": the default Databricks profile
+        return
+    if scheme in ("", "file") or (len(scheme) == 1 and uri[1:2] == ":"):  # a path (a Windows drive letter too)
+        if os.environ.get("MLFLOW_ALLOW_FILE_STORE", "").strip().lower() in ("true", "1"):
+            return
+        raise ConfigError(f"{shown} is a folder store, which MLflow keeps in maintenance mode and refuses: use a "
+                          "SQLite store (sqlite:///mlflow.db, the default when no URI is set) or a tracking server "
+                          "(http://HOST:PORT); MLFLOW_ALLOW_FILE_STORE=true makes MLflow use the folder anyway")  # fmt: skip
+    if base == "sqlite":
+        if not uri.lower().startswith("sqlite:///") or not uri[len("sqlite:///"):].split("?", 1)[0]:
+            raise ConfigError(f"{shown} is not a SQLite store MLflow reads: write sqlite:///RELATIVE/PATH.db or "
+                              "sqlite:////ABSOLUTE/PATH.db (three or four slashes)")  # fmt: skip
+        return
+    if scheme in ("http", "https") and not parsed.hostname:
+        raise ConfigError(f"{shown} names no host: write {scheme}://HOST:PORT")
+    if scheme in _SERVICE_SCHEMES:
+        return
+    if base in _DATABASE_SCHEMES:
+        from sqlalchemy import create_engine  # imports the dialect's driver; connects to nothing yet
+
+        try:
+            create_engine(uri)
+        except ImportError as err:
+            raise ConfigError(f"{shown} needs a database driver that is not installed ({err}); install it in "
+                              "this environment or use another store") from None  # fmt: skip
+        except Exception as err:  # noqa: BLE001 - SQLAlchemy's URL parser: one line
+            raise ConfigError(f"{shown} is not a database URL SQLAlchemy reads ({str(err).splitlines()[0]})") from None
+        return
+    raise ConfigError(f"{shown}: MLflow has no store for '{parsed.scheme}://'; use sqlite:///PATH.db, "
+                      "http(s)://HOST:PORT, postgresql://, mysql://, mssql:// or databricks")  # fmt: skip
+
+
 def setup_tracking(cfg: TrackingConfig, reading: str | None = None) -> str:
     """Point MLflow at the store and make sure the experiment exists; returns the experiment id.
 
@@ -62,10 +118,12 @@ def setup_tracking(cfg: TrackingConfig, reading: str | None = None) -> str:
 
     Raises:
         ModelUriError: ``reading`` names a run or registered model and the SQLite store does not exist.
+        ConfigError: a tracking URI MLflow cannot use (:func:`check_tracking_uri`).
     """
     import mlflow
 
     uri = tracking_uri(cfg)
+    check_tracking_uri(uri, tracking_uri_origin())
     store = local_store_path(uri) if uri.startswith("sqlite:") else None
     if reading is not None and urlparse(reading).scheme in ("runs", "models") and store is not None and not store.exists():
         raise ModelUriError(

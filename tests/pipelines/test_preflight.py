@@ -135,3 +135,41 @@ def test_loading_and_logging_a_model_print_no_download_bars(tmp_path, mlflow_sto
     import os
 
     assert "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR" not in os.environ  # the caller's environment is left as it was
+
+
+@pytest.mark.parametrize(
+    ("uri", "message"),
+    [
+        ("sqlite:/mlflow.db", "is not a SQLite store MLflow reads: write sqlite:///RELATIVE/PATH.db or "
+                              "sqlite:////ABSOLUTE/PATH.db (three or four slashes)"),
+        ("sqlite:///", "is not a SQLite store MLflow reads"),
+        ("./mlruns", "is a folder store, which MLflow keeps in maintenance mode and refuses"),
+        ("file:///srv/mlruns", "is a folder store"),
+        ("htp://localhost:5000", ": MLflow has no store for 'htp://'; use sqlite:///PATH.db, http(s)://HOST:PORT"),
+        ("http://", "names no host: write http://HOST:PORT"),
+        ("mysql+nosuchdriver://u@h/db", "is not a database URL SQLAlchemy reads"),
+    ],
+)
+def test_a_tracking_uri_mlflow_cannot_use_is_one_line_before_the_day_is_appended(tmp_path, monkeypatch, capsys, uri,
+                                                                               message):  # fmt: skip
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
+    out, day2, before = _appended_setup(tmp_path)
+    assert main(_pipeline_args(out, day2, f"tracking.uri={uri}")) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"error: tracking URI '{uri}' (tracking.uri)") and message in err and "\n" not in err
+    assert _files(out / "prepared") == before and not (tmp_path / "mlflow.db").exists()
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)  # the variable is checked as well, and named
+    assert main(["train", "--prepared", str(out / "prepared"), "--set", "train.max_epochs=1"]) == 2
+    assert capsys.readouterr().err.startswith(f"error: tracking URI '{uri}' (MLFLOW_TRACKING_URI)")
+
+
+def test_the_accepted_tracking_uris():
+    from recsys_alibi.tracking import check_tracking_uri
+
+    for uri in ("sqlite:///mlflow.db", "sqlite:////srv/mlflow.db", "http://127.0.0.1:5000", "https://mlflow.example",
+                "databricks"):  # fmt: skip
+        check_tracking_uri(uri)
+    with pytest.raises(ConfigError, match="needs a database driver that is not installed"):
+        check_tracking_uri("postgresql+psycopg2://u@h/db")  # psycopg2 is not in the locks
