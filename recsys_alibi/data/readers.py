@@ -133,7 +133,11 @@ def scan_source(
         raise read_error(paths, fmt, ValueError("the header is not UTF-8"), "convert the file to UTF-8")
     if fmt == "csv" and any("\n" in name for name in raw):  # a quote opened in the header took the lines after it
         raise read_error(paths, fmt, ValueError("a header name spans lines"), "close the quote in the header")
-    _check_columns(cfg, fmt, columns, raw)
+    header = raw
+    if fmt == "csv" and cfg.has_header:  # the names as written: Polars renames a repeated one ('1_duplicated_0')
+        header = tuple(_csv_header(paths[0], _separator(cfg, paths)))
+        header = (header[0].removeprefix("\ufeff"), *header[1:]) if header else raw
+    _check_columns(cfg, fmt, columns, raw, header)
     if text and cfg.id_type != "auto":
         text_ids = ()
     return Source(frame=frame, fmt=fmt, columns=columns, paths=tuple(paths), text=text, raw_columns=raw, text_ids=text_ids)
@@ -166,13 +170,16 @@ def _plain_name(name: str) -> str:
     return "_".join(name.strip().lower().replace("-", " ").replace("_", " ").split())
 
 
-def _check_columns(cfg: DataConfig, fmt: str, columns: dict[str, str], raw: tuple[str, ...]) -> None:
+def _check_columns(cfg: DataConfig, fmt: str, columns: dict[str, str], raw: tuple[str, ...],
+                   header: tuple[str, ...]) -> None:  # fmt: skip
+    """Refuse a mapped column missing from ``raw`` (the reader's names), shown and matched against ``header``
+    (the names as the file writes them)."""
     for canon, name in columns.items():
         if name not in raw:
-            shown = ", ".join(repr(col if len(col) <= 60 else col[:60] + "...") for col in raw[:12])  # 'user id', 'a\tb'
-            shown += ", ..." if len(raw) > 12 else ""
+            shown = ", ".join(repr(col if len(col) <= 60 else col[:60] + "...") for col in header[:12])  # 'user id', 'a\tb'
+            shown += ", ..." if len(header) > 12 else ""
             fix = f"map it with --set data.columns.{canon}=NAME"
-            alike = [col for col in raw if _plain_name(col) == _plain_name(name)]
+            alike = [col for col in header if _plain_name(col) == _plain_name(name)]
             if alike:  # 'User ID', ' user_id', 'user-id': the shell needs the name quoted
                 value = f'"{alike[0]}"' if alike[0] != alike[0].strip() else alike[0]  # YAML keeps outer spaces only quoted
                 fix = f"map it with --set 'data.columns.{canon}={value}'"
@@ -180,12 +187,12 @@ def _check_columns(cfg: DataConfig, fmt: str, columns: dict[str, str], raw: tupl
                 fix += " (or null to use the line order as time)"
             elif canon in (EVENT_TYPE, VALUE):
                 fix += " (or null when the input has none)"
-            other = header_separator(raw[0]) if fmt == "csv" and len(raw) == 1 else None
+            other = header_separator(header[0]) if fmt == "csv" and len(header) == 1 else None
             if other is not None:  # the header was not split: another separator
                 named, setting = (("tab", "data.separator=tab") if other == "\t"  # ',' and '|' need YAML's quotes
                                   else (f"'{other}'", f"\"data.separator='{other}'\""))  # fmt: skip
                 fix = f"the header looks {named}-separated: set --set {setting}, or {fix}"
-            elif fmt == "csv" and all(_looks_numeric(col) for col in raw):  # the first line is an event, not names
+            elif fmt == "csv" and all(_looks_numeric(col) for col in header):  # the first line is an event, not names
                 fix = ("its first line looks like data, not a header: set --set data.has_header=false and map the "
                        "columns by position (e.g. --set data.columns.user_id=column_1), or --format movielens for "
                        f"MovieLens' u.data / ratings.dat; else {fix}")  # fmt: skip

@@ -384,6 +384,10 @@ def test_a_headerless_file_is_told_apart_from_a_missing_column(tmp_path):
                    "its first line looks like data, not a header: set --set data.has_header=false and map the columns "
                    "by position (e.g. --set data.columns.user_id=column_1), or --format movielens for MovieLens' u.data "
                    "/ ratings.dat; else map it with --set data.columns.user_id=NAME")
+    repeated = _write(tmp_path / "r.csv", "1,1,1600000000\n1,2,1600000001\n")  # user 1, item 1: a value twice
+    msg = _one_line_error(prepare, DataConfig(), repeated, tmp_path / "out")
+    assert msg.startswith("column 'user_id' (data.columns.user_id) is not in the csv input columns ['1', '1', "
+                          "'1600000000']; its first line looks like data, not a header")  # not Polars' '1_duplicated_0'
 
 
 def test_a_header_name_with_spaces_is_quoted_and_the_alike_column_suggested(tmp_path):
