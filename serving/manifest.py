@@ -83,6 +83,11 @@ def remove_stale_temporaries(output_dir: Path) -> int:
     return len(remove([p for folder in folders for p in stale_temps_in(folder, _written_here)]))
 
 
+SHARD_STATS = ("users", "rows", "skipped_users", "unknown_events", "carried_users", "new_item_places")
+"""What each shard records in the manifest: users in it, ranking rows, users not ranked, input events on unknown
+items, users whose rows were carried over (``score.changed_since``), ranking rows that hold a new item."""
+
+
 @dataclass
 class Manifest:
     """The state of a scoring output directory.
@@ -118,9 +123,8 @@ class Manifest:
         )  # fmt: skip
 
     def totals(self) -> dict[str, int]:
-        """Sums over the recorded shards: ``users``, ``rows``, ``skipped_users``, ``unknown_events``, ``carried_users``."""
-        keys = ("users", "rows", "skipped_users", "unknown_events", "carried_users")
-        return {key: sum(int(s.get(key, 0)) for s in self.shards.values()) for key in keys}
+        """Sums over the recorded shards of each of :data:`SHARD_STATS` (0 where an older manifest lacks one)."""
+        return {key: sum(int(s.get(key, 0)) for s in self.shards.values()) for key in SHARD_STATS}
 
 
 def _read_json(path: Path) -> dict | None:

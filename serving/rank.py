@@ -273,6 +273,14 @@ class ShardRanker:
         return pl.DataFrame(schema={schema.USER_ID: user_dtype, schema.RANK: pl.Int32,
                                     schema.ITEM_ID: self.item_ids.dtype, schema.SCORE: pl.Float32})  # fmt: skip
 
+    def new_item_rows(self, rankings: pl.DataFrame) -> int:
+        """How many rows of ``rankings`` (the rankings schema) hold a new item (one the model never saw, ranked
+        from its features: ``score.items``)."""
+        if self.first_new_item > self.n_items:
+            return 0
+        fresh = self.item_ids.slice(self.first_new_item, self.n_items + 1 - self.first_new_item)
+        return int(rankings.get_column(schema.ITEM_ID).is_in(fresh.implode()).sum())
+
     @torch.inference_mode()
     def rank(
         self, user_ids: pl.Series, histories: FlatSequences, gaps: FlatSequences | None = None,

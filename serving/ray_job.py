@@ -50,15 +50,16 @@ from recsys_alibi.config import ConfigError, JobConfig, RayConfig, ScoreConfig
 from recsys_alibi.data.ingest import DataError
 from serving.distributed import World
 from serving.inputs import ScoreInput
-from serving.manifest import OutputDirError, part_name
+from serving.manifest import SHARD_STATS, OutputDirError, part_name
 from serving.rank import ShardRanker, device_identity
 from serving.ray_instance import import_ray, loopback_env, ray_instance  # noqa: F401 (loopback_env: tests)
 from serving.score import ScoreJobResult, _ScoreJob, score_with_model, write_shard
 
 log = logging.getLogger(__name__)
 
-STATS = ("users", "rows", "skipped_users", "unknown_events", "carried_users")  # per shard, as the manifest records them
 _USER_ERRORS = {"DataError": DataError, "OutputDirError": OutputDirError, "ConfigError": ConfigError}
+
+
 class ShardActor:
     """One actor of the pool: a model and a ranker; ``__call__`` scores a batch of shard indices.
 
@@ -89,15 +90,15 @@ class ShardActor:
         than raised, so the driver can raise it as the one-line error it is (Ray would wrap it
         in a task error with the actor's traceback, and retrying it would not help).
         """
-        out: dict[str, list] = {key: [] for key in ("shard", *STATS, "error", "error_type")}
+        out: dict[str, list] = {key: [] for key in ("shard", *SHARD_STATS, "error", "error_type")}
         for shard in batch["shard"]:
             try:
                 stats = write_shard(self.ranker, self.source, int(shard), self.shard_users, self.output_dir, self.carry)[1]
                 error = ("", "")
             except ValueError as err:
-                stats, error = dict.fromkeys(STATS, 0), (str(err).strip().splitlines()[0], type(err).__name__)
+                stats, error = dict.fromkeys(SHARD_STATS, 0), (str(err).strip().splitlines()[0], type(err).__name__)
             out["shard"].append(int(shard))
-            for key in STATS:
+            for key in SHARD_STATS:
                 out[key].append(stats[key])
             out["error"].append(error[0])
             out["error_type"].append(error[1])
@@ -135,7 +136,7 @@ class _RayScoreJob(_ScoreJob):
                 shard = int(row["shard"])
                 if row["error"]:
                     raise _USER_ERRORS.get(row["error_type"], ValueError)(row["error"])
-                stats = {key: int(row[key]) for key in STATS}
+                stats = {key: int(row[key]) for key in SHARD_STATS}
                 self.hook("written", shard)
                 self._record(shard, part_name(shard), stats)
                 users_scored += stats["users"]

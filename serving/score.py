@@ -112,6 +112,7 @@ class ScoreJobResult:
     new_items_rejected: int = 0  # rows of that item table rejected by prepare's rules (bad id, number, duplicate id)
     new_item_slots: int = 0  # places of each top-K held for the best new items (score.new_item_slots, as applied)
     slots_asked: int = 0  # score.new_item_slots as set
+    new_item_places: int = 0  # ranking rows that hold a new item
 
     @property
     def users_per_second(self) -> float:
@@ -126,14 +127,20 @@ class ScoreJobResult:
     def new_item_lines(self) -> list[str]:
         """What ``score.items`` and ``score.new_item_slots`` did (empty when neither was in play)."""
         lines: list[str] = []
+        held = f" (score.new_item_slots={self.new_item_slots})" if self.new_item_slots else ""
         lines += [f"new items ranked from their features alone (not in the model's vocabulary): {self.new_items} "
                   f"from {self.new_items_source}; its rows rejected: {self.new_items_rejected}"
                   + (f" (listed in {self.output_dir / STAGED_INPUT / ITEM_REJECTS_FILE})" if self.new_items_rejected else "")
-                  + (f"; places of each top-K held for them: {self.new_item_slots}" if self.new_item_slots else "")
+                  + f"; ranking rows that hold one: {self.new_item_places}{held}"
                   ] if self.new_items_source else []  # fmt: skip
-        lines += [f"score.new_item_slots={self.slots_asked}: no place held (no item the model never saw "
-                  f"{'in ' + self.new_items_source if self.new_items_source else 'was given: score.items / --items'})"
-                  ] if self.slots_asked and not self.new_item_slots else []  # fmt: skip
+        why = None
+        if self.slots_asked and not self.new_item_slots:
+            given = f"in {self.new_items_source}" if self.new_items_source else "was given: score.items / --items"
+            why = f"no item the model never saw {given}"
+        elif self.new_item_slots and not self.new_item_places and self.users_ranked:
+            why = ("the allow / deny rules and seen-item exclusion left no user a new item" if self.rules
+                   else "every user has seen every new item")  # fmt: skip
+        lines += [f"score.new_item_slots={self.slots_asked}: no place held ({why})"] if why else []
         return lines
 
     def summary(self) -> str:
@@ -430,6 +437,7 @@ class _ScoreJob:
             new_items_source=self.ranker.new_items.source if self.ranker.new_items else "",
             new_items_rejected=self.ranker.new_items.rejected if self.ranker.new_items else 0,
             new_item_slots=self.ranker.slots, slots_asked=self.ranker.cfg.new_item_slots,
+            new_item_places=totals["new_item_places"],
         )  # fmt: skip
 
 
@@ -443,8 +451,8 @@ def write_shard(ranker: ShardRanker, source: ScoreInput, shard: int, shard_users
             output whose rows unchanged users keep (``score.changed_since``).
 
     Returns:
-        ``(part file name, stats)`` with stats ``users``, ``rows``, ``skipped_users``,
-        ``unknown_events``, ``carried_users``, as the manifest records them. The caller records the shard.
+        ``(part file name, stats)`` with :data:`serving.manifest.SHARD_STATS`, as the manifest records them.
+        The caller records the shard.
     """
     batch = source.read_shard(shard * shard_users, shard_users)
     fingerprints = history_fingerprints(batch, source.withheld)
@@ -467,7 +475,8 @@ def write_shard(ranker: ShardRanker, source: ScoreInput, shard: int, shard_users
     write_atomic(output_dir / name, lambda tmp: rankings.write_parquet(tmp))
     stats = {"users": batch.user_ids.len(), "rows": rankings.height, "skipped_users": skipped,
              "unknown_events": batch.unknown_events,
-             "carried_users": 0 if changed is None else int((~changed).sum())}  # fmt: skip
+             "carried_users": 0 if changed is None else int((~changed).sum()),
+             "new_item_places": ranker.new_item_rows(rankings)}  # fmt: skip
     return name, stats
 
 

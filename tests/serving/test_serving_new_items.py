@@ -64,7 +64,7 @@ def test_unseen_items_are_ranked_for_users_of_their_category(tmp_path, mlflow_st
     assert main(["score", "--quiet", "--model-uri", uri, "--input", str(prepared), "--output", str(tmp_path / "r1"),
                  "--k", "3"]) == 0  # fmt: skip
     assert (f"new items ranked from their features alone (not in the model's vocabulary): 3 from {prepared}; "
-            "its rows rejected: 0") in capsys.readouterr().out
+            "its rows rejected: 0; ranking rows that hold one: 90\n") in capsys.readouterr().out
     rankings = pl.read_parquet(tmp_path / "r1" / "part-*.parquet")
     reached = rankings.filter(pl.col("item_id") >= 30).group_by("item_id").agg(_genre_of(pl.col("user_id")).unique().sort())
     assert sorted(reached.rows()) == [(30, [0]), (31, [1]), (32, [2])]  # each only to users of its genre
@@ -97,7 +97,16 @@ def test_unseen_items_are_ranked_for_users_of_their_category(tmp_path, mlflow_st
                      "--k", "2", "--items", str(tmp_path / "today.csv"), *extra]) == 0  # fmt: skip
         slotted[name] = pl.read_parquet(tmp_path / name / "part-*.parquet")
     captured = capsys.readouterr()
-    assert "; places of each top-K held for them: 1" in captured.out and "holds every place" not in caplog.text
+    held = slotted["slot"].filter(pl.col("item_id") >= 40).height  # the rows that hold a new item, counted here
+    assert f"; ranking rows that hold one: {held} (score.new_item_slots=1)" in captured.out and held >= 90
+    assert "holds every place" not in caplog.text
+    pl.DataFrame({"item_id": list(range(30))}).write_parquet(tmp_path / "known.parquet")  # allows no new item
+    assert main(["score", "--quiet", "--model-uri", uri, "--input", str(prepared), "--output", str(tmp_path / "known"),
+                 "--k", "2", "--items", str(tmp_path / "today.csv"), "--set", "score.new_item_slots=1",
+                 "--set", f"score.allow={tmp_path / 'known.parquet'}"]) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    assert "; ranking rows that hold one: 0 (score.new_item_slots=1)" in out and out.strip().endswith(
+        "score.new_item_slots=1: no place held (the allow / deny rules and seen-item exclusion left no user a new item)")
     assert main(["score", "--quiet", "--model-uri", uri, "--input", str(prepared), "--output", str(tmp_path / "all"),
                  "--k", "2", "--items", str(tmp_path / "today.csv"), "--set", "score.new_item_slots=2"]) == 0  # fmt: skip
     assert "score.new_item_slots=2 holds every place of the top 2" in caplog.text
