@@ -548,6 +548,8 @@ class ScoreConfig(_Section):
     attention_backend: Literal["auto", "model", "flex", "sdpa", "eager"] = "auto"  # auto: sdpa on CPU, flex on GPU
     device: str = "auto"  # auto: cuda when available, else cpu; or cpu, cuda, cuda:N, mps
     overwrite: bool = False  # replace another job's rankings in --output as a whole instead of refusing (README)
+    # refused above this share of the input's events on items the model does not know (another catalog); 1: never
+    max_unknown_share: float = Field(0.5, ge=0.0, le=1.0)
     engine: Literal["local", "ray"] = "local"  # --engine: this process (or torchrun shards), or a Ray actor pool
     ray: RayConfig = RayConfig()
     # business rules (serving.rules): Parquet of item_id (every user) or user_id, item_id (per user)

@@ -131,7 +131,8 @@ def export_model(config: JobConfig, model, items: pl.DataFrame, input_path: str 
     with staging_dir(output_dir) as staging:  # a killed export's staging removed first, no other's
         # messages name the user's input, and rejects they name are kept in <output>/_input (the staging goes)
         source = ranker.for_input(open_input(input_path, items, config.data, staging / "_input",
-                                             time_gap_buckets=ranker.time_gap_buckets, report_dir=output_dir / "_input"))
+                                             time_gap_buckets=ranker.time_gap_buckets, report_dir=output_dir / "_input",
+                                             max_unknown_share=config.score.max_unknown_share))  # fmt: skip
         served = np.ones(ranker.n_items + 1, dtype=bool)  # items score may serve: not the padding, not the withheld
         served[0] = False
         if source.withheld is not None:

@@ -233,6 +233,30 @@ def select_events(sequences: FlatSequences, keep: np.ndarray) -> FlatSequences:
     return FlatSequences(values=sequences.values[keep].astype(np.int64), offsets=offsets)
 
 
+def _check_unknown_share(input_items: pl.DataFrame, remap: np.ndarray, model_n_items: int, max_share: float,
+                         shown: str) -> None:  # fmt: skip
+    """Refuse an input whose events are mostly on items the model does not know: integer ids of two catalogs
+    overlap by chance, so "none known" alone lets a model of another catalog rank it. Counted from the input
+    vocabulary's ``count`` column (events per item; a table without it is not checked).
+
+    Raises:
+        DataError: more than ``max_share`` of the events are on unknown items (``score.max_unknown_share``).
+    """
+    if schema.COUNT not in input_items.columns:
+        return
+    counts = input_items.select(schema.ITEM_IDX, pl.col(schema.COUNT).fill_null(0).cast(pl.Int64))
+    known = pl.Series(remap[counts.get_column(schema.ITEM_IDX).to_numpy()] > 0)
+    total = int(counts.get_column(schema.COUNT).sum())
+    unknown = int(counts.get_column(schema.COUNT).filter(~known).sum())
+    if total and unknown / total > max_share:
+        raise DataError(
+            f"{unknown / total:.0%} of the events of {shown} ({unknown:,} of {total:,}) are on items the model does not "
+            f"know ({int((~known).sum()):,} of the input's {input_items.height:,} items; the model knows "
+            f"{model_n_items:,}): it looks trained on another catalog; score with a model trained on this data, or "
+            f"set score.max_unknown_share=1 to rank on the known events anyway (now {max_share:g})"
+        )
+
+
 def vocabulary_remap(input_items: pl.DataFrame, model_items: pl.DataFrame) -> tuple[np.ndarray | None, int]:
     """Map an input vocabulary onto the model's by raw ``item_id``.
 
@@ -443,7 +467,7 @@ def release_staged(staged_dir: Path) -> None:
 
 def open_input(
     input_path: str | Path, model_items: pl.DataFrame, data: DataConfig, staged_dir: Path, time_gap_buckets: int = 0,
-    name: str | None = None, report_dir: Path | None = None,
+    name: str | None = None, report_dir: Path | None = None, max_unknown_share: float = 1.0,
 ) -> ScoreInput:
     """Resolve ``input_path`` into a :class:`ScoreInput` in the model's item indices.
 
@@ -457,10 +481,13 @@ def open_input(
             default: the file in question for a prepared dir or sequences file, ``input_path`` for raw
             events (never the staged copy, which the user did not give).
         report_dir: where the rejects of raw events refused for them are kept (:func:`stage_events`).
+        max_unknown_share: refuse when more than this share of the input's events are on items the model does
+            not know (``score.max_unknown_share``; 1: never, as for the pyfunc's requests).
 
     Raises:
         DataError: missing/unreadable/empty input, wrong columns, or a bare sequences file with
-            indices beyond the model's catalog; a time-gap model and an input without
+            indices beyond the model's catalog; no input item known, or more than ``max_unknown_share`` of
+            the events on unknown items; a time-gap model and an input without
             ``timestamp`` lists.
     """
     kind = input_kind(input_path)
@@ -494,6 +521,8 @@ def open_input(
                 f"({vocabulary_difference(_ids(model_items), _ids(input_items))}): the model was trained on another "
                 "catalog; score with a model trained on this data"
             )
+        if remap is not None and max_unknown_share < 1.0:
+            _check_unknown_share(input_items, remap, model_items.height, max_unknown_share, name or str(input_path))
     else:
         n_items = model_items.height
         top = pl.scan_parquet(sequences).select(pl.col(schema.ITEM_IDX).list.max().max()).collect().item()

@@ -329,7 +329,7 @@ class _ScoreJob:
         try:
             source = self.ranker.for_input(open_input(
                 self.input_path, self.items, self.config.data, self.output_dir / STAGED_INPUT,
-                time_gap_buckets=self.ranker.time_gap_buckets,
+                time_gap_buckets=self.ranker.time_gap_buckets, max_unknown_share=self.config.score.max_unknown_share,
             ))  # fmt: skip
             self._use_popularity(source)  # refused (no event times) like any bad input: nothing left behind
             self._keep_item_rejects()

@@ -31,6 +31,25 @@ def test_model_of_another_catalog_is_refused_before_anything_is_scored(tmp_path)
     assert not list((tmp_path / "out").glob("part-*.parquet"))
 
 
+def test_a_model_whose_ids_overlap_the_input_by_chance_is_refused_above_the_unknown_share(tmp_path):
+    """Item ids of two catalogs overlap by chance (integers from 1): most events unknown is another catalog."""
+    prepared = write_prepared(tmp_path / "prepared")
+    counts = list(range(1, 31))  # item 1000 + i has i events: 465 in all
+    pl.read_parquet(prepared / "items.parquet").with_columns(pl.Series(schema.COUNT, counts, dtype=pl.Int64)).write_parquet(
+        prepared / "items.parquet")  # fmt: skip
+    model_items = vocabulary().with_columns(  # the model knows the input's items 1001..1010 only: 55 of 465 events
+        pl.when(pl.col(schema.ITEM_IDX) <= 10).then(pl.col(schema.ITEM_ID)).otherwise(pl.col(schema.ITEM_ID) + 500_000)
+        .alias(schema.ITEM_ID))  # fmt: skip
+    with pytest.raises(DataError) as caught:
+        _run(prepared, tmp_path / "out", items=model_items)
+    assert str(caught.value) == (
+        f"88% of the events of {prepared} (410 of 465) are on items the model does not know (20 of the input's 30 "
+        "items; the model knows 30): it looks trained on another catalog; score with a model trained on this data, or "
+        "set score.max_unknown_share=1 to rank on the known events anyway (now 0.5)")
+    assert not (tmp_path / "out").exists()
+    assert _run(prepared, tmp_path / "out", items=model_items, max_unknown_share=0.9).users == 23  # 88 % <= 90 %
+
+
 def test_users_without_a_known_item_are_listed_with_the_reason_and_counted(tmp_path):
     prepared = write_prepared(tmp_path / "prepared", n_users=10)
     sequences = pl.read_parquet(prepared / schema.SEQUENCES_FILE)
