@@ -130,6 +130,14 @@ class ItemFeaturesConfig(_Section):
     separator: str | None = "|"  # a text categorical value is split on it ("Action|Comedy"); None: never split
     ranges: dict[str, list[float]] = {}  # numeric column -> [low, high]: a value outside is a reject
 
+    @field_validator("separator")
+    @classmethod
+    def _not_empty(cls, value: str | None) -> str | None:
+        if value == "":  # what YAML makes of a bare '|' (a block scalar) given on the command line
+            raise ValueError("the separator must not be empty; '|' and ',' need YAML's quotes: --set "
+                             "\"data.item_features.separator='|'\" (null: values are never split)")
+        return value
+
     @model_validator(mode="after")
     def _columns_declared_once(self) -> "ItemFeaturesConfig":
         named = [*self.categorical, *self.numeric]
@@ -142,8 +150,8 @@ class ItemFeaturesConfig(_Section):
         reserved = {self.id_column, "item_idx"} & set(named)
         if reserved:
             raise ValueError(f"'{sorted(reserved)[0]}' is the item id or index, not a feature column")
-        if any(not c.strip() for c in [*named, self.id_column]) or self.separator == "":
-            raise ValueError("column names and the separator must not be empty")
+        if any(not c.strip() for c in [*named, self.id_column]):
+            raise ValueError("column names must not be empty")
         for column, bounds in self.ranges.items():
             if column not in self.numeric:
                 raise ValueError(f"data.item_features.ranges.{column}: not a column of data.item_features.numeric")

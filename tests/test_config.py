@@ -278,6 +278,14 @@ def test_a_refused_tab_is_shown_as_an_escape_not_a_blank(tmp_path):
                             "or auto, or drop data.separator")
 
 
+def test_an_unquoted_bar_as_the_item_feature_separator_gets_the_quoting_hint(tmp_path):
+    message = _error(tmp_path, None, ("data.item_features.separator=|",))  # YAML reads a bare '|' as ''
+    assert message == ("invalid config at 'data.item_features.separator': the separator must not be empty; '|' and ',' "
+                       "need YAML's quotes: --set \"data.item_features.separator='|'\" (null: values are never split) "
+                       "(got '')")
+    assert load_config(None, ["data.item_features.separator='|'"]).data.item_features.separator == "|"
+
+
 @pytest.mark.parametrize(("given", "off", "needs", "on"), DEPENDENT, ids=[f"{c[0]}-{c[1]}" for c in DEPENDENT])
 def test_a_dependent_key_is_refused_while_its_setting_is_off(tmp_path, given, off, needs, on):
     message = _error(tmp_path, None, (off, given))
