@@ -560,7 +560,7 @@ class ScoreConfig(_Section):
     max_unknown_share: float = Field(0.5, ge=0.0, le=1.0)
     engine: Literal["local", "ray"] = "local"  # --engine: this process (or torchrun shards), or a Ray actor pool
     ray: RayConfig = RayConfig()
-    # business rules (serving.rules): Parquet of item_id (every user) or user_id, item_id (per user)
+    # business rules (serving.rules): Parquet (or .csv / .tsv) of item_id (every user) or user_id, item_id (per user)
     allow: str | None = None  # rankings hold only these items (a user absent from a per-user file: none)
     deny: str | None = None  # rankings never hold these items
     changed_since: str | None = None  # a previous output: rank only users whose history changed (serving.changed)

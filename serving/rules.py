@@ -1,6 +1,7 @@
 """Business rules on the rankings: allow and deny lists (``score.allow``, ``score.deny``).
 
-Each rule file is Parquet (a file, a directory or a glob) of one of two schemas:
+Each rule file is Parquet, or CSV / TSV named ``.csv`` / ``.tsv`` with a header (a file, a directory or a glob),
+of one of two schemas:
 
 =========================== =================================================================
 ``item_id``                 a global rule: the items apply to every user
@@ -48,13 +49,25 @@ SKIP_EVERY_ITEM_EXCLUDED = "every_item_excluded"  # known items, but every item 
 _ROW = "_row"
 
 
+_TEXT_SEPARATORS = {".csv": ",", ".tsv": "\t"}
+RULE_FORMATS = "Parquet, or CSV / TSV named .csv / .tsv with a header (item_id, or user_id and item_id)"
+
+
 def _scan(path: str, kind: str) -> pl.LazyFrame:
     """The rule file's rows: a file, a folder (every file below it but hidden and ``_``-prefixed ones, as
     Spark writes them beside ``.crc`` files and ``_SUCCESS``) or a glob, by the rule of every user-given
-    folder (:func:`recsys_alibi.data.formats.resolve_paths`: a FIFO or device is refused, named)."""
+    folder (:func:`recsys_alibi.data.formats.resolve_paths`: a FIFO or device is refused, named).
+
+    Parquet; files named ``.csv`` / ``.tsv`` (all of them) are read as text with a header, every column a string
+    (ids are matched by the typing rule of :mod:`recsys_alibi.data.ids`: ``"7"`` is the integer id 7)."""
     files = resolve_paths(path, what=f"score.{kind} rule file", flag=f"score.{kind}")
+    separators = {_TEXT_SEPARATORS.get(Path(f).suffix.lower()) for f in files}
     try:
-        return pl.scan_parquet(files)
+        if len(separators) == 1 and None not in separators:
+            return pl.scan_csv(files, separator=separators.pop(), infer_schema=False, glob=False)
+        if separators != {None}:
+            raise DataError(f"score.{kind} {path}: mixes text and Parquet files; a rule is one format ({RULE_FORMATS})")
+        return pl.scan_parquet(files, glob=False)
     except (pl.exceptions.PolarsError, OSError) as err:
         raise DataError(f"cannot read rule file {path}: {str(err).splitlines()[0]}") from None
 
@@ -79,7 +92,8 @@ class RuleFile:
         try:
             found = _scan(path, kind).collect_schema()
         except (pl.exceptions.PolarsError, OSError) as err:
-            raise DataError(f"score.{kind} {path}: cannot read it ({str(err).splitlines()[0]})") from None
+            raise DataError(f"score.{kind} {path}: cannot read it ({str(err).splitlines()[0]}); rule files are "
+                            f"{RULE_FORMATS}") from None  # fmt: skip
         if schema.ITEM_ID not in found:
             raise DataError(f"score.{kind} {path}: no item_id column (a rule file holds item_id, or user_id and item_id)")
         for column in (schema.ITEM_ID, schema.USER_ID):

@@ -149,6 +149,22 @@ def test_bad_rule_files_are_one_line_errors(prepared, tmp_path):
     assert ScoreConfig(allow="x.parquet").allow == "x.parquet"
 
 
+def test_csv_and_tsv_rule_files_rank_as_their_parquet_copies(prepared, tmp_path):
+    deny = _global(tmp_path / "deny.parquet", list(range(1001, 1011)) + [99_998])
+    allow = _per_user(tmp_path / "allow.parquet", seed=3, size=8, skip={"u001"})
+    pl.read_parquet(deny).write_csv(tmp_path / "deny.csv")
+    pl.read_parquet(allow).write_csv(tmp_path / "allow.tsv", separator="\t")
+    parquet = _score(prepared, tmp_path / "parquet", allow=allow, deny=deny)
+    text = _score(prepared, tmp_path / "text", allow=str(tmp_path / "allow.tsv"), deny=str(tmp_path / "deny.csv"))
+    assert read_rankings(tmp_path / "text").equals(read_rankings(tmp_path / "parquet"))
+    assert text.rules == parquet.rules and parquet.rules["allow_rows"] == 22 * 8 + 1
+    (tmp_path / "deny.txt").write_text("item_id\n1001\n")  # text, but not named .csv / .tsv
+    with pytest.raises(DataError) as err:
+        _score(prepared, tmp_path / "out", deny=str(tmp_path / "deny.txt"))
+    assert str(err.value).startswith(f"score.deny {tmp_path / 'deny.txt'}: cannot read it (") and str(err.value).endswith(
+        "; rule files are Parquet, or CSV / TSV named .csv / .tsv with a header (item_id, or user_id and item_id)")
+
+
 def test_rules_that_leave_nobody_an_item_are_one_line_naming_the_rules(prepared, tmp_path):
     allow = _per_user(tmp_path / "allow.parquet", seed=1, size=2, skip=set(USERS))  # only u002's unknown id
     with pytest.raises(DataError, match=r"no user was ranked: the allow / deny rules .*\(rules: allow 1 rows \(1 unknown"):
