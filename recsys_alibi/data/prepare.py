@@ -123,9 +123,10 @@ class PrepareResult:
         if not self.appended:
             return f"nothing to append: every input file is already prepared; {whole}"
         a = self.stats["appended"]
-        return (
-            f"appended {a['input_rows']:,} rows ({a['new_events']:+,} events, {a['new_users']:,} new users, "
-            f"{a['new_items']:,} new items); now {whole}"
+        return (  # what the prepared data gained: the union's k-core may keep what it cut from earlier inputs
+            f"appended {a['input_rows']:,} rows: the prepared data gained {a['new_events']:,} events, "
+            f"{a['new_users']:,} users and {a['new_items']:,} items (with any of earlier inputs that the k-core now "
+            f"keeps); now {whole}"
         )
 
 

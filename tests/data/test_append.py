@@ -230,10 +230,18 @@ def test_cli_prepare_append_end_to_end(tmp_path, capsys):
     out = tmp_path / "prepared"
     assert main(["prepare", "--input", str(day1), "--output", str(out), *loose]) == 0
     assert main(["prepare", "--input", str(day2), "--output", str(out), "--append", *loose]) == 0
-    assert "appended 3 rows (+2 events, 1 new users, 1 new items)" in capsys.readouterr().out
+    assert ("appended 3 rows: the prepared data gained 2 events, 1 users and 1 items (with any of earlier inputs that "
+            "the k-core now keeps)") in capsys.readouterr().out
     assert read_items(out).rows() == [(1, "x", 2), (2, "y", 1), (3, "z", 1)]
     assert main(["prepare", "--input", str(day2), "--output", str(out), "--append", *loose]) == 0
     assert "nothing to append" in capsys.readouterr().out
+    # a user the k-core cut on day 1 (one event, two needed) comes back with one more: 1 row, 2 events gained
+    two = ["--set", "data.min_events_per_user=2", "--set", "data.min_events_per_item=1"]
+    day1 = _events(tmp_path / "k1.csv", [("a", "x", 1), ("b", "y", 2), ("b", "x", 3)])
+    assert main(["prepare", "--input", str(day1), "--output", str(tmp_path / "k"), *two]) == 0
+    assert main(["prepare", "--input", str(_events(tmp_path / "k2.csv", [("a", "y", 4)])), "--output",
+                 str(tmp_path / "k"), "--append", *two]) == 0  # fmt: skip
+    assert "appended 1 rows: the prepared data gained 2 events, 1 users and 0 items" in capsys.readouterr().out
     assert main(["prepare", "--input", str(day2), "--output", str(tmp_path / "none"), "--append", *loose]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: cannot append to") and "\n" not in err
