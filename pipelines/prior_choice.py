@@ -257,8 +257,9 @@ def chosen_prior(config: JobConfig, prepared_dir: Path, record: Path) -> tuple[d
     """The ``score.popularity_prior`` settings the run's rankings use and a line saying why.
 
     The best grid point over every recorded day (ties: the first, so the smaller weight); the configured
-    settings (and no line) when the choice is off, the run does not append or the time of ``prepared_dir`` came
-    from line order, and (with a line) when no day is recorded yet.
+    settings (and no line) when the choice is off or the run does not append, and (with a line) when the time of
+    ``prepared_dir`` came from line order (the configured weight: 0, which :func:`check_prior_data` made sure of)
+    or no day is recorded yet.
     """
     from recsys_alibi.evaluation.popularity_prior import GRID, INF_WEIGHT
 
@@ -266,8 +267,11 @@ def chosen_prior(config: JobConfig, prepared_dir: Path, record: Path) -> tuple[d
 
     prior = config.score.popularity_prior
     configured = {"weight": prior.weight, "half_life_days": prior.half_life_days}
-    if not (prior.choose and config.data.append) or not has_real_timestamps(prepared_dir):
-        return configured, ""  # nothing to choose (line-order time: never anything to choose)
+    if not (prior.choose and config.data.append):
+        return configured, ""
+    if not has_real_timestamps(prepared_dir):  # line-order time: no recency to weigh, nothing to choose
+        return configured, (f"popularity prior: off (the time of {prepared_dir} came from line order: there is no "
+                            "recent popularity to choose)")  # fmt: skip
     days = read_record(record)
     users = sum(int(d["users"]) for d in days.values())
     if not users:
