@@ -29,6 +29,7 @@ Polars pushes into the reader), never as a whole; a global file holds at most th
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +42,7 @@ from recsys_alibi.data import schema
 from recsys_alibi.data.ids import same_id_in
 from recsys_alibi.data.ingest import DataError, resolve_paths
 from recsys_alibi.data.loader import FlatSequences, pad_right
+from recsys_alibi.data.prepare_state import file_sha256
 
 log = logging.getLogger(__name__)
 
@@ -60,16 +62,49 @@ def _scan(path: str, kind: str) -> pl.LazyFrame:
 
     Parquet; files named ``.csv`` / ``.tsv`` (all of them) are read as text with a header, every column a string
     (ids are matched by the typing rule of :mod:`recsys_alibi.data.ids`: ``"7"`` is the integer id 7)."""
-    files = resolve_paths(path, what=f"score.{kind} rule file", flag=f"score.{kind}")
+    files = _rule_files(path, kind)
     separators = {_TEXT_SEPARATORS.get(Path(f).suffix.lower()) for f in files}
     try:
         if len(separators) == 1 and None not in separators:
             return pl.scan_csv(files, separator=separators.pop(), infer_schema=False, glob=False)
         if separators != {None}:
             raise DataError(f"score.{kind} {path}: mixes text and Parquet files; a rule is one format ({RULE_FORMATS})")
-        return pl.scan_parquet(files, glob=False)
+        return _scan_parquet_files(files, path, kind)
     except (pl.exceptions.PolarsError, OSError) as err:
-        raise DataError(f"cannot read rule file {path}: {str(err).splitlines()[0]}") from None
+        raise DataError(f"score.{kind} {path}: cannot read it ({str(err).splitlines()[0]}); rule files are "
+                        f"{RULE_FORMATS}") from None  # fmt: skip
+
+
+def _rule_files(path: str, kind: str) -> list:
+    return resolve_paths(path, what=f"score.{kind} rule file", flag=f"score.{kind}")
+
+
+def _scan_parquet_files(files: list, path: str, kind: str) -> pl.LazyFrame:
+    """The Parquet files of one rule as one frame: they must have the same columns; an id column that is an
+    integer in some files and text in others is read as text in all (the typing rule matches ``"7"`` to 7).
+
+    Raises:
+        DataError: files with other columns than the first (naming both), or an id column of another type.
+    """
+    if len(files) == 1:
+        return pl.scan_parquet(files, glob=False)
+    schemas = [pl.read_parquet_schema(f) for f in files]
+    first = schemas[0]
+    for f, found in zip(files[1:], schemas[1:]):
+        if set(found) != set(first):
+            raise DataError(f"score.{kind} {path}: {f} has the columns {sorted(found)} and {files[0]} {sorted(first)}; "
+                            "every file of one rule holds item_id, or every one user_id and item_id")  # fmt: skip
+    columns = [c for c in (schema.USER_ID, schema.ITEM_ID) if c in first]
+    mixed = [c for c in columns if len({found[c] for found in schemas}) > 1]
+    for column in mixed:
+        types = {found[column] for found in schemas}
+        if not all(t.is_integer() or t == pl.String for t in types):
+            raise DataError(f"score.{kind} {path}: {column} is {', '.join(sorted(map(str, types)))} across its files; "
+                            "raw ids are integers or strings")  # fmt: skip
+    if not mixed:
+        return pl.scan_parquet(files, glob=False)
+    return pl.concat([pl.scan_parquet(f, glob=False).select(columns).with_columns(pl.col(mixed).cast(pl.String))
+                      for f in files])  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -110,6 +145,14 @@ class RuleFile:
         return _scan(self.path, self.kind).select(columns)
 
 
+def _content_digest(files: list) -> str:
+    """sha256 over each file's name and sha256, in the given (sorted) order."""
+    digest = hashlib.sha256()
+    for f in files:
+        digest.update(f"{Path(f).name}\0{file_sha256(Path(f))}\0".encode())
+    return digest.hexdigest()
+
+
 class ItemRules:
     """The allow and deny files of a job, mapped onto a model's item indices.
 
@@ -146,10 +189,10 @@ class ItemRules:
     # ------------------------------------------------------------------ the job's view
 
     def fingerprint(self) -> dict:
-        """What identifies the rules in a job's identity: per kind, the path and ``[files, bytes, mtime_ns]``."""
-        from serving.inputs import fingerprint
-
-        return {kind: [str(Path(f.path).resolve()), fingerprint(f.path)] for kind, f in self.files.items()}
+        """What identifies the rules in a job's identity: per kind, the path and the sha256 of its files' names and
+        bytes (a file replaced by another of the same size and time is another rule; rule files are small)."""
+        return {kind: [str(Path(f.path).resolve()), _content_digest(_rule_files(f.path, kind))]
+                for kind, f in self.files.items()}  # fmt: skip
 
     def stats(self) -> dict[str, int]:
         """Per kind: ``<kind>_rows`` and ``<kind>_unknown_items`` (distinct ids the model does not

@@ -333,6 +333,7 @@ class _ScoreJob:
             ))  # fmt: skip
             self._use_popularity(source)  # refused (no event times) like any bad input: nothing left behind
             self._keep_item_rejects()
+            rules = self.ranker.rules.stats() if self.ranker.rules is not None else {}  # a bad rule file: the same
         except Exception as err:
             if manifest.users is None and not manifest.shards:  # nothing left behind but the rejects it names
                 named = tuple(n for n in (schema.REJECTS_FILE,) if str(self.output_dir / STAGED_INPUT / n) in str(err))
@@ -344,7 +345,6 @@ class _ScoreJob:
                 f"{self.output_dir} was started on {manifest.users} users, the input now has {source.n_users}; "
                 "choose a new --output or delete that directory"
             )
-        rules = self.ranker.rules.stats() if self.ranker.rules is not None else {}
         manifest.users, manifest.n_shards, manifest.input_stats = source.n_users, n_shards, {**source.stats, **rules}
         write_json_atomic(self.output_dir / MANIFEST, manifest.to_json())
         return manifest, source

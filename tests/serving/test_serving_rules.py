@@ -205,3 +205,48 @@ def test_integer_rule_user_7_never_applies_to_text_users_007_or_plus_7(tmp_path)
               for name, rules in (("plain", {}), ("deny", {"deny": deny}), ("allow", {"allow": allow}))}  # fmt: skip
     check_spelled_rules(pyfunc["deny"], pyfunc["allow"], pyfunc["plain"])
     assert_same_rankings(pyfunc["deny"], deny_only)
+
+
+def test_a_rule_folder_of_mixed_files_is_one_line_or_read_as_text_ids(prepared, tmp_path):
+    (tmp_path / "mixed").mkdir()
+    _global(tmp_path / "mixed" / "a.parquet", [1001])
+    _write(tmp_path / "mixed" / "b.parquet", pl.DataFrame({schema.USER_ID: ["u001"], schema.ITEM_ID: [1002]}))
+    with pytest.raises(DataError) as err:
+        _score(prepared, tmp_path / "out", deny=str(tmp_path / "mixed"))
+    assert str(err.value) == (f"score.deny {tmp_path / 'mixed'}: {tmp_path / 'mixed' / 'b.parquet'} has the columns "
+                              f"['item_id', 'user_id'] and {tmp_path / 'mixed' / 'a.parquet'} ['item_id']; every file of "
+                              "one rule holds item_id, or every one user_id and item_id")
+    assert not (tmp_path / "out").exists()  # a refused rule leaves no manifest behind
+    (tmp_path / "typed").mkdir()  # integer ids in one file, text in the other: read as text, matched by the typing rule
+    _global(tmp_path / "typed" / "a.parquet", [1001, 1002])
+    _write(tmp_path / "typed" / "b.parquet", pl.DataFrame({schema.ITEM_ID: ["1003", "1004"]}))
+    _global(tmp_path / "one.parquet", [1001, 1002, 1003, 1004])
+    typed = _score(prepared, tmp_path / "typed_out", deny=str(tmp_path / "typed"))
+    one = _score(prepared, tmp_path / "one_out", deny=str(tmp_path / "one.parquet"))
+    assert read_rankings(tmp_path / "typed_out").equals(read_rankings(tmp_path / "one_out"))
+    assert typed.rules == one.rules == {"deny_rows": 4, "deny_unknown_items": 0, "deny_unknown_rows": 0}
+
+
+def test_a_rule_file_refused_for_its_rows_leaves_no_manifest_so_the_fixed_rule_runs(prepared, tmp_path):
+    nulls = _write(tmp_path / "n.parquet", pl.DataFrame({schema.ITEM_ID: [1001, None]}))
+    with pytest.raises(DataError, match="1 rows with a null item_id"):
+        _score(prepared, tmp_path / "out", deny=nulls)
+    assert not (tmp_path / "out").exists()
+    assert _score(prepared, tmp_path / "out", deny=_global(tmp_path / "ok.parquet", [1001])).users == 23
+
+
+def test_a_rule_file_replaced_by_one_of_the_same_size_and_time_is_another_rule(prepared, tmp_path):
+    import os
+
+    from serving.rules import ItemRules
+
+    (tmp_path / "rules").mkdir()
+    path = Path(_global(tmp_path / "rules" / "a.parquet", [1001]))
+    before = ItemRules(None, str(tmp_path / "rules"), vocabulary()).fingerprint()
+    stat = path.stat()
+    _global(tmp_path / "b.parquet", [1002])
+    assert (tmp_path / "b.parquet").stat().st_size == stat.st_size  # one id of the same width: the same size
+    os.replace(tmp_path / "b.parquet", path)
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # as cp -p, rsync -a or tar x leave it
+    after = ItemRules(None, str(tmp_path / "rules"), vocabulary()).fingerprint()
+    assert after != before and after["deny"][0] == before["deny"][0]  # same path, other content
