@@ -6,7 +6,8 @@ evaluated on the same prepared data with the same protocol (the "valid" examples
 when ``new - champion > tracking.promotion_margin`` (a tie keeps the champion); otherwise the new
 version is tagged ``rejected`` with the reason. The champion is read again under a lock just before
 the alias moves, and the decision made again if it changed (overlapping pipelines). No champion yet: the new version is promoted. A
-champion trained on another item vocabulary cannot be scored on this data: it is not compared, the
+champion trained on another item vocabulary that can serve none of the validation examples, or no more
+than ``score.max_unknown_share`` of them (integer ids of two catalogs overlap by chance), is not compared: the
 reason is logged and tagged, and the new version is promoted.
 
 Lineage: tags ``lineage.*`` on the training run (data fingerprint, config hash, project version,
@@ -340,9 +341,16 @@ def against_loaded(config: JobConfig, champion, label: str, new_value: float, it
         examples, unservable = examples_in_vocabulary(examples, remap)
     if unknown:
         difference = vocabulary_difference(champion.items.get_column(schema.ITEM_ID), items.get_column(schema.ITEM_ID))
+        total, most = unservable + examples.height, config.score.max_unknown_share
         if examples.height == 0:  # it can serve none of them: a champion of another catalog
             decision = Decision(True, f"champion {label} has another item vocabulary ({difference}) and can serve "
                                       "none of the validation examples: not comparable, new version promoted")  # fmt: skip
+        elif unservable > most * total:  # integer ids of two catalogs overlap by chance: the rule of score's input
+            decision = Decision(True, f"champion {label} has another item vocabulary ({difference}): {unservable} of "
+                                      f"{total} validation examples ({unservable / total:.0%}) have a target or a history "
+                                      f"it does not know, more than score.max_unknown_share={most:g}: not comparable, new "
+                                      "version promoted")  # fmt: skip
+        if examples.height == 0 or unservable > most * total:
             log.warning("promotion: %s", decision.reason)
             return decision, None
         log.info("promotion: champion %s has another item vocabulary (%s): %d of %d validation examples have a target "

@@ -351,3 +351,17 @@ def test_a_champion_whose_artifacts_are_gone_fails_the_pipeline_with_exit_1_nami
     capsys.readouterr()
     assert cli.main(["pipeline", "--output", str(tmp_path / "job")]) == 1
     assert capsys.readouterr().err.strip().splitlines()[-1] == f"error: pipeline failed: ChampionUnavailable: {message}"
+
+
+def test_a_champion_whose_ids_overlap_by_chance_is_not_compared(tmp_path, mlflow_store, fake_metrics):
+    """Two catalogs whose ids coincide on a few items: most validation examples are unservable, beyond
+    score.max_unknown_share, so the champion is not compared (scoring would refuse it the same way)."""
+    config, sequences = _config(), _sequences()
+    chance = _items("i").with_columns(  # knows i1 .. i6 of the data's 12 items, nothing else
+        pl.when(pl.col(schema.ITEM_IDX) <= 6).then(pl.col(schema.ITEM_ID)).otherwise(pl.lit("x") + pl.col(schema.ITEM_ID)))
+    old, v1 = _register(config, 0.90, chance, tmp_path)
+    promotion.run_gate(config, old, v1, chance, sequences)
+    new, v2 = _register(config, 0.10, _items(), tmp_path)
+    gate = promotion.run_gate(config, new, v2, _items(), sequences)
+    assert gate.decision.promote and gate.champion_value is None and _champion_version() == v2
+    assert "more than score.max_unknown_share=0.5: not comparable, new version promoted" in gate.decision.reason
