@@ -37,6 +37,7 @@ def check_before_data(config: JobConfig) -> None:
     if config.train.init_from not in (None, "champion"):
         check_model_uri(config, config.train.init_from)
     check_warm_features(config)
+    check_warm_shape(config)
 
 
 def check_feature_table(config: JobConfig) -> None:
@@ -65,24 +66,62 @@ def check_warm_features(config: JobConfig) -> None:
     Raises:
         ConfigError: one line naming the parent and the setting to match.
     """
+    from recsys_alibi.training.warm_features import feature_mismatch
+
+    parent = _parent_run(config)
+    if parent is None:
+        return
+    source, run = parent
+    logged = run.data.params.get("model.item_features.enabled")
+    if logged is not None and (mismatch := feature_mismatch(source, logged == "True", config.model.item_features.enabled)):
+        raise ConfigError(mismatch)
+
+
+def check_warm_shape(config: JobConfig) -> None:
+    """Refuse a warm start from a model of another architecture before the day is appended (``train`` refuses it
+    after the prepare, from the loaded model): the parent run's logged config (``job_config.json``, a few kB)
+    against ``model.*`` (:func:`recsys_alibi.training.warm_start.check_same_shape`; ``max_len`` is left to
+    ``train``, which may resolve it from the data). No parent, or a run without a readable config: not checked here.
+
+    Raises:
+        WarmStartError: one line naming each differing key.
+    """
+    import mlflow
+
+    from recsys_alibi.config import ModelConfig
+    from recsys_alibi.tracking import CONFIG_ARTIFACT
+    from recsys_alibi.training.warm_start import check_same_shape
+
+    parent = _parent_run(config)
+    if parent is None:
+        return
+    source, run = parent
+    try:
+        logged = mlflow.artifacts.load_dict(f"{run.info.artifact_uri}/{CONFIG_ARTIFACT}")["model"]
+        old = ModelConfig.model_validate({key: value for key, value in logged.items() if key in ModelConfig.model_fields})
+    except Exception:  # noqa: BLE001 - an older or missing config: train checks the loaded model itself
+        return
+    check_same_shape(old, config.model.model_copy(update={"max_len": old.max_len}), source)  # max_len: train's
+
+
+def _parent_run(config: JobConfig):
+    """``(URI, MLflow run)`` of ``train.init_from`` (``champion``: the alias's model), or None: no warm start, or
+    no champion yet (a cold start)."""
     import mlflow
     from mlflow.exceptions import MlflowException
 
     from recsys_alibi.tracking import model_run_id, setup_tracking
-    from recsys_alibi.training.warm_features import feature_mismatch
 
     source = config.train.init_from
     if source is None:
-        return
+        return None
     setup_tracking(config.tracking)
     if source == "champion":
         source = f"models:/{config.tracking.registered_model}@{config.tracking.champion_alias}"
     try:
-        logged = mlflow.MlflowClient().get_run(model_run_id(source)).data.params.get("model.item_features.enabled")
+        return source, mlflow.MlflowClient().get_run(model_run_id(source))
     except MlflowException:  # champion not held yet: a cold start
-        return
-    if logged is not None and (mismatch := feature_mismatch(source, logged == "True", config.model.item_features.enabled)):
-        raise ConfigError(mismatch)
+        return None
 
 
 def check_model_uri(config: JobConfig, uri: str) -> None:

@@ -10,7 +10,7 @@ import mlflow
 import pytest
 
 from pipelines.cli import main
-from recsys_alibi.config import ConfigError, DataConfig, JobConfig, TrackingConfig, with_overrides
+from recsys_alibi.config import ConfigError, DataConfig, JobConfig, TrackingConfig, load_config, with_overrides
 from recsys_alibi.data.prepare import prepare
 from recsys_alibi.tracking import ModelUriError, load_ranker, log_ranker, setup_tracking
 
@@ -173,3 +173,24 @@ def test_the_accepted_tracking_uris():
         check_tracking_uri(uri)
     with pytest.raises(ConfigError, match="needs a database driver that is not installed"):
         check_tracking_uri("postgresql+psycopg2://u@h/db")  # psycopg2 is not in the locks
+
+
+def test_a_warm_start_from_another_architecture_is_refused_before_appending(tmp_path, mlflow_store, capsys,
+                                                                            one_torch_thread):  # fmt: skip
+    from recsys_alibi.tracking import log_config
+
+    run_id = _logged_run(tmp_path)
+    with mlflow.start_run(run_id=run_id):  # as run_train logs the config of tiny_model (D 16, 2 heads, 1 layer)
+        log_config(with_overrides(JobConfig(), model={"d_model": 16, "n_heads": 2, "n_layers": 1, "max_len": 8}))
+    out, day2, before = _appended_setup(tmp_path)
+    capsys.readouterr()
+    args = _pipeline_args(out, day2, f"train.init_from=runs:/{run_id}/model", "model.n_heads=2", "model.n_layers=1")
+    assert main([*args, "--set", "model.d_model=32"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"error: cannot warm-start from runs:/{run_id}/model: it is another model (model.d_model=16 (now 32)); set the "
+        "same model.* values or leave train.init_from unset to train from scratch")
+    assert _files(out / "prepared") == before  # the day was not appended
+    from pipelines.preflight import check_warm_shape
+
+    check_warm_shape(load_config(None, [f"train.init_from=runs:/{run_id}/model", "model.d_model=16", "model.n_heads=2",
+                                        "model.n_layers=1", "model.max_len=50"]))  # the same shape: max_len is train's
