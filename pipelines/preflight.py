@@ -4,8 +4,9 @@ The pipeline generates or prepares (with ``data.append``: merges the day into th
 directory) before it trains. A setting that would refuse training but needs none of the new data
 is checked here first, so a refused run leaves the data as it was: the warm schedule against
 ``train.context_schedule``, a sharded table with the full softmax, an accelerator this machine
-lacks, the item-feature encoder with no table to prepare, and ``train.init_from`` (the model must exist
-and its run must not be deleted, and read item features exactly when the new model does; ``champion``
+lacks, a tracking URI MLflow cannot use, the item-feature encoder with no table to prepare, and
+``train.init_from`` (the model must exist, its run must not be deleted, it must read item features exactly
+when the new model does and have the same architecture, from its run's logged config; ``champion``
 with no champion yet is a cold start, as in ``train``). What needs the data (``model.max_len:
 auto``, the architecture of a warm start against the data's vocabulary, the time protocol) is
 checked by ``train`` after the prepare.
