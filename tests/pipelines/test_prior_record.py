@@ -80,19 +80,3 @@ def test_a_record_of_another_grid_is_set_aside_whole_and_the_choice_starts_over(
     check_prior_data(config, tmp_path / "prepared", record)
     assert sorted(p.read_bytes() == before for p in tmp_path.glob("popularity_prior.json.other-grid-*")) == [False, True]
 
-
-def test_line_order_time_says_the_prior_is_off_and_why(tmp_path):
-    from pipelines.prior_choice import chosen_prior
-    from recsys_alibi.config import DataConfig
-    from recsys_alibi.data.prepare import prepare
-
-    log = tmp_path / "day.txt"  # SASRec's "user item" lines: time is the line order
-    log.write_text("".join(f"{u} {i}\n" for u in range(1, 7) for i in range(1, 6)))
-    prepared = tmp_path / "prepared"
-    prepare(DataConfig(format="sasrec", min_events_per_user=1, min_events_per_item=1), log, prepared)
-    config = load_config(None, ["data.append=true"])
-    settings, line = chosen_prior(config, prepared, tmp_path / "popularity_prior.json")
-    assert settings == {"weight": 0.0, "half_life_days": config.score.popularity_prior.half_life_days}
-    assert line == (f"popularity prior: off (the time of {prepared} came from line order: there is no recent "
-                    "popularity to choose)")
-    assert chosen_prior(load_config(None, []), prepared, tmp_path / "popularity_prior.json")[1] == ""  # no append

@@ -234,4 +234,5 @@ def test_the_pipeline_refuses_a_prior_on_line_order_time_before_any_work(tmp_pat
         check_prior_data(config, path, tmp_path / "popularity_prior.json")
     off = with_overrides(score_config(), data={"append": True})  # the default: weight 0, choose on
     check_prior_data(off, path, tmp_path / "popularity_prior.json")
-    assert chosen_prior(off, path, tmp_path / "popularity_prior.json") == ({"weight": 0.0, "half_life_days": 7.0}, "")
+    assert chosen_prior(off, path, tmp_path / "popularity_prior.json") == ({"weight": 0.0, "half_life_days": 7.0}, (
+        f"popularity prior: off (the time of {path} came from line order: there is no recent popularity to choose)"))
