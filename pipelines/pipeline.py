@@ -40,6 +40,7 @@ from pipelines.preflight import check_before_data
 from pipelines.prior_choice import PRIOR_FILE, append_boundary, check_prior_data, chosen_prior, record_newest_period
 from pipelines.train import TrainJobResult, run_train
 from recsys_alibi.config import ConfigError, JobConfig, with_overrides
+from recsys_alibi.data.prepared import prepare_lock
 from recsys_alibi.data.sequences import read_items, read_sequences
 from recsys_alibi.data.time_gaps import has_real_timestamps, sequences_for
 from recsys_alibi.evaluation.report import format_metrics_table
@@ -131,6 +132,12 @@ def run_pipeline(config: JobConfig, *, progress: bool = True) -> PipelineResult:
     engine_scorer(config)  # score.engine=ray (used by the scoring step): Ray and its cluster checked before training
     check_before_data(config)  # every training check that needs no data: before a day is appended
     check_pipeline_paths(config)  # outputs apart from every input and other output, before any work
+    with prepare_lock(Path(config.output), command="pipeline"):  # a second run on this output: refused, not mixed
+        return _run_steps(config, progress)
+
+
+def _run_steps(config: JobConfig, progress: bool) -> PipelineResult:
+    """generate -> prepare -> train -> evaluate -> gate -> score, under the output's lock (:func:`run_pipeline`)."""
     started = time.perf_counter()
     out = Path(config.output)
     input_path = config.data.input

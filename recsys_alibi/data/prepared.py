@@ -81,11 +81,14 @@ T = TypeVar("T")
 
 
 @contextmanager
-def prepare_lock(directory: Path) -> Iterator[None]:
+def prepare_lock(directory: Path, command: str = "prepare") -> Iterator[None]:
     """Hold an exclusive ``flock`` on the directory itself for the block (released if the process dies).
 
+    Args:
+        command: the subcommand that writes ``directory`` (``prepare``; ``pipeline`` for its output folder).
+
     Raises:
-        DataError: another ``prepare`` holds it (it is writing the same directory now).
+        DataError: another ``command`` holds it (it is writing the same directory now).
     """
     directory.mkdir(parents=True, exist_ok=True)
     fd = os.open(directory, os.O_RDONLY)
@@ -94,7 +97,7 @@ def prepare_lock(directory: Path) -> Iterator[None]:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             raise DataError(
-                f"another `recsys-alibi prepare` is writing {directory} now; wait for it or choose another --output"
+                f"another `recsys-alibi {command}` is writing {directory} now; wait for it or choose another --output"
             ) from None
         yield
     finally:

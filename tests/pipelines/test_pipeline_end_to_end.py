@@ -243,3 +243,17 @@ def test_a_model_missing_from_an_existing_store_names_the_store(tmp_path, mlflow
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: cannot load model 'models:/recsys-alibi-ranker/1' (")
     assert f"from the tracking store {mlflow_store};" in err[0]
+
+
+def test_a_second_pipeline_on_the_same_output_is_refused_before_it_writes(tmp_path, mlflow_store, capsys):
+    """Two runs on one --output would mix their files (one generating over the other's inputs): the second is
+    refused with one line while the first holds the output's lock (released when its process ends)."""
+    from recsys_alibi.data.prepared import prepare_lock
+
+    out = tmp_path / "job"
+    args = ["pipeline", "--output", str(out), "--quiet", *[a for item in TINY for a in ("--set", item)]]
+    with prepare_lock(out, command="pipeline"):  # what a running pipeline holds
+        assert main(args) == 2
+        assert capsys.readouterr().err.strip() == (f"error: another `recsys-alibi pipeline` is writing {out} now; "
+                                                   "wait for it or choose another --output")
+        assert sorted(p.name for p in out.iterdir()) == []  # nothing generated, prepared or trained
