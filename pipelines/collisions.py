@@ -171,7 +171,9 @@ def check_pipeline_paths(config) -> None:
     if config.generate.enabled:
         outputs.append(Output("output (events)", out / "events.parquet", "file"))
     score = config.score
+    # its own earlier rankings are read while this run scores into a staging folder, replaced only at the end
+    own = score.changed_since is not None and Path(score.changed_since).resolve() == (out / "rankings").resolve()
     check_apart(outputs, {"data.input": config.data.input, "data.items": config.data.items, "score.allow": score.allow,
-                          "score.deny": score.deny, "score.changed_since": score.changed_since,
+                          "score.deny": score.deny, "score.changed_since": None if own else score.changed_since,
                           "score.items": getattr(score, "items", None),
                           "train.init_from": local_model_path(config.train.init_from)})  # fmt: skip

@@ -106,7 +106,9 @@ class PipelineResult:
                 f"rankings: {self.score.output_dir} (from {self.gate.champion_uri}): ranked {self.score.users_ranked} "
                 f"of {self.score.users} users"
                 + (f"; not ranked: {self.score.skipped_users} (listed in {self.score.output_dir / SKIPPED_DIR})"
-                   if self.score.skipped_users else ""),
+                   if self.score.skipped_users else "")
+                + (f"; carried over from the earlier rankings (history unchanged): {self.score.carried_users}"
+                   if self.score.carried_users else ""),
                 *(self.score.new_item_lines() if self.score.new_items or self.score.slots_asked else []),
                 *([self.prior_line] if self.prior_line else []),
                 self.lineage_line(),

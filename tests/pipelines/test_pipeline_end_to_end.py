@@ -257,3 +257,18 @@ def test_a_second_pipeline_on_the_same_output_is_refused_before_it_writes(tmp_pa
         assert capsys.readouterr().err.strip() == (f"error: another `recsys-alibi pipeline` is writing {out} now; "
                                                    "wait for it or choose another --output")
         assert sorted(p.name for p in out.iterdir()) == []  # nothing generated, prepared or trained
+
+
+def test_the_pipeline_carries_unchanged_users_over_from_its_own_rankings(tmp_path, mlflow_store, capsys):
+    """score.changed_since=OUTPUT/rankings: read while the run scores into its staging folder. The champion is kept
+    (the same data and config train the same model, which does not beat it), so every ranked user is carried."""
+    out = tmp_path / "job"
+    args = ["pipeline", "--output", str(out), "--quiet", *[a for item in TINY for a in ("--set", item)]]
+    assert main(args) == 0
+    before = pl.read_parquet(out / "rankings" / "part-*.parquet")
+    capsys.readouterr()
+    assert main([*args, "--set", f"score.changed_since={out / 'rankings'}"]) == 0
+    printed = capsys.readouterr().out
+    assert "decision: rejected (champion kept)" in printed
+    assert "; carried over from the earlier rankings (history unchanged): 60\n" in printed  # every user, unranked too
+    assert pl.read_parquet(out / "rankings" / "part-*.parquet").equals(before)
