@@ -158,6 +158,10 @@ class ScoreInput:
             return model_items
         return read_consistent(items_path.parent, items_path.name, read_parquet_file, self.prepare_id)
 
+    def user_ids(self) -> pl.Series:
+        """(U,) every user id of the input, in its order."""
+        return pl.scan_parquet(self.sequences).select(schema.USER_ID).collect().get_column(schema.USER_ID)
+
     def read_shard(self, start: int, n: int) -> Shard:
         """Users ``start .. start + n - 1`` with their histories in model indices (bounded memory)."""
         columns = [schema.USER_ID, schema.ITEM_IDX] + ([schema.TIMESTAMP] if self.time_gap_buckets else [])

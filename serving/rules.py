@@ -219,6 +219,20 @@ class ItemRules:
                             "are dropped", kind, missed[0], missed[1] or 0, rule.path)  # fmt: skip
         return out
 
+    def absent_user_rows(self, user_ids: pl.Series) -> dict[str, int]:
+        """Per per-user file: ``<kind>_absent_user_rows``, its rows whose user is none of ``user_ids`` (U,) (the
+        input's users, matched by the typing rule): they apply to nobody (a wrong id column or id type, or users
+        not in this input). One streaming scan per file."""
+        out: dict[str, int] = {}
+        for kind, rule in self.files.items():
+            if not rule.per_user:
+                continue
+            users = same_id_in(pl.lit(user_ids), user_ids.dtype, rule.user_type)
+            wanted = pl.select(users.alias(schema.USER_ID)).get_column(schema.USER_ID).drop_nulls()
+            absent = rule.scan().filter(~pl.col(schema.USER_ID).is_in(wanted.implode()))
+            out[f"{kind}_absent_user_rows"] = int(absent.select(pl.len()).collect(engine="streaming").item())
+        return out
+
     def for_users(self, user_ids: pl.Series) -> "UserRules":
         """The rules of the users ``user_ids`` (U,), aligned with them: per-user files read for these users only."""
         per_user = {kind: self._user_rows(f, user_ids) for kind, f in self.files.items() if f.per_user}
@@ -320,5 +334,8 @@ def load_rules(allow: str | None, deny: str | None, items: pl.DataFrame) -> Item
 def rules_summary(stats: dict[str, int]) -> str:
     """One summary line of :meth:`ItemRules.stats`: rows per file and ids the model does not know."""
     parts = [f"{kind} {stats[f'{kind}_rows']} rows ({stats[f'{kind}_unknown_items']} unknown item ids, "
-             f"{stats[f'{kind}_unknown_rows']} rows dropped)" for kind in KINDS if f"{kind}_rows" in stats]  # fmt: skip
+             f"{stats[f'{kind}_unknown_rows']} rows dropped"
+             + (f"; {stats[f'{kind}_absent_user_rows']} rows of users not in the input"
+                if stats.get(f"{kind}_absent_user_rows") else "") + ")"
+             for kind in KINDS if f"{kind}_rows" in stats]  # fmt: skip
     return "rules: " + "; ".join(parts)

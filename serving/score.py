@@ -334,6 +334,8 @@ class _ScoreJob:
             self._use_popularity(source)  # refused (no event times) like any bad input: nothing left behind
             self._keep_item_rejects()
             rules = self.ranker.rules.stats() if self.ranker.rules is not None else {}  # a bad rule file: the same
+            if self.ranker.rules is not None:
+                rules.update(self.ranker.rules.absent_user_rows(source.user_ids()))
         except Exception as err:
             if manifest.users is None and not manifest.shards:  # nothing left behind but the rejects it names
                 named = tuple(n for n in (schema.REJECTS_FILE,) if str(self.output_dir / STAGED_INPUT / n) in str(err))

@@ -82,7 +82,8 @@ def test_rankings_never_hold_a_denied_item_and_only_allowed_ones(prepared, tmp_p
         skipped = pl.read_parquet(tmp_path / "ruled" / "_skipped" / "*.parquet")
         assert skipped.filter(pl.col(schema.USER_ID) == "u001")["reason"].to_list() == ["every_item_excluded"]
         assert result.rules == {"allow_rows": 22 * 8 + 1, "allow_unknown_items": 1, "allow_unknown_rows": 1,
-                                "deny_rows": 11, "deny_unknown_items": 1, "deny_unknown_rows": 1}  # fmt: skip
+                                "allow_absent_user_rows": 0, "deny_rows": 11, "deny_unknown_items": 1,
+                                "deny_unknown_rows": 1}  # fmt: skip
         assert "rules: allow 177 rows (1 unknown item ids, 1 rows dropped); deny 11 rows" in result.summary()
 
 
@@ -250,3 +251,10 @@ def test_a_rule_file_replaced_by_one_of_the_same_size_and_time_is_another_rule(p
     os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # as cp -p, rsync -a or tar x leave it
     after = ItemRules(None, str(tmp_path / "rules"), vocabulary()).fingerprint()
     assert after != before and after["deny"][0] == before["deny"][0]  # same path, other content
+
+
+def test_per_user_rule_rows_of_users_not_in_the_input_are_counted(prepared, tmp_path):
+    rows = pl.DataFrame({schema.USER_ID: ["u001", "u001", "u999", "U002"], schema.ITEM_ID: [1001, 1002, 1003, 1004]})
+    result = _score(prepared, tmp_path / "out", deny=_write(tmp_path / "deny.parquet", rows))
+    assert result.rules["deny_absent_user_rows"] == 2  # u999 is nobody; "U002" is not "u002"
+    assert "rules: deny 4 rows (0 unknown item ids, 0 rows dropped; 2 rows of users not in the input)" in result.summary()
