@@ -57,9 +57,8 @@ def test_ray_job_killed_part_way_and_rerun_equals_an_uninterrupted_one(prepared,
     killed_temp(tmp_path / "killed" / "part-00004.parquet")  # an actor killed mid-write
     resumed = score_with_ray(config, tiny_model(), vocabulary(), prepared, tmp_path / "killed", progress=False)
     assert snapshot(tmp_path / "killed") == snapshot(tmp_path / "clean")  # parts and manifest, byte for byte
-    assert resumed.shards_skipped <= 4 and resumed.users == 23
-    again = score_with_ray(config, tiny_model(), vocabulary(), prepared, tmp_path / "killed", progress=False)
-    assert (again.shards_skipped, again.users_scored) == (5, 0)
+    assert resumed.shards_skipped <= 4 and resumed.users == 23  # (a complete job is not scored again: the manifest
+    # rule both engines share, tested on the local one in test_serving_resume; a fourth Ray instance here cost ~20 s)
 
 
 def test_ray_job_killed_then_finished_by_the_local_engine(prepared, tmp_path):
