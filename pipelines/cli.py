@@ -221,8 +221,7 @@ def _cmd_evaluate(config: JobConfig, args) -> str:
 
 
 def _cmd_score(config: JobConfig, args) -> str:
-    from serving.engines import run_score  # score.engine's engine
-    from serving.replace_rankings import holds_rankings, score_into_place
+    from serving.engines import run_score  # score.engine's engine; an overwrite replaces the rankings as a whole
 
     output = check_output_dir(args.output or Path(config.output) / "rankings")
     input_path = args.input or _default_prepared(config, None)
@@ -230,10 +229,7 @@ def _cmd_score(config: JobConfig, args) -> str:
     check_apart([Output("--output", output, "rankings")], {
         "--input": input_path, "--changed-since": score.changed_since, "score.allow": score.allow, "score.deny": score.deny,
         "score.items": getattr(score, "items", None), "--model-uri": local_model_path(args.model_uri)})  # fmt: skip
-    if score.overwrite and holds_rankings(output) and int(os.environ.get("WORLD_SIZE", "1")) == 1:
-        result = score_into_place(config, args.model_uri, input_path, output, progress=not args.quiet)
-    else:  # a new folder, or one job resumed in place (torchrun's processes share one folder: in place too)
-        result = run_score(config, args.model_uri, input_path, output, progress=not args.quiet)
+    result = run_score(config, args.model_uri, input_path, output, progress=not args.quiet)
     return result.summary()
 
 

@@ -44,8 +44,8 @@ from recsys_alibi.data.prepared import prepare_lock
 from recsys_alibi.data.sequences import read_items, read_sequences
 from recsys_alibi.data.time_gaps import has_real_timestamps, sequences_for
 from recsys_alibi.evaluation.report import format_metrics_table
-from serving.engines import engine_scorer
-from serving.replace_rankings import score_into_place
+from serving.distributed import launched_size
+from serving.engines import engine_scorer, score_into_place
 from serving.manifest import SKIPPED_DIR
 from serving.score import ScoreJobResult
 
@@ -218,7 +218,7 @@ def check_pipeline_launch(config: JobConfig, env: dict[str, str] | None = None) 
         ConfigError: naming the two-step recipe of docs/scaling.md.
     """
     env = os.environ if env is None else env
-    torchrun = "RANK" in env and int(env.get("WORLD_SIZE", "1")) > 1
+    torchrun = "RANK" in env and launched_size(env) > 1
     slurm = int(env.get("SLURM_NTASKS", "1")) > 1 and "LOCAL_RANK" not in env
     if torchrun or slurm:
         raise ConfigError(

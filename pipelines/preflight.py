@@ -37,8 +37,9 @@ def check_before_data(config: JobConfig) -> None:
     check_accelerator(config.train)
     if config.train.init_from not in (None, "champion"):
         check_model_uri(config, config.train.init_from)
-    check_warm_features(config)
-    check_warm_shape(config)
+    parent = parent_run(config)  # looked up once for both checks
+    check_warm_features(config, parent)
+    check_warm_shape(config, parent)
 
 
 def check_feature_table(config: JobConfig) -> None:
@@ -59,17 +60,17 @@ def check_feature_table(config: JobConfig) -> None:
                           "or set model.item_features.enabled=false")
 
 
-def check_warm_features(config: JobConfig) -> None:
+def check_warm_features(config: JobConfig, parent: tuple | None) -> None:
     """Refuse a warm start between a model that reads item features and one that does not before the day is
     appended (``train`` refuses it after the prepare): the parent's run logged ``model.item_features.enabled``.
-    No parent (``champion`` with no champion yet) or a run without that param: nothing to check here.
+    ``parent``: :func:`parent_run`'s answer. No parent (``champion`` with no champion yet) or a run without that
+    param: nothing to check here.
 
     Raises:
         ConfigError: one line naming the parent and the setting to match.
     """
     from recsys_alibi.training.warm_features import feature_mismatch
 
-    parent = _parent_run(config)
     if parent is None:
         return
     source, run = parent
@@ -78,11 +79,12 @@ def check_warm_features(config: JobConfig) -> None:
         raise ConfigError(mismatch)
 
 
-def check_warm_shape(config: JobConfig) -> None:
+def check_warm_shape(config: JobConfig, parent: tuple | None) -> None:
     """Refuse a warm start from a model of another architecture before the day is appended (``train`` refuses it
     after the prepare, from the loaded model): the parent run's logged config (``job_config.json``, a few kB)
     against ``model.*`` (:func:`recsys_alibi.training.warm_start.check_same_shape`; ``max_len`` is left to
-    ``train``, which may resolve it from the data). No parent, or a run without a readable config: not checked here.
+    ``train``, which may resolve it from the data). ``parent``: :func:`parent_run`'s answer; none, or a run without
+    a readable config: not checked here.
 
     Raises:
         WarmStartError: one line naming each differing key.
@@ -93,7 +95,6 @@ def check_warm_shape(config: JobConfig) -> None:
     from recsys_alibi.tracking import CONFIG_ARTIFACT
     from recsys_alibi.training.warm_start import check_same_shape
 
-    parent = _parent_run(config)
     if parent is None:
         return
     source, run = parent
@@ -105,7 +106,7 @@ def check_warm_shape(config: JobConfig) -> None:
     check_same_shape(old, config.model.model_copy(update={"max_len": old.max_len}), source)  # max_len: train's
 
 
-def _parent_run(config: JobConfig):
+def parent_run(config: JobConfig):
     """``(URI, MLflow run)`` of ``train.init_from`` (``champion``: the alias's model), or None: no warm start, or
     no champion yet (a cold start)."""
     import mlflow

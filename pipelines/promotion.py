@@ -342,15 +342,16 @@ def against_loaded(config: JobConfig, champion, label: str, new_value: float, it
     if unknown:
         difference = vocabulary_difference(champion.items.get_column(schema.ITEM_ID), items.get_column(schema.ITEM_ID))
         total, most = unservable + examples.height, config.score.max_unknown_share
+        why = None
         if examples.height == 0:  # it can serve none of them: a champion of another catalog
-            decision = Decision(True, f"champion {label} has another item vocabulary ({difference}) and can serve "
-                                      "none of the validation examples: not comparable, new version promoted")  # fmt: skip
+            why = "and can serve none of the validation examples"
         elif unservable > most * total:  # integer ids of two catalogs overlap by chance: the rule of score's input
-            decision = Decision(True, f"champion {label} has another item vocabulary ({difference}): {unservable} of "
-                                      f"{total} validation examples ({unservable / total:.0%}) have a target or a history "
-                                      f"it does not know, more than score.max_unknown_share={most:g}: not comparable, new "
-                                      "version promoted")  # fmt: skip
-        if examples.height == 0 or unservable > most * total:
+            why = (f"{unservable} of {total} validation examples ({unservable / total:.0%}) have a target or a "
+                   f"history it does not know, more than score.max_unknown_share={most:g}")
+        if why is not None:
+            sep = " " if examples.height == 0 else ": "
+            decision = Decision(True, f"champion {label} has another item vocabulary ({difference}){sep}{why}: not "
+                                      "comparable, new version promoted")  # fmt: skip
             log.warning("promotion: %s", decision.reason)
             return decision, None
         log.info("promotion: champion %s has another item vocabulary (%s): %d of %d validation examples have a target "

@@ -100,6 +100,11 @@ class World:
         return result
 
 
+def launched_size(env: dict[str, str] | None = None) -> int:
+    """The processes a launcher started for this job (``WORLD_SIZE`` of torchrun; 1 without one)."""
+    return int((os.environ if env is None else env).get("WORLD_SIZE", "1"))
+
+
 @contextmanager
 def scoring_world() -> Iterator[World]:
     """The :class:`World` of this process for the duration of a job.
@@ -114,7 +119,7 @@ def scoring_world() -> Iterator[World]:
     if dist.is_available() and dist.is_initialized():
         yield World(dist.get_rank(), dist.get_world_size())
         return
-    size = int(os.environ.get("WORLD_SIZE", "1"))
+    size = launched_size()
     if size <= 1 or not dist.is_available():
         yield World()
         return

@@ -81,7 +81,7 @@ def _files(folder) -> dict[str, bytes]:
 def test_a_run_that_fails_while_scoring_leaves_the_earlier_rankings_whole(tmp_path, mlflow_store, capsys, caplog, monkeypatch):
     """The rankings of a run replace the earlier run's as a whole: a run that fails (or is killed) while it scores
     leaves them as they were, and the next run removes what a killed one left beside them."""
-    import serving.replace_rankings as replace_module
+    import serving.engines as replace_module
     from recsys_alibi.staging import held_temp, release
 
     out = tmp_path / "job"
@@ -91,8 +91,8 @@ def test_a_run_that_fails_while_scoring_leaves_the_earlier_rankings_whole(tmp_pa
     assert "_manifest.json" in before and any(name.startswith("part-") for name in before)
     real, written = replace_module.run_score, []
 
-    def fails_after_writing(config, model_uri, input_path, output_dir, progress, shown_dir):
-        real(config, model_uri, input_path, output_dir, progress=progress, shown_dir=shown_dir)
+    def fails_after_writing(config, model_uri, input_path, output_dir, k, progress, shown_dir):
+        real(config, model_uri, input_path, output_dir, k=k, progress=progress, shown_dir=shown_dir)
         written.append(_files(output_dir))
         raise RuntimeError("the disk went away")
 

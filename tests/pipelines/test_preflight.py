@@ -190,7 +190,8 @@ def test_a_warm_start_from_another_architecture_is_refused_before_appending(tmp_
         f"error: cannot warm-start from runs:/{run_id}/model: it is another model (model.d_model=16 (now 32)); set the "
         "same model.* values or leave train.init_from unset to train from scratch")
     assert _files(out / "prepared") == before  # the day was not appended
-    from pipelines.preflight import check_warm_shape
+    from pipelines.preflight import check_warm_shape, parent_run
 
-    check_warm_shape(load_config(None, [f"train.init_from=runs:/{run_id}/model", "model.d_model=16", "model.n_heads=2",
-                                        "model.n_layers=1", "model.max_len=50"]))  # the same shape: max_len is train's
+    same = load_config(None, [f"train.init_from=runs:/{run_id}/model", "model.d_model=16", "model.n_heads=2",
+                              "model.n_layers=1", "model.max_len=50"])
+    check_warm_shape(same, parent_run(same))  # the same shape: max_len is train's
