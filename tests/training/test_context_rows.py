@@ -41,7 +41,7 @@ def test_means_are_the_parents_last_hidden_states_averaged_per_item():
     contexts = [np.array([4]), np.array([3, 2]), np.array([2, 1])]
     means, counts, overall = context_means(model, contexts, None, np.array([5, 5, 6]), n_rows=7, batch_size=2)
     model.eval()
-    one = [model.last_hidden(torch.tensor([c]), torch.tensor([c.size]))[0] for c in contexts]
+    one = [model.last_hidden(torch.from_numpy(c)[None], torch.tensor([c.size]))[0] for c in contexts]
     assert counts.tolist() == [0, 0, 0, 0, 0, 2, 1]
     torch.testing.assert_close(means[5], (one[0] + one[1]) / 2)
     torch.testing.assert_close(means[6], one[2])
