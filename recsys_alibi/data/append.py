@@ -26,7 +26,8 @@ events in place of the earlier inputs):
 The directory is published as a whole (:func:`recsys_alibi.data.prepared.publish`): a killed
 append leaves the old directory, or, killed while renaming, a publish the next append finishes
 (:func:`recsys_alibi.data.prepared.roll_forward`). Files already prepared into the directory
-(same sha256) are skipped, so re-running an append changes nothing.
+(same sha256) are skipped, so re-running an append changes nothing; a file that grew in place since it was
+prepared (its earlier bytes are its start) is refused, as its earlier events would count twice.
 
 Refused with one line (``DataError``): no prepared directory there, one prepared before appends
 were kept, or other settings than the directory's (format, raw columns and their types, column
@@ -46,7 +47,7 @@ from recsys_alibi.config import DataConfig
 from recsys_alibi.data.ingest import DataError, QuotedLinesError, Source, scan_source
 from recsys_alibi.data.item_features import STATS_KEY as ITEM_TABLE_KEY
 from recsys_alibi.data.prepare import PrepareResult, prepare_in_work_dir
-from recsys_alibi.data.prepare_state import STATE_KEY, Base, file_sha256, settings
+from recsys_alibi.data.prepare_state import STATE_KEY, Base, file_sha256, grown_file, settings
 from recsys_alibi.data.prepared import check_file, clean_stale, prepare_lock, read_consistent, read_manifest, roll_forward
 from recsys_alibi.data.schema import CLEANED_FILE, MANIFEST_FILE, REJECTS_FILE, SOURCE_ROW, STATS_FILE
 from recsys_alibi.data.sequences import read_items
@@ -93,6 +94,14 @@ def append(cfg: DataConfig, input_path: str | Path, output_dir: str | Path, *, f
         digests = [file_sha256(p) for p in source.paths]
         known = set(base.state["input_sha256"])
         fresh = [(p, d) for p, d in zip(source.paths, digests) if d not in known]
+        for path, _ in fresh:
+            grown = grown_file(path, base.state)
+            if grown is not None:
+                raise DataError(
+                    f"cannot append '{path}': it grew since it was prepared into {out} (its first {grown['bytes']:,} "
+                    "bytes are the file prepared then), and an append reads whole files, so those events would count "
+                    f"twice; put the new lines in a file of their own, {REDO}"
+                )
         if not fresh:
             log.info("every file of %s is already prepared into %s: nothing to append", input_path, out)
             if cfg.items is not None and str(cfg.items) not in base.stats.get(ITEM_TABLE_KEY, {}).get("sources", []):

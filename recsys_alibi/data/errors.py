@@ -170,6 +170,29 @@ def bad_parquet_file(paths: list[Path]) -> tuple[Path, str] | None:
     return None
 
 
+def not_text(path: Path, what: str = "") -> DataError | None:
+    """The one-line error of a file read as text that is not text by its first bytes: a Parquet file, a gzip file
+    whose name does not end in ``.gz``, a ``.gz`` file compressed twice; else None (also for a ``.gz`` file
+    that does not decompress: :func:`broken_gzip` names that)."""
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read(4)
+        with open_bytes(path) as fh:
+            head = fh.read(4)
+    except GZIP_ERRORS:
+        return None
+    if raw.startswith(b"\x1f\x8b") and not is_gzip(path):
+        return DataError(f"{what}'{path}' is gzip-compressed but its name does not end in .gz: rename it to "
+                         f"'{path.name}.gz' (or decompress it: zcat < '{path}' > '{path.name}.txt')")  # fmt: skip
+    if head.startswith(b"PAR1"):
+        return DataError(f"{what}'{path}' is a Parquet file (it starts with PAR1), not text: read it as Parquet "
+                         "(--format parquet, or a name ending in .parquet)")  # fmt: skip
+    if head.startswith(b"\x1f\x8b"):
+        return DataError(f"{what}'{path}' was gzip-compressed twice: decompress it once more, e.g. "
+                         f"zcat '{path}' | zcat | gzip > '{path.name[:-3]}.once.gz'")  # fmt: skip
+    return None
+
+
 def not_utf8_error(path: Path, what: str = "") -> DataError | None:
     """The one-line error of a text file (plain or gzip) that is not UTF-8: its line, offset and byte, and the
     ``iconv`` command that converts it, writing beside the file where its folder is writable, else into the
@@ -183,13 +206,21 @@ def not_utf8_error(path: Path, what: str = "") -> DataError | None:
     plain = Path(path.name[:-3] if gz else path.name)
     converted = f"{plain.stem}.utf8{plain.suffix}" + (".gz" if gz else "")
     target = path.with_name(converted) if os.access(path.parent, os.W_OK) else Path(converted)
+    binary = not_text(path, what)
+    if binary is not None:
+        return binary
+    with open_bytes(path) as fh:
+        head = fh.read(4)
+    utf16 = head.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE))  # Windows' "Unicode" text
+    source = "utf-16" if utf16 else "latin1"
     convert = (
-        f"zcat '{path}' | iconv -f latin1 -t utf-8 | gzip > '{target}'"
+        f"zcat '{path}' | iconv -f {source} -t utf-8 | gzip > '{target}'"
         if gz
-        else f"iconv -f latin1 -t utf-8 '{path}' > '{target}'"
+        else f"iconv -f {source} -t utf-8 '{path}' > '{target}'"
     )
+    kind = "UTF-16 text (it starts with a UTF-16 byte-order mark), not UTF-8" if utf16 else "not UTF-8 text"
     return DataError(
-        f"{what}'{path}' is not UTF-8 text: byte 0x{byte:02x} at line {line} (offset {offset}); "
+        f"{what}'{path}' is {kind}: byte 0x{byte:02x} at line {line} (offset {offset}); "
         f"convert it to UTF-8 (from its real encoding), e.g. {convert}"
     )
 

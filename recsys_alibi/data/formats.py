@@ -147,7 +147,7 @@ def infer_format(paths: list[Path]) -> str:
     head = head_bytes(path)
     if head.startswith(b"PAR1"):
         return "parquet"
-    lines = [ln.strip() for ln in head.decode("utf-8", "replace").splitlines()[:SNIFF_LINES]]
+    lines = [ln.strip() for ln in head.decode("utf-8", "replace").removeprefix("\ufeff").splitlines()[:SNIFF_LINES]]
     lines = [ln for ln in lines if ln]
     if len(head) == 1 << 16 and len(lines) > 1:
         lines = lines[:-1]  # the last line may be cut
@@ -177,5 +177,5 @@ def header_separator(line: str) -> str | None:
 
 def is_movielens_csv(head: str) -> bool:
     """Whether a file's first line is the GroupLens ``ratings.csv`` header (any case)."""
-    lines = head.splitlines()
+    lines = head.removeprefix("\ufeff").splitlines()  # a UTF-8 byte-order mark is no part of the header
     return bool(lines) and lines[0].strip().lower() == MOVIELENS_CSV_HEADER

@@ -37,6 +37,8 @@ def id_expr(raw: str, dtype: pl.DataType, text: bool, id_type: str) -> tuple[pl.
         if text and id_type == "int":
             return stripped.cast(pl.Int64, strict=False), missing
         return stripped if text else col, missing
+    if dtype == pl.UInt64 and id_type == "auto":  # 64-bit hashes pass Int64: text, typed by integer_id_columns
+        return col.cast(pl.String), col.is_null()
     if dtype.is_integer():
         return col.cast(pl.Int64, strict=False), col.is_null()
     if dtype.is_float():

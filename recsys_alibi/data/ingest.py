@@ -39,7 +39,7 @@ from recsys_alibi.config import DataConfig
 from recsys_alibi.data.errors import DataError
 from recsys_alibi.data.formats import infer_format, resolve_paths
 from recsys_alibi.data.ids import cast_integer_ids, id_expr, integer_id_columns
-from recsys_alibi.data.readers import FIELDS_OK, SCALAR_ID, QuotedLinesError, Source, scan_source
+from recsys_alibi.data.readers import FIELDS_OK, RESERVED_PREFIX, SCALAR_ID, QuotedLinesError, Source, scan_source
 from recsys_alibi.data.schema import (
     EVENT_TYPE,
     ITEM_ID,
@@ -58,7 +58,7 @@ __all__ = [
 ]  # fmt: skip
 
 CANONICAL = (USER_ID, ITEM_ID, TIMESTAMP, EVENT_TYPE, VALUE)
-PREFIX = "_c_"  # canonical columns while the raw ones are still needed (rejects keep raw values)
+PREFIX = RESERVED_PREFIX  # canonical columns while the raw ones are still needed (rejects keep raw values)
 
 # reject reasons, checked in this order; the first that applies is recorded
 BAD_FIELD_COUNT = "bad_field_count"
@@ -85,7 +85,8 @@ def latest_accepted_time() -> int:
 def _value_expr(raw: str, dtype: pl.DataType) -> pl.Expr:
     col = pl.col(raw)
     number = col.str.strip_chars().cast(pl.Float64, strict=False) if dtype == pl.String else col.cast(pl.Float64, strict=False)
-    return pl.when(number.is_finite()).then(number).cast(pl.Float32)
+    value = number.cast(pl.Float32)  # a finite float64 beyond float32 (1e40) becomes inf here: a bad_value too
+    return pl.when(value.is_finite()).then(value)
 
 
 def tag_rows(source: Source, cfg: DataConfig) -> pl.LazyFrame:

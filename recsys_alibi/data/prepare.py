@@ -79,7 +79,7 @@ from recsys_alibi.data.prepare_ingest import (
     sink_partitions,
     sink_rejects,
 )
-from recsys_alibi.data.prepare_state import STATE_KEY, Base, file_sha256, settings
+from recsys_alibi.data.prepare_state import STATE_KEY, Base, file_sha256, input_record, settings
 from recsys_alibi.data.prepare_write import write_outputs
 from recsys_alibi.data.prepared import LINE_ORDER_KEY, PREPARE_ID_KEY, STAGING_PREFIX, clean_stale, keep_failed_rejects, prepare_lock, publish
 from recsys_alibi.data.schema import CLEANED_FILE, COUNT, EVENT_TYPE, ITEM_ID, ITEM_IDX, ITEMS_FILE, REJECT_REASON, REJECTS_FILE, STATS_FILE, TIMESTAMP, USER_ID
@@ -210,7 +210,9 @@ def _prepare(
         ingested = _ingest(cfg, source, out, work, tag, base)
         result = _clean_and_write(cfg, source, ingested, work, tag, base)
         item_table = write_item_features(cfg, work, pl.read_parquet(work / ITEMS_FILE), tag, base and base.directory)
-        state = {**result.stats[STATE_KEY], "input_sha256": [*_before(base, STATE_KEY, {}).get("input_sha256", []), *hashing.result()]}
+        before = _before(base, STATE_KEY, {})
+        state = {**result.stats[STATE_KEY], "input_sha256": [*before.get("input_sha256", []), *hashing.result()],
+                 "input_files": [*before.get("input_files", []), *input_record(source.paths, hashing.result())]}
     stats = {**result.stats, STATE_KEY: state, **({ITEM_TABLE_KEY: item_table} if item_table else {})}
     (work / STATS_FILE).write_text(json_text(stats, sort_keys=False))
     publish(work, out, prepare_id)

@@ -11,7 +11,8 @@ its outputs:
 * in ``stats.json`` under ``append_state``: the settings that shape the cleaned events
   (:func:`settings`; an append with other ones is refused), the sha256 of every input file
   prepared so far (a file already prepared is skipped: re-running an append changes nothing),
-  and the id-typing decision (text ids that became Int64).
+  each input's path and size beside its sha256 (a file that grew in place since is refused:
+  an append reads whole files), and the id-typing decision (text ids that became Int64).
 
 :class:`Base` is that state read back: the earlier events, rejects and vocabulary that an append
 merges its new input into.
@@ -58,6 +59,33 @@ def file_sha256(path: Path) -> str:
     """sha256 of a file's bytes (as stored: a ``.gz`` file is hashed compressed)."""
     with path.open("rb") as handle:
         return hashlib.file_digest(handle, "sha256").hexdigest()
+
+
+def input_record(paths: list[Path] | tuple[Path, ...], digests: list[str]) -> list[dict]:
+    """``append_state["input_files"]``: per input file its absolute path, size (bytes) and sha256, so an append
+    can tell a file that grew in place since it was prepared (:func:`grown_file`)."""
+    return [{"path": str(p.resolve()), "bytes": p.stat().st_size, "sha256": d} for p, d in zip(paths, digests)]
+
+
+def grown_file(path: Path, state: dict) -> dict | None:
+    """The record of an earlier input at ``path`` whose bytes are the start of ``path`` now (the file grew since:
+    a log still being written, lines added to a day), or None. ``.gz`` files are not compared (a grown stream
+    is compressed anew). An earlier file of that name with other first bytes is another file (a daily export
+    written over the day before's): None."""
+    if path.name.lower().endswith(".gz"):
+        return None
+    size, where = path.stat().st_size, str(path.resolve())
+    for record in state.get("input_files", []):
+        if record["path"] == where and record["bytes"] < size:
+            with path.open("rb") as handle:
+                digest = hashlib.sha256()
+                left = record["bytes"]
+                while left and (chunk := handle.read(min(left, 1 << 20))):
+                    digest.update(chunk)
+                    left -= len(chunk)
+            if digest.hexdigest() == record["sha256"]:
+                return record
+    return None
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ from pathlib import Path
 import polars as pl
 
 from recsys_alibi.config import DataConfig
-from recsys_alibi.data.errors import GZIP_ERRORS, DataError, open_bytes, read_error, unread_compression
+from recsys_alibi.data.errors import GZIP_ERRORS, DataError, not_text, open_bytes, read_error, unread_compression
 from recsys_alibi.data.formats import (
     FORMAT_HELP,
     FORMATS,
@@ -40,7 +40,7 @@ from recsys_alibi.data.formats import (
     resolve_paths,
     stem_suffix,
 )
-from recsys_alibi.data.schema import EVENT_TYPE, ITEM_ID, SOURCE_ROW, TIMESTAMP, USER_ID, VALUE
+from recsys_alibi.data.schema import EVENT_TYPE, ITEM_ID, REJECT_REASON, SOURCE_ROW, TIMESTAMP, USER_ID, VALUE
 
 FIELDS_OK = "_fields_ok"  # internal: False for a line/row with the wrong number of fields
 INFER_ROWS = 1000  # NDJSON lines read to infer the column types (mapped columns are then read as text)
@@ -48,6 +48,10 @@ INFER_ROWS = 1000  # NDJSON lines read to infer the column types (mapped columns
 SCALAR_ID = {USER_ID: "_user_id_scalar", ITEM_ID: "_item_id_scalar"}
 INTERNAL = (SOURCE_ROW, FIELDS_OK, *SCALAR_ID.values())
 JSON_BLANK = " \t\r"  # a line of only these is skipped by the NDJSON reader (JSON whitespace)
+BOM = "\ufeff"  # a UTF-8 byte-order mark (a Windows editor's): dropped where a line of a line format starts
+# names the readers give columns of their own: an input column so named is not read unless mapped (then refused)
+RESERVED = (*INTERNAL, "_fields", REJECT_REASON)
+RESERVED_PREFIX = "_c_"  # canonical columns while the raw ones are still needed (recsys_alibi.data.ingest)
 
 
 @dataclass(frozen=True)
@@ -112,6 +116,10 @@ def scan_source(
                             "setting, or read the file with --format csv")  # fmt: skip
     if fmt not in FORMATS:
         raise DataError(f"unknown format '{fmt}'; {FORMAT_HELP} (or auto)")
+    for path in paths if fmt != "parquet" else ():  # a Parquet or gzip file read as text: its bytes would be rows
+        binary = not_text(path)
+        if binary is not None:
+            raise binary
     try:
         if fmt == "csv":
             frame, columns, text, text_ids = _read_csv(cfg, paths, count_fields)
@@ -172,8 +180,14 @@ def _plain_name(name: str) -> str:
 
 def _check_columns(cfg: DataConfig, fmt: str, columns: dict[str, str], raw: tuple[str, ...],
                    header: tuple[str, ...]) -> None:  # fmt: skip
-    """Refuse a mapped column missing from ``raw`` (the reader's names), shown and matched against ``header``
-    (the names as the file writes them)."""
+    """Refuse a source column mapped twice, and a mapped column missing from ``raw`` (the reader's names), shown
+    and matched against ``header`` (the names as the file writes them)."""
+    first_key: dict[str, str] = {}
+    for canon, name in columns.items():  # user_id=item_id by a typo: each user would be an item
+        if name in first_key:
+            raise DataError(f"data.columns.{first_key[name]} and data.columns.{canon} both name the column '{name}'; "
+                            "map each to a column of its own")  # fmt: skip
+        first_key[name] = canon
     for canon, name in columns.items():
         if name not in raw:
             shown = ", ".join(repr(col if len(col) <= 60 else col[:60] + "...") for col in header[:12])  # 'user id', 'a\tb'
@@ -201,6 +215,21 @@ def _check_columns(cfg: DataConfig, fmt: str, columns: dict[str, str], raw: tupl
         raise DataError("data.min_value is set but the input has no value column; map one with --set data.columns.value=NAME")
 
 
+def _without_reserved(lf: pl.LazyFrame, cfg: DataConfig) -> pl.LazyFrame:
+    """``lf`` without the input columns named like the readers' own (:data:`RESERVED`, ``_c_*``): a rejects file
+    fed back carries an earlier run's ``source_row`` and ``reject_reason``; this run writes its own.
+
+    Raises:
+        DataError: such a column is mapped by ``data.columns``.
+    """
+    reserved = [n for n in lf.collect_schema().names() if n in RESERVED or n.startswith(RESERVED_PREFIX)]
+    for canon, raw in _mapped(cfg).items():
+        if raw in reserved:
+            raise DataError(f"column '{raw}' (data.columns.{canon}) has a name the reader gives a column of its own "
+                            f"({', '.join(RESERVED)}, _c_*); rename it in the input")  # fmt: skip
+    return lf.drop(reserved) if reserved else lf
+
+
 def _read_parquet(cfg: DataConfig, paths: list[Path]) -> Read:
     plain = [p for p in paths if not stem_suffix(p)[1]]
     if len(plain) == len(paths):
@@ -214,7 +243,12 @@ def _read_parquet(cfg: DataConfig, paths: list[Path]) -> Read:
             else:
                 frames.append(pl.scan_parquet(p, glob=False))
         lf = pl.concat(frames, how="vertical")
-    return _with_row(lf), _mapped(cfg), False, ()
+    lf = _without_reserved(lf, cfg)
+    schema = lf.collect_schema()
+    mapped = _mapped(cfg)
+    # uint64 ids (64-bit hashes) may pass Int64: typed like text ids, Int64 only when every value fits
+    wide = tuple(c for c in (USER_ID, ITEM_ID) if schema.get(mapped[c]) == pl.UInt64 and cfg.id_type == "auto")
+    return _with_row(lf), mapped, False, wide
 
 
 def _separator(cfg: DataConfig, paths: list[Path]) -> str:
@@ -254,6 +288,8 @@ def _check_same_header(paths: list[Path], separator: str) -> None:
     first = _csv_header(paths[0], separator)
     for path in paths[1:]:
         other = _csv_header(path, separator)
+        if any("\ufffd" in name for name in (*first, *other)):  # not UTF-8 text (a Parquet file): read_error says so
+            return
         if other != first:
             raise DataError(
                 f"'{path}' has other columns than '{paths[0]}' ({', '.join(map(repr, other))} against "
@@ -297,6 +333,7 @@ def _read_csv(cfg: DataConfig, paths: list[Path], count_fields: bool = True) -> 
     names = lf.collect_schema().names()
     if cfg.has_header:
         _check_header_unique(cfg, paths[0], separator)
+        lf = _without_reserved(lf, cfg)
     if not cfg.has_header:  # name columns column_1, column_2, ... whatever the polars version
         lf = lf.rename({old: f"column_{i}" for i, old in enumerate(names, start=1)})
     if count_fields:
@@ -323,6 +360,9 @@ def _read_ndjson(cfg: DataConfig, paths: list[Path]) -> Read:
     """
     mapped = _mapped(cfg)
     keys, texts = _ndjson_fields(paths)
+    if not keys:  # no line with a field: blank, or only {} (Polars: "cannot infer NDJSON types on empty reader")
+        raise DataError(f"empty input: {', '.join(repr(str(p)) for p in paths[:3])} has no JSON object with a field; "
+                        "point --input at the event log")  # fmt: skip
     present = [raw for raw in mapped.values() if raw in keys]
     # every field as text; no mapped field there: all of them, so the error lists what the input has
     schema = {raw: pl.String for raw in (present or keys)}
@@ -415,7 +455,7 @@ def _split_lines(
     Blank lines are skipped, and so are lines equal to ``skip`` ignoring case (a header);
     ``_fields_ok`` is False for a line with other than ``fields`` fields.
     """
-    line = pl.col("line").str.strip_chars()
+    line = pl.col("line").str.strip_chars_start(BOM).str.strip_chars()
     parts = line.str.replace_all(pattern, "\x1f").str.split("\x1f")  # a regex split: mark, then split
     keep = (line != "") if skip is None else (line != "") & (line.str.to_lowercase() != skip)
     lf = pl.scan_lines(paths, glob=False).filter(keep).select(parts.alias("_parts"))
@@ -461,10 +501,11 @@ def _read_sasrec(cfg: DataConfig, paths: list[Path]) -> Read:
 
 def _read_s3rec(cfg: DataConfig, paths: list[Path]) -> Read:
     """``user item item ...`` per line in time order; one event per item, the event order is the time."""
-    tokens = pl.col("line").str.replace_all(r"\s+", " ").str.strip_chars().str.split(" ")
+    line = pl.col("line").str.strip_chars_start(BOM)
+    tokens = line.str.replace_all(r"\s+", " ").str.strip_chars().str.split(" ")
     lf = (
         pl.scan_lines(paths, glob=False)
-        .filter(pl.col("line").str.strip_chars() != "")
+        .filter(line.str.strip_chars() != "")
         .select(tokens.list.first().alias(USER_ID), tokens.list.slice(1).alias(ITEM_ID))
         .explode(ITEM_ID, empty_as_null=True)  # a line with a user only: one event with a missing item (a reject)
     )

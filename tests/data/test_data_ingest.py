@@ -37,19 +37,19 @@ def _events(cfg: DataConfig, path: Path | str, fmt: str | None = None) -> pl.Dat
 CSV = "user_id,item_id,timestamp\n1,10,100\n1,11,200\n2,10,150\n"
 
 
-@pytest.mark.parametrize(
-    ("name", "text", "fmt"),
-    [
-        ("e.csv", CSV, "csv"),
-        ("e.tsv", CSV.replace(",", "\t"), "csv"),
-        ("e.ndjson", '{"user_id":1,"item_id":10,"timestamp":100}\n{"user_id":1,"item_id":11,"timestamp":200}\n{"user_id":2,"item_id":10,"timestamp":150}\n', "ndjson"),
-        ("ratings.dat", "1::10::5::100\n1::11::3::200\n2::10::4::150\n", "movielens"),
-        ("u.data", "1\t10\t5\t100\n1\t11\t3\t200\n2\t10\t4\t150\n", "movielens"),
-        ("ratings.csv", "userId,movieId,rating,timestamp\n1,10,5.0,100\n1,11,3.0,200\n2,10,4.0,150\n", "movielens"),
-        ("seq.txt", "1 10\n1 11\n2 10\n", "sasrec"),
-        ("s3.txt", "1 10 11\n2 10\n", "s3rec"),
-    ],
-)
+TEXT_FORMAT_CASES = [  # (file name, text, the format it reads as): users [1, 1, 2], items [10, 11, 10]
+    ("e.csv", CSV, "csv"),
+    ("e.tsv", CSV.replace(",", "\t"), "csv"),
+    ("e.ndjson", '{"user_id":1,"item_id":10,"timestamp":100}\n{"user_id":1,"item_id":11,"timestamp":200}\n{"user_id":2,"item_id":10,"timestamp":150}\n', "ndjson"),
+    ("ratings.dat", "1::10::5::100\n1::11::3::200\n2::10::4::150\n", "movielens"),
+    ("u.data", "1\t10\t5\t100\n1\t11\t3\t200\n2\t10\t4\t150\n", "movielens"),
+    ("ratings.csv", "userId,movieId,rating,timestamp\n1,10,5.0,100\n1,11,3.0,200\n2,10,4.0,150\n", "movielens"),
+    ("seq.txt", "1 10\n1 11\n2 10\n", "sasrec"),
+    ("s3.txt", "1 10 11\n2 10\n", "s3rec"),
+]
+
+
+@pytest.mark.parametrize(("name", "text", "fmt"), TEXT_FORMAT_CASES)
 @pytest.mark.parametrize("gz", [False, True])
 def test_every_text_format_is_inferred_and_read(tmp_path, name, text, fmt, gz):
     path = _write(tmp_path / (name + (".gz" if gz else "")), text, gz=gz)
