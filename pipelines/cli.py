@@ -42,11 +42,45 @@ RESUME_HELP = (
 )
 
 
+class _StoreOnce(argparse._StoreAction):
+    """A flag of one value given twice is refused: argparse keeps the last one without a word, so
+    ``prepare --input A --input B`` prepared B alone."""
+
+    def __call__(self, parser, namespace, values, option_string=None):  # noqa: D102 - argparse's hook
+        given = namespace.__dict__.setdefault("_given_flags", {})
+        if self.dest in given:
+            hint = ": to read several inputs, put their files in one folder or name them with a glob" \
+                if self.dest == "input" else ""  # fmt: skip
+            parser.error(f"{option_string} given twice ({given[self.dest]!r}, then {str(values)!r}); give it once{hint}")
+        given[self.dest] = str(values)
+        setattr(namespace, self.dest, values)
+
+
 class _Parser(argparse.ArgumentParser):
-    """argparse, with a usage error as one ``error: ...`` line (exit code 2) naming ``--help`` instead of the usage text."""
+    """argparse, with a usage error as one ``error: ...`` line (exit code 2) naming ``--help`` instead of the usage
+    text, and a flag of one value given twice refused (:class:`_StoreOnce`)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.register("action", None, _StoreOnce)
+        self.register("action", "store", _StoreOnce)
 
     def error(self, message: str):  # noqa: D102 - argparse's hook
         self.exit(EXIT_USER_ERROR, f"error: {message} (see {self.prog} --help)\n")
+
+
+def _check_overrides_once(overrides: list[str]) -> None:
+    """Refuse a ``--set`` key given twice (the later value replaced the earlier one without a word).
+
+    Raises:
+        ConfigError: naming the key and both values.
+    """
+    first: dict[str, str] = {}
+    for text in overrides:
+        key = text.split("=", 1)[0].strip()
+        if key in first:
+            raise ConfigError(f"--set {key} given twice ({first[key]!r}, then {text!r}); give each key once")
+        first[key] = text
 
 
 EMPTY_PATH = "an empty path (an unset variable?); give a path"
@@ -329,6 +363,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     forget_new_folders()
     try:
         _check_given_paths(args)
+        _check_overrides_once(args.overrides)
         config = load_config(args.config, args.overrides, _flag_values(args))
         summary = COMMANDS[args.command](config, args)
     except _user_errors() as err:

@@ -9,7 +9,7 @@ from pathlib import Path
 from recsys_alibi.atomic import atomic_path
 from pipelines.collisions import Output, check_apart
 from recsys_alibi.config import JobConfig, with_overrides
-from recsys_alibi.data.synthetic_items import write_daily_item_tables, write_item_table
+from recsys_alibi.data.synthetic_items import check_item_table_free, write_daily_item_tables, write_item_table
 from recsys_alibi.staging import remove_stale_temps, stale_temps
 
 log = logging.getLogger(__name__)
@@ -55,8 +55,9 @@ def run_generate(config: JobConfig, output: str | Path) -> GenerateJobResult:
     temporary files a killed run left beside ``output`` are removed first)."""
     from recsys_alibi.data.synthetic import generate_events
 
-    events = generate_events(config.generate, config.seed)
     output = Path(output)
+    check_item_table_free(_generate_section(config), output)
+    events = generate_events(config.generate, config.seed)
     output.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temps(output)  # what a killed generate left (never a temporary of a generate still running)
     with atomic_path(output) as tmp:

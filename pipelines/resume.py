@@ -25,7 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from recsys_alibi.atomic import write_json_atomic
-from recsys_alibi.config import ConfigError, JobConfig, ModelConfig
+from recsys_alibi.config import ConfigError, JobConfig
 from recsys_alibi.tracking import param_values
 from recsys_alibi.training.launch import resumable_checkpoint
 
@@ -38,6 +38,11 @@ STALE_DIR = "stale"  # checkpoints/stale/<run_id>: unfinished checkpoints of oth
 # model.* keys a resume may change: the backends compute the same function on the same state dict, and
 # the max_len rule's inputs matter only through the max_len they resolve to (compared)
 RESUME_FREE = ("model.attention_backend", "model.embedding_backend", "model.max_len_quantile", "model.max_len_cap")
+# train.* keys that define what the checkpoint's optimiser and batches are: the checkpoint's state (its learning rate,
+# moments, schedule) would be kept over a new value without a word; the others (epochs, minutes, processes, precision,
+# validation, workers) may change on a resume
+RESUME_BOUND_TRAIN = ("loss", "lr", "weight_decay", "warmup_steps", "grad_clip", "num_negatives", "gbce_t", "batch_size",
+                      "packing", "windows", "batch_tokens", "context_schedule", "init_from", "warm")  # fmt: skip
 
 
 def write_data_record(checkpoint_dir: Path, fingerprint: str, split: str) -> None:
@@ -133,21 +138,29 @@ def data_differences(before, counts: dict[str, float], fingerprint: str, split: 
 
 
 def check_same_model(config: JobConfig, logged: dict[str, str], resume: Path) -> None:
-    """ConfigError when ``config.model`` differs from the model of the run being resumed.
+    """ConfigError when ``config.model``, or a ``train.*`` key of :data:`RESUME_BOUND_TRAIN`, differs from the run
+    being resumed.
 
     ``logged``: that run's params (``log_config``); a key it lacks (a setting added since) is
-    compared with its default. The checkpoint's weights only fit the model they came from.
+    compared with its default. The checkpoint's weights only fit the model they came from, and its optimiser
+    state (learning rate, moments, schedule) replaces a new learning rate or loss without a word.
     """
-    defaults = param_values({"model": ModelConfig().model_dump()})
+    def bound(tree: dict) -> dict:
+        return {"model": tree["model"], "train": {key: tree["train"][key] for key in RESUME_BOUND_TRAIN}}
+
+    defaults = param_values(bound(JobConfig().model_dump()))
     before = {key: logged.get(key, default) for key, default in defaults.items()}
-    now = param_values({"model": config.model.model_dump()})
+    now = param_values(bound(config.model_dump()))
     differ = [
         f"{key}={before[key]} (now {value})"
         for key, value in now.items()
         if key not in RESUME_FREE and before[key] != value
     ]
     if differ:
+        what = "another model" if any(key.startswith("model.") for key in (d.split("=")[0] for d in differ)) \
+            else "with other training settings"  # fmt: skip
         raise ConfigError(
-            f"cannot resume {resume}: its run trained another model ({', '.join(differ)}); resume with the "
-            "same model.* settings, or remove that checkpoint directory to start a new run"
+            f"cannot resume {resume}: its run trained {what} ({', '.join(differ)}); resume with the "
+            "same model.* and train.* settings (epochs, minutes and processes may change), or remove that checkpoint "
+            "directory to start a new run"
         )

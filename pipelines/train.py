@@ -148,7 +148,7 @@ def run_train(config: JobConfig, prepared_dir: str | Path, *, progress: bool = T
             resumed_from=str(resume) if resume else None,
         )  # fmt: skip
     if config.train.resume and resume is None:
-        log.info("train.resume: no unfinished checkpoint under %s; starting a new run", checkpoints)
+        log.info("train.resume: no unfinished checkpoint of this data and split under %s; starting a new run", checkpoints)
     setup_tracking(config.tracking)
     return _train_and_track(config, prepared_dir, datamodule, checkpoints, resume, callbacks, warm, progress=progress,
                             register=register)  # fmt: skip

@@ -344,16 +344,19 @@ def load_ranker(model_uri: str) -> LoadedRanker:
         with quiet_artifacts():
             local = Path(mlflow.artifacts.download_artifacts(artifact_uri=model_uri))
         loaded = load_ranker_dir(local)
-    except (MlflowException, OSError) as err:
+        run_id = model_run_id(model_uri)
+    except ModelUriError as err:
+        raise ModelUriError(f"model '{model_uri}': {err}") from None
+    # ImportError: a scheme whose client is not installed (s3:// needs boto3); ValueError: a URI MLflow cannot
+    # split (http://host/path: "not enough values to unpack")
+    except (MlflowException, OSError, ImportError, ValueError) as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ModelUriError(
             f"cannot load model '{model_uri}' ({first}) from the tracking store {mlflow.get_tracking_uri()}; use "
             "runs:/RUN_ID/model or models:/NAME/VERSION from `recsys-alibi train` and check MLFLOW_TRACKING_URI / "
             "tracking.uri"
         ) from None
-    except ModelUriError as err:
-        raise ModelUriError(f"model '{model_uri}': {err}") from None
-    return LoadedRanker(model=loaded.model, items=loaded.items, run_id=model_run_id(model_uri))
+    return LoadedRanker(model=loaded.model, items=loaded.items, run_id=run_id)
 
 
 def load_ranker_dir(local: Path) -> LoadedRanker:

@@ -128,8 +128,9 @@ def new_items(model, items: pl.DataFrame, path: str | Path) -> NewItems:
     found = NewItems(fresh.get_column(schema.ITEM_ID), vectors, str(path), 0 if rejects is None else rejects.height,
                      sum(unknown.values()), rejects)  # fmt: skip
     if found.count:  # a table with nothing new says nothing (the summary counts new items where there are any)
-        log.info("score.items: %d items of %s are not in the model's vocabulary: ranked from their features alone "
-                 "(%d feature values unknown to the model left out)", found.count, path, found.unknown_values)  # fmt: skip
+        log.info("score.items: %d items of %s are not in the model's vocabulary: vectors from their features alone "
+                 "(%d feature values unknown to the model left out); those served are counted at the end",
+                 found.count, path, found.unknown_values)  # fmt: skip
     return found
 
 

@@ -229,8 +229,10 @@ class ShardRanker:
                                how="semi").get_column("_rank_idx").to_numpy().astype(np.int64)  # fmt: skip
             if held.size:
                 withheld = held
-                log.info("%d items have events that the input's k-core removed (data.min_events_per_item ...): "
-                         "served to nobody", held.size)  # fmt: skip
+                new = int((held >= self.first_new_item).sum())
+                of_new = f" ({new} of them items of score.items the model never saw)" if new else ""
+                log.info("%d items have events that the input's k-core removed (data.min_events_per_item ...)%s: "
+                         "served to nobody", held.size, of_new)  # fmt: skip
         return replace(source, new_item_remap=remap, withheld=withheld)
 
     def use_popularity(self, popularity: pl.DataFrame) -> None:

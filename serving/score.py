@@ -107,6 +107,7 @@ class ScoreJobResult:
     world_size: int = 1
     rules: dict[str, int] = field(default_factory=dict)
     carried_users: int = 0
+    carry_over: str = ""  # score.changed_since: "" not asked, "open" compared per user, "closed" nothing could carry
     new_items: int = 0  # items the model never saw, ranked from their features alone (score.items)
     new_items_source: str = ""
     new_items_rejected: int = 0  # rows of that item table rejected by prepare's rules (bad id, number, duplicate id)
@@ -150,7 +151,7 @@ class ScoreJobResult:
         lines = [
             f"ranked {self.users_ranked} of {self.users} users: {self.rows} rows in {self.shards} shards "
             f"({self.shards_skipped} already done) -> {self.output_dir}; this run "
-            f"{'went over' if self.carried_users else 'scored'} {self.users_scored} users"
+            f"went over {self.users_scored} users"
             f"{procs} in {self.seconds:.1f} s{speed}",
             f"unknown items: {self.unknown_items} ({self.unknown_events} events skipped); "
             f"users not ranked (no known item, no events or every item seen): {self.skipped_users}{skipped}; "
@@ -158,8 +159,14 @@ class ScoreJobResult:
         ]
         lines += [rules_summary(self.rules)] if self.rules else []
         lines += self.new_item_lines()
-        lines += [f"carried over (history unchanged since the previous output): {self.carried_users} users; "
-                  f"ranked again: {self.users - self.carried_users}"] if self.carried_users else []  # fmt: skip
+        if self.carry_over == "closed":
+            lines += ["carried over: 0 users (the model or a setting differs from the previous output's, or it is "
+                      "damaged: logged above); every user ranked"]  # fmt: skip
+        elif self.carried_users or self.carry_over:
+            why = "" if self.carried_users else (" (every user's history, its new items or the items the input's "
+                                                 "k-core withholds differ from the previous output's)")  # fmt: skip
+            lines += [f"carried over (history unchanged since the previous output): {self.carried_users} users; "
+                      f"ranked again: {self.users - self.carried_users}{why}"]  # fmt: skip
         return "\n".join(lines)
 
 
@@ -434,7 +441,9 @@ class _ScoreJob:
             rows=totals["rows"], seconds=time.perf_counter() - started, users_scored=scored[0],
             skipped_users=totals["skipped_users"], unknown_items=int(m.input_stats.get("unknown_items", 0)),
             unknown_events=totals["unknown_events"], rejected_rows=int(m.input_stats.get("rejected_rows", 0)),
-            world_size=self.world.size, carried_users=totals["carried_users"], rules={key: int(v) for key, v in m.input_stats.items() if key.startswith(RULE_KINDS)},
+            world_size=self.world.size, carried_users=totals["carried_users"],
+            carry_over="" if not self.config.score.changed_since else "open" if self.carry is not None else "closed",
+            rules={key: int(v) for key, v in m.input_stats.items() if key.startswith(RULE_KINDS)},
             new_items=(self.ranker.new_items.count - held_new) if self.ranker.new_items else 0,
             new_items_source=self.ranker.new_items.source if self.ranker.new_items else "",
             new_items_rejected=self.ranker.new_items.rejected if self.ranker.new_items else 0,

@@ -42,6 +42,7 @@ DECLARATION = {"categorical": ["topic", "tags"], "numeric": ["popularity"]}  # d
 TAG_THRESHOLD = 1.0  # |v_i[d]| above it: the item is tagged with direction d
 ITEM_TABLE_FILE = "items.parquet"
 DAILY_ITEMS_DIR = "_items"
+GENERATED_KEY = "recsys_alibi.generated"  # Parquet footer key of a table ``generate`` wrote: it may write it again
 
 
 def item_table(vectors: np.ndarray, topic: np.ndarray, topic_rank: np.ndarray) -> pl.DataFrame:
@@ -104,8 +105,34 @@ def write_item_table(cfg: GenerateConfig, seed: int, events_path: str | Path) ->
         return None
     path = item_table_path(events_path)
     with atomic_path(path) as tmp:
-        table.write_parquet(tmp)
+        table.write_parquet(tmp, metadata={GENERATED_KEY: "item_table"})
     return path
+
+
+def check_item_table_free(cfg: GenerateConfig, events_path: str | Path) -> None:
+    """Refuse to write the item table over a file that ``generate`` did not write (no flag names that path, and a
+    user's own catalog is often ``items.parquet`` beside the events).
+
+    Raises:
+        DataError: naming the file and the ways out.
+    """
+    import pyarrow.parquet as pq
+
+    from recsys_alibi.data.errors import DataError
+
+    path = item_table_path(events_path)
+    if not cfg.item_table or not (path.exists() or path.is_symlink()):
+        return
+    generated = {ITEM_ID, *DECLARATION["categorical"], *DECLARATION["numeric"]}
+    try:  # marked; or, written before the mark, exactly the generated table's columns
+        meta = pq.read_metadata(path)
+        ours = GENERATED_KEY.encode() in (meta.metadata or {}) or set(meta.schema.names) == generated
+    except (OSError, ValueError):  # not Parquet, unreadable, a folder
+        ours = False
+    if not ours:
+        raise DataError(f"'{path}' exists and generate did not write it: generate writes its item table there, beside "
+                        "the events; write the events into another folder (--output), move that file, or set "
+                        "generate.item_table=false")  # fmt: skip
 
 
 def write_daily_item_tables(cfg: GenerateConfig, seed: int, directory: str | Path, days: list[pl.DataFrame],

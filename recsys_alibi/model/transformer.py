@@ -129,6 +129,21 @@ class TransformerBlock(nn.Module):
         return x + self.dropout(self.ffn(self.ffn_norm(x)))
 
 
+def _position_table(cfg: ModelConfig) -> nn.Embedding:
+    """The learned position table, (max_len, d_model) float32 (``model.position=learned``, the SASRec baseline).
+
+    Raises:
+        ValueError: the table cannot be allocated (``model.max_len`` far beyond any history), naming its size.
+    """
+    try:
+        return nn.Embedding(cfg.max_len, cfg.d_model)
+    except (RuntimeError, MemoryError) as err:  # torch: "DefaultCPUAllocator: can't allocate memory"
+        size = cfg.max_len * cfg.d_model * 4
+        raise ValueError(f"model.max_len={cfg.max_len} with model.position=learned needs a position table of "
+                         f"{size / 2**30:,.1f} GiB (max_len x d_model float32), which cannot be allocated here "
+                         f"({type(err).__name__}); lower model.max_len (auto sets it from the history lengths)") from None
+
+
 class AlibiRanker(nn.Module):
     """Next-item ranker over a catalog of N items (indices 1..N; 0 = padding).
 
@@ -160,7 +175,7 @@ class AlibiRanker(nn.Module):
             backend=cfg.embedding_backend, sharded=cfg.shard_embeddings,
         )  # fmt: skip
         self.slopes = AlibiSlopes.from_config(cfg)
-        self.positions = nn.Embedding(cfg.max_len, cfg.d_model) if cfg.position == "learned" else None
+        self.positions = _position_table(cfg) if cfg.position == "learned" else None
         self.input_dropout = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(TransformerBlock(cfg) for _ in range(cfg.n_layers))
         self.final_norm = nn.LayerNorm(cfg.d_model)

@@ -126,3 +126,12 @@ def test_log_beyond_scores_like_unscaled_free_heads_within_the_training_length_o
     torch.testing.assert_close(beyond.score(short, lengths), plain.score(short, lengths))
     long = torch.randint(1, 31, (1, 40))
     assert not torch.allclose(beyond.score(long, torch.tensor([40])), plain.score(long, torch.tensor([40])))
+
+
+def test_a_learned_position_table_that_cannot_be_allocated_is_a_one_line_error():
+    # model.max_len=1e12 with position=learned was a DefaultCPUAllocator traceback (exit 1); ALiBi has no table
+    cfg = ModelConfig(d_model=16, n_heads=2, n_layers=1, max_len=10**12, position="learned")
+    with pytest.raises(ValueError) as info:
+        AlibiRanker(cfg, 10)
+    assert str(info.value).startswith("model.max_len=1000000000000 with model.position=learned needs a position table "
+                                      "of 59,604.6 GiB (max_len x d_model float32), which cannot be allocated here")

@@ -201,3 +201,32 @@ def test_score_output_inside_a_raw_events_folder_is_refused_before_the_model_loa
     capsys.readouterr()
     main(["score", "--model-uri", "runs:/nosuchrun/model", "--input", str(prepared), "--output", str(prepared / "r")])
     assert "is inside the input" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("argv", "line"), [
+    (["prepare", "--input", "a.csv", "--input", "b.csv", "--output", "p"],
+     "error: --input given twice ('a.csv', then 'b.csv'); give it once: to read several inputs, put their files in "
+     "one folder or name them with a glob (see recsys-alibi prepare --help)"),
+    (["score", "--model-uri", "runs:/x/model", "--output", "r1", "--output", "r2"],
+     "error: --output given twice ('r1', then 'r2'); give it once (see recsys-alibi score --help)"),
+    (["prepare", "--input", "a.csv", "--set", "seed=1", "--set", "data.min_events_per_user=1", "--set", "seed=2"],
+     "error: --set seed given twice ('seed=1', then 'seed=2'); give each key once"),
+])  # fmt: skip
+def test_a_flag_or_key_given_twice_is_refused_not_last_wins(tmp_path, monkeypatch, capsys, argv, line):
+    # `prepare --input A --input B` prepared B alone, exit 0
+    monkeypatch.chdir(tmp_path)
+    try:
+        code = main(argv)
+    except SystemExit as stop:  # argparse's usage error
+        code = stop.code
+    assert code == 2
+    assert _one_error_line(capsys) == line
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("uri", ["s3://bucket/model", "gs://bucket/model", "http://host/path"])
+def test_a_model_uri_of_a_scheme_without_its_client_is_one_line(tmp_path, monkeypatch, capsys, uri):
+    # s3:// and gs:// were a ModuleNotFoundError traceback; http:// said "not enough values to unpack"
+    monkeypatch.chdir(tmp_path)
+    assert main(["score", "--model-uri", uri, "--input", "x", "--output", "r"]) == 2
+    assert _one_error_line(capsys).startswith(f"error: cannot load model '{uri}' (")

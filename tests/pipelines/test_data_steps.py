@@ -23,3 +23,21 @@ def test_generate_removes_the_temporary_file_a_killed_generate_left(tmp_path):
     result = run_generate(config, output)
     assert sorted(os.listdir(tmp_path)) == sorted([".other.parquet.x.tmp", other.name, "events.parquet"])
     assert pl.read_parquet(output).height == result.events
+
+
+def test_generate_never_writes_its_item_table_over_a_file_it_did_not_write(tmp_path):
+    # a user's catalog at items.parquet beside the events was replaced by the synthetic table, exit 0
+    import pytest
+
+    from recsys_alibi.data.errors import DataError
+
+    config = load_config(None, ["generate.users=5", "generate.items=10", "generate.max_events=30", "generate.item_table=true"])
+    catalog = tmp_path / "items.parquet"
+    pl.DataFrame({"item_id": [1, 2], "title": ["a", "b"]}).write_parquet(catalog)
+    before = catalog.read_bytes()
+    with pytest.raises(DataError, match=r"'.*items.parquet' exists and generate did not write it"):
+        run_generate(config, tmp_path / "events.parquet")
+    assert catalog.read_bytes() == before and not (tmp_path / "events.parquet").exists()
+    catalog.unlink()
+    first = run_generate(config, tmp_path / "events.parquet")  # its own table it writes again
+    assert run_generate(config, tmp_path / "events.parquet").item_table == first.item_table == catalog

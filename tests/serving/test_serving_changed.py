@@ -71,7 +71,11 @@ def test_changed_only_output_equals_a_full_rescore(previous, tmp_path, share, ne
     for name in parts:  # byte for byte, file by file
         assert (tmp_path / "delta" / name).read_bytes() == (tmp_path / "full" / name).read_bytes(), name
     assert (f"carried over (history unchanged since the previous output): {delta.carried_users} users; ranked again: "
-            f"{users - delta.carried_users}" in delta.summary()) == (share < 1)
+            f"{users - delta.carried_users}" in delta.summary())
+    # nobody carried over: the summary says why (it said nothing)
+    assert ("every user's history, its new items or the items the input's k-core withholds differ from the previous "
+            "output's" in delta.summary()) == (share == 1)
+    assert "carried over" not in full.summary()
 
 
 def test_another_model_ranks_everybody_again(previous, tmp_path):
