@@ -50,7 +50,6 @@ def tracking_uri(cfg: TrackingConfig) -> str:
 
 
 _DATABASE_SCHEMES = ("postgresql", "mysql", "mssql")  # MLflow's SQLAlchemy stores besides SQLite
-_SERVICE_SCHEMES = ("http", "https", "databricks", "databricks-uc", "uc")
 
 
 def tracking_uri_origin() -> str:
@@ -73,7 +72,8 @@ def check_tracking_uri(uri: str, origin: str = "tracking.uri") -> None:
     parsed = urlparse(uri)
     scheme = parsed.scheme.lower()
     base = scheme.split("+", 1)[0]
-    if uri in _SERVICE_SCHEMES:  # "databricks": the default Databricks profile
+    if uri.split(":", 1)[0].lower() in ("databricks", "databricks-uc", "uc"):  # "databricks", "databricks://PROFILE"
+        _check_databricks_credentials(shown)
         return
     if scheme in ("", "file") or (len(scheme) == 1 and uri[1:2] == ":"):  # a path (a Windows drive letter too)
         if os.environ.get("MLFLOW_ALLOW_FILE_STORE", "").strip().lower() in ("true", "1"):
@@ -88,7 +88,8 @@ def check_tracking_uri(uri: str, origin: str = "tracking.uri") -> None:
         return
     if scheme in ("http", "https") and not parsed.hostname:
         raise ConfigError(f"{shown} names no host: write {scheme}://HOST:PORT")
-    if scheme in _SERVICE_SCHEMES:
+    if scheme in ("http", "https"):
+        _check_reachable(shown, parsed)
         return
     if base in _DATABASE_SCHEMES:
         from sqlalchemy import create_engine  # imports the dialect's driver; connects to nothing yet
@@ -103,6 +104,33 @@ def check_tracking_uri(uri: str, origin: str = "tracking.uri") -> None:
         return
     raise ConfigError(f"{shown}: MLflow has no store for '{parsed.scheme}://'; use sqlite:///PATH.db, "
                       "http(s)://HOST:PORT, postgresql://, mysql://, mssql:// or databricks")  # fmt: skip
+
+
+def _check_databricks_credentials(shown: str) -> None:
+    """Refuse Databricks without credentials: MLflow fails there only at the first call, after the day is prepared,
+    with a traceback and its own tips (environment variables ``DATABRICKS_*`` or a ``~/.databrickscfg``)."""
+    config_file = Path(os.environ.get("DATABRICKS_CONFIG_FILE", "~/.databrickscfg")).expanduser()
+    if any(key.startswith("DATABRICKS_") for key in os.environ) or config_file.is_file():
+        return
+    raise ConfigError(f"{shown} needs Databricks credentials and none are set: set DATABRICKS_HOST and "
+                      "DATABRICKS_TOKEN, or write ~/.databrickscfg, or use another store")  # fmt: skip
+
+
+REACH_SECONDS = 5.0  # how long a tracking server may take to accept a connection before a job starts
+
+
+def _check_reachable(shown: str, parsed) -> None:
+    """Refuse a tracking server nobody answers at (refused, no such host, no answer in :data:`REACH_SECONDS`):
+    MLflow would retry each call for minutes and then end in a traceback."""
+    import socket
+
+    port = parsed.port or (443 if parsed.scheme.lower() == "https" else 80)
+    try:
+        socket.create_connection((parsed.hostname, port), timeout=REACH_SECONDS).close()
+    except OSError as err:
+        why = err.strerror or type(err).__name__  # "Connection refused", "Name or service not known", timed out
+        raise ConfigError(f"{shown}: no tracking server answers at {parsed.hostname}:{port} ({why}); start it, "
+                          "or point tracking.uri / MLFLOW_TRACKING_URI at one that runs") from None  # fmt: skip
 
 
 def setup_tracking(cfg: TrackingConfig, reading: str | None = None) -> str:

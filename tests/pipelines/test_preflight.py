@@ -165,14 +165,36 @@ def test_a_tracking_uri_mlflow_cannot_use_is_one_line_before_the_day_is_appended
     assert capsys.readouterr().err.startswith(f"error: tracking URI '{uri}' (MLFLOW_TRACKING_URI)")
 
 
-def test_the_accepted_tracking_uris():
+def test_the_accepted_tracking_uris(monkeypatch):
+    import socket
+
     from recsys_alibi.tracking import check_tracking_uri
 
-    for uri in ("sqlite:///mlflow.db", "sqlite:////srv/mlflow.db", "http://127.0.0.1:5000", "https://mlflow.example",
-                "databricks"):  # fmt: skip
-        check_tracking_uri(uri)
+    with socket.create_server(("127.0.0.1", 0)) as server:  # a server that listens: reachable
+        port = server.getsockname()[1]
+        monkeypatch.setenv("DATABRICKS_HOST", "https://example.cloud")
+        for uri in ("sqlite:///mlflow.db", "sqlite:////srv/mlflow.db", f"http://127.0.0.1:{port}", "databricks",
+                    "databricks://profile"):  # fmt: skip
+            check_tracking_uri(uri)
     with pytest.raises(ConfigError, match="needs a database driver that is not installed"):
         check_tracking_uri("postgresql+psycopg2://u@h/db")  # psycopg2 is not in the locks
+
+
+def test_a_tracking_server_nobody_answers_at_and_databricks_without_credentials_are_one_line(monkeypatch, tmp_path):
+    # a dead server: 4 minutes of urllib3 retries, then a traceback; databricks: a traceback after the day's prepare
+    from recsys_alibi.tracking import check_tracking_uri
+
+    with pytest.raises(ConfigError) as info:
+        check_tracking_uri("http://127.0.0.1:1")
+    assert str(info.value) == ("tracking URI 'http://127.0.0.1:1' (tracking.uri): no tracking server answers at "
+                               "127.0.0.1:1 (Connection refused); start it, or point tracking.uri / MLFLOW_TRACKING_URI "
+                               "at one that runs")  # fmt: skip
+    for key in [key for key in __import__("os").environ if key.startswith("DATABRICKS_")]:
+        monkeypatch.delenv(key)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.databrickscfg
+    with pytest.raises(ConfigError, match=r"^tracking URI 'databricks' \(tracking.uri\) needs Databricks credentials "
+                                          "and none are set: set DATABRICKS_HOST and DATABRICKS_TOKEN"):  # fmt: skip
+        check_tracking_uri("databricks")
 
 
 def test_a_warm_start_from_another_architecture_is_refused_before_appending(tmp_path, mlflow_store, capsys,
