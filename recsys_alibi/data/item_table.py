@@ -10,8 +10,9 @@ columns ``data.item_features`` declares (never guessed):
 * **numeric** columns: one number per item (year, price), Float64 here (float32 in the model);
   a null is a missing value (allowed, counted).
 
-:func:`read_item_table` reads Parquet, CSV/TSV (every column as text, parsed here) or NDJSON
-(``.gz`` too). :func:`check_declaration` refuses, with one line (:class:`DataError`), a table that
+:func:`read_item_table` reads a file, a folder or a glob of files of one format (Parquet, CSV/TSV with every
+column as text, parsed here, or NDJSON; ``.gz`` too), by the rule of every user-given path
+(:func:`recsys_alibi.data.formats.resolve_paths`). :func:`check_declaration` refuses, with one line (:class:`DataError`), a table that
 cannot match its declaration: a declared column or the id column missing, a numeric column whose
 type holds no numbers (a list, a boolean, text without a single number), a categorical column of
 a type that is no category (floats, structs, nested lists).
@@ -20,9 +21,12 @@ a type that is no category (floats, structs, nested lists).
 silently); each reject gets the first reason that applies, in this order:
 
 =========================== ====================================================================
+``bad_field_count``         CSV: the row has another number of fields than the header
 ``null_item_id``            the id is null
 ``bad_item_id``             the id is not an id of the events' type (a text id where the events'
-                            ids are integers must round-trip: ``7`` yes, ``007``/``7.0`` no; a float)
+                            ids are integers must round-trip: ``7`` yes, ``007``/``7.0`` no; a float;
+                            NDJSON: a list, an object, true or false; ``1501.0`` is ``1501``)
+``bad_category:COL``        NDJSON: a categorical cell that is an object or a list holding lists or objects
 ``bad_number:COL``          a numeric text cell that is no number
 ``non_finite:COL``          NaN or infinite
 ``out_of_range:COL``        beyond float32 (the model's precision), or outside ``ranges.COL``
@@ -30,12 +34,14 @@ silently); each reject gets the first reason that applies, in this order:
                             row is right is not guessed)
 =========================== ====================================================================
 
-Rejects are kept as ``source`` (the file), ``row`` (0-based row of the file), ``item_id`` (the
+Rejects are kept as ``source`` (the file), ``row`` (0-based row of that file), ``item_id`` (the
 cell as text), ``reject_reason`` and ``record`` (the row as JSON): one schema whatever the table's.
 """
 
 from __future__ import annotations
 
+import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,16 +49,23 @@ import numpy as np
 import polars as pl
 
 from recsys_alibi.config import ItemFeaturesConfig
-from recsys_alibi.data.errors import DataError, read_error, unread_compression
-from recsys_alibi.data.formats import literal, not_a_file, stem_suffix
+from recsys_alibi.data.errors import DataError, bad_ndjson_line, first_line, open_bytes, read_error, unread_compression
+from recsys_alibi.data.formats import literal, resolve_paths, stem_suffix
 from recsys_alibi.data.ids import round_trips
+from recsys_alibi.data.readers import FIELDS_OK, JSON_BLANK, with_field_check
 from recsys_alibi.data.schema import ITEM_ID, ITEM_IDX, REJECT_REASON
+
+log = logging.getLogger(__name__)
 
 ROW = "row"
 SOURCE = "source"
 RECORD = "record"
+FILE = "_file"  # internal: the file of the row (a table may be a folder or a glob of files)
+_INTERNAL = (ROW, FILE, FIELDS_OK)
 REJECT_COLUMNS = {SOURCE: pl.String, ROW: pl.Int64, ITEM_ID: pl.String, REJECT_REASON: pl.String, RECORD: pl.String}
 FLOAT32_MAX = float(np.finfo(np.float32).max)
+CSV_LAYOUT = "an item table .csv is comma-separated (.tsv: tab-separated) with a header row"
+_POS = "_pos"  # internal: the row's position in the table (all files)
 _CATEGORY_TYPES = (pl.String, pl.Boolean, pl.Categorical, pl.Enum)
 _SUFFIXES = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv", ".tsv": "csv", ".ndjson": "ndjson",
              ".jsonl": "ndjson", ".json": "ndjson"}  # fmt: skip
@@ -60,45 +73,117 @@ _SUFFIXES = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv", ".tsv": "cs
 
 @dataclass(frozen=True)
 class ItemTable:
-    """A read item table: ``frame`` (its own columns plus ``row``), the file and whether cells are text."""
+    """A read item table: ``frame`` (its own columns plus ``row``, ``_file`` and, CSV, ``_fields_ok``), the path
+    given (a file, folder or glob), its files and their format."""
 
     frame: pl.DataFrame
     path: Path
-    text: bool  # CSV: every column read as text, numbers parsed by clean_item_table
+    fmt: str  # parquet, csv (every column read as text, numbers parsed by clean_item_table) or ndjson
+    paths: tuple[Path, ...] = ()
+
+    @property
+    def text(self) -> bool:
+        return self.fmt == "csv"
+
+    @property
+    def columns(self) -> list[str]:
+        """The table's own columns."""
+        return [c for c in self.frame.columns if c not in _INTERNAL]
+
+
+def _format(path: Path) -> str:
+    fmt = _SUFFIXES.get(Path(stem_suffix(path)[0]).suffix)
+    if fmt is None:
+        raise DataError(f"item table '{path}': unknown format; name it .parquet, .csv, .tsv or .ndjson (.gz ok)")
+    return fmt
 
 
 def read_item_table(path: str | Path) -> ItemTable:
-    """Read an item table file (format from its name: ``.parquet``, ``.csv``/``.tsv``, ``.ndjson``/``.jsonl``, ``.gz`` ok).
+    """Read an item table: a file, a folder (every file below it but names starting with ``.`` or ``_``) or a glob
+    (:func:`recsys_alibi.data.formats.resolve_paths`) of files of one format, told by their names (``.parquet``,
+    ``.csv``/``.tsv``, ``.ndjson``/``.jsonl``, ``.gz`` ok). Rows are numbered per file.
+
+    CSV: every cell is text; a row with another number of fields than the header gets ``_fields_ok`` False (a
+    ``bad_field_count`` reject), unless a quoted field spans lines (then read without that check, with a
+    warning). NDJSON: each column's type is inferred from every line; a column holding values of several
+    JSON types is read as text (a number as its JSON text, a list as its JSON), sorted out by :func:`clean_item_table`.
 
     Raises:
-        DataError: the file is missing, of another format, unreadable or has no columns.
+        DataError: nothing there (or a FIFO, a device), a file of an unknown format or files of several, a
+            file that cannot be read, files whose columns differ (CSV, Parquet) or whose types do not combine,
+            no columns.
     """
-    path = Path(path)
-    if not path.is_file():  # what is there instead, and why it is refused (recsys_alibi.data.formats)
-        raise not_a_file(path, "item table", "--items (data.items)", takes="file")
-    compressed = unread_compression(path)  # bzip2, xz, zstd, zip: refused as the event files are
-    if compressed is not None:
-        raise compressed
-    name, _ = stem_suffix(path)
-    fmt = _SUFFIXES.get(Path(name).suffix)
-    if fmt is None:
-        raise DataError(f"item table '{path}': unknown format; name it .parquet, .csv, .tsv or .ndjson (.gz ok)")
+    paths = resolve_paths(path, "item table", "--items (data.items)")
+    formats = []
+    for file in paths:
+        compressed = unread_compression(file)  # bzip2, xz, zstd, zip: refused as the event files are
+        if compressed is not None:
+            raise compressed
+        formats.append(_format(file))
+    other = next((i for i, fmt in enumerate(formats) if fmt != formats[0]), None)
+    if other is not None:
+        raise DataError(f"item table '{path}' mixes formats: '{paths[0]}' is {formats[0]}, '{paths[other]}' "
+                        f"{formats[other]}; give files of one format")  # fmt: skip
+    fmt = formats[0]
+    frames = [_read_file(file, fmt) for file in paths]
+    own = [[c for c in frame.columns if c not in _INTERNAL] for frame in frames]
+    for file, columns in zip(paths[1:], own[1:]):  # NDJSON: a field absent from one file is a missing value
+        if fmt != "ndjson" and columns != own[0]:
+            raise DataError(f"item table '{file}' has other columns than '{paths[0]}' ({columns} against {own[0]}); "
+                            "every file of one table has the same columns")  # fmt: skip
+    try:
+        frame = pl.concat(frames, how="diagonal_relaxed")
+    except pl.exceptions.PolarsError as err:
+        raise DataError(f"item table '{path}': the columns of its files have types that do not combine "
+                        f"({first_line(err)}); give each column one type in every file") from None  # fmt: skip
+    table = ItemTable(frame, Path(path), fmt, tuple(paths))
+    if not table.columns:
+        raise DataError(f"item table '{path}' has no columns")
+    return table
+
+
+def _read_file(path: Path, fmt: str) -> pl.DataFrame:
+    """One file of an item table, with ``row`` (0-based) and ``_file``; a column of the file named like those is
+    renamed with a trailing ``_``."""
     try:
         if fmt == "parquet":
             frame = pl.read_parquet(path, glob=False)  # 'items[1].parquet' is that file, not a glob
         elif fmt == "csv":
-            sep = "\t" if Path(name).suffix == ".tsv" else ","
-            frame = pl.read_csv(path, separator=sep, infer_schema=False, glob=False)  # every column text: parsed per cell
+            frame = _read_csv(path)
         else:
-            frame = pl.read_ndjson(literal(path))  # read_ndjson always globs
+            frame = _read_ndjson(path)
     except (pl.exceptions.PolarsError, OSError, ValueError) as err:
-        layout = "an item table .csv is comma-separated (.tsv: tab-separated) with a header row" if fmt == "csv" else ""
-        raise read_error([path], fmt, err, layout or "check the file", what="item table ") from None
-    if not frame.width:
-        raise DataError(f"item table '{path}' has no columns")
-    if ROW in frame.columns:
-        frame = frame.rename({ROW: f"{ROW}_"})  # never collides with the row number added here
-    return ItemTable(frame.with_row_index(ROW).with_columns(pl.col(ROW).cast(pl.Int64)), path, fmt == "csv")
+        raise read_error([path], fmt, err, CSV_LAYOUT if fmt == "csv" else "check the file", what="item table ") from None
+    frame = frame.rename({c: f"{c}_" for c in frame.columns if c in (ROW, FILE)})  # never the columns added here
+    return frame.with_row_index(ROW).with_columns(pl.col(ROW).cast(pl.Int64), pl.lit(str(path)).alias(FILE))
+
+
+def _read_ndjson(path: Path) -> pl.DataFrame:
+    """An NDJSON file, each field's type inferred from every line (a late string among numbers is no read error;
+    a field of several JSON types is text); when no type holds a field's values (an object among numbers), every
+    field as text (a number, list or object as its JSON text)."""
+    try:
+        return pl.read_ndjson(literal(path), infer_schema_length=None)  # read_ndjson always globs
+    except pl.exceptions.PolarsError:
+        if bad_ndjson_line(path) is not None:  # a line that is no JSON object: read_error names it
+            raise
+    with open_bytes(path) as fh:
+        keys = dict.fromkeys(key for raw in fh if raw.strip(JSON_BLANK.encode() + b"\n") for key in json.loads(raw))
+    return pl.read_ndjson(literal(path), schema=dict.fromkeys(keys, pl.String))
+
+
+def _read_csv(path: Path) -> pl.DataFrame:
+    """A CSV/TSV file, every cell as text, with ``_fields_ok`` (:func:`recsys_alibi.data.readers.with_field_check`)."""
+    separator = "\t" if stem_suffix(path)[0].endswith(".tsv") else ","
+    lf = pl.scan_csv(path, separator=separator, infer_schema=False, glob=False, truncate_ragged_lines=True,
+                     raise_if_empty=True)  # fmt: skip
+    lf = lf.rename({c: f"{c}_" for c in lf.collect_schema().names() if c == FIELDS_OK})
+    try:
+        return with_field_check(lf, [path], separator, True, lf.collect_schema().len()).collect()
+    except pl.exceptions.ShapeError:  # rows are not lines: a quoted field spans lines
+        log.warning("item table %s: quoted fields span lines, so the fields of its rows are not counted line by line; "
+                    "a short row's missing cells are read as missing values", path)  # fmt: skip
+        return lf.collect()
 
 
 def _category_type(dtype: pl.DataType) -> bool:
@@ -113,12 +198,12 @@ def check_declaration(table: ItemTable, feats: ItemFeaturesConfig) -> None:
             that holds no numbers; a categorical column of another type than text, integers,
             booleans or lists of them.
     """
-    frame, where = table.frame, f"item table '{table.path}'"
-    columns = [c for c in frame.columns if c != ROW]
+    frame, where, columns = table.frame, f"item table '{table.path}'", table.columns
     for column in (feats.id_column, *feats.columns):
-        if column not in frame.columns:
+        if column not in columns:
             what = "the item id column (data.item_features.id_column)" if column == feats.id_column else "declared in data.item_features"
-            raise DataError(f"{where}: no column '{column}' ({what}); its columns are {columns}")
+            layout = f"; {CSV_LAYOUT}" if table.text else ""
+            raise DataError(f"{where}: no column '{column}' ({what}); its columns are {columns}{layout}")
     for column in feats.numeric:
         dtype = frame.schema[column]
         if dtype.is_numeric() or dtype == pl.Null:
@@ -212,11 +297,16 @@ def clean_item_table(table: ItemTable, feats: ItemFeaturesConfig, id_dtype: pl.D
         DataError: see :func:`check_declaration`.
     """
     check_declaration(table, feats)
-    frame, schema = table.frame, table.frame.schema
+    frame, json_reasons = table.frame.with_row_index(_POS), []
+    if table.fmt == "ndjson":
+        frame, json_reasons = _json_cells(table, frame, feats)
+    schema = frame.schema
     ids = id_as(feats.id_column, schema[feats.id_column], id_dtype, table.text).alias(ITEM_ID)
     reasons = [
+        *([pl.when(~pl.col(FIELDS_OK)).then(pl.lit("bad_field_count"))] if FIELDS_OK in schema else []),
         pl.when(pl.col(feats.id_column).is_null()).then(pl.lit("null_item_id")),
         pl.when(ids.is_null()).then(pl.lit("bad_item_id")),
+        *json_reasons,
         *(_number_reason(c, schema[c], feats.ranges) for c in feats.numeric),
     ]
     tagged = frame.with_columns(ids.alias("_id"), pl.coalesce(reasons).alias(REJECT_REASON))
@@ -226,10 +316,10 @@ def clean_item_table(table: ItemTable, feats: ItemFeaturesConfig, id_dtype: pl.D
         .alias(REJECT_REASON)
     )  # fmt: skip
     bad = tagged.filter(pl.col(REJECT_REASON).is_not_null())
-    own = [c for c in frame.columns if c != ROW]
-    rejects = bad.select(
-        pl.lit(str(table.path)).alias(SOURCE), pl.col(ROW), pl.col(feats.id_column).cast(pl.String).alias(ITEM_ID),
-        pl.col(REJECT_REASON), pl.struct(own).struct.json_encode().alias(RECORD),
+    raw = table.frame[bad.get_column(_POS)]  # the rows as read (NDJSON: before their cells were sorted out)
+    rejects = raw.select(
+        pl.col(FILE).alias(SOURCE), pl.col(ROW), bad.get_column(feats.id_column).cast(pl.String).alias(ITEM_ID),
+        bad.get_column(REJECT_REASON), _record(raw, table.columns),
     )  # fmt: skip
     accepted = tagged.filter(pl.col(REJECT_REASON).is_null()).select(
         pl.col("_id").alias(ITEM_ID),
@@ -237,6 +327,90 @@ def clean_item_table(table: ItemTable, feats: ItemFeaturesConfig, id_dtype: pl.D
         *(_number(c, schema[c]) for c in feats.numeric),
     )
     return accepted, rejects.cast(REJECT_COLUMNS)
+
+
+def _record(frame: pl.DataFrame, columns: list[str]) -> pl.Expr:
+    """The row as JSON; in a row with a NaN or infinite float, floats as text (``"NaN"``, ``"inf"``): JSON has no such
+    number, and the encoder writes null."""
+    plain = pl.struct(columns).struct.json_encode()
+    floats = [c for c in columns if frame.schema[c].is_float()]
+    if not floats:
+        return plain.alias(RECORD)
+    text = pl.struct(*(pl.col(c).cast(pl.String) if c in floats else pl.col(c) for c in columns)).struct.json_encode()
+    odd = pl.any_horizontal(*(~pl.col(c).is_finite() for c in floats)).fill_null(False)
+    return pl.when(odd).then(text).otherwise(plain).alias(RECORD)
+
+
+def _json_cells(table: ItemTable, frame: pl.DataFrame, feats: ItemFeaturesConfig) -> tuple[pl.DataFrame, list[pl.Expr]]:
+    """An NDJSON table's cells sorted out where a column mixes JSON types (the reader gave such a column as text)
+    or a list holds lists, and the reasons of the rows that are no item (module doc).
+
+    * an id column of floats (integers and ``1501.0``): read again as text, as the events' NDJSON reader reads
+      ids (``1501.0`` is ``1501``, no digit of a large integer lost);
+    * an id that is a list, an object, true or false: ``bad_item_id``;
+    * a categorical cell that is a list among text: its values (as the reader writes them); an object, or a
+      list holding lists or objects: ``bad_category:COL``.
+
+    Cells that only may be such (text starting with ``[`` or ``{``, ``true``/``false`` ids) are decided by
+    Python's ``json`` on their lines.
+    """
+    schema, id_column = frame.schema, feats.id_column
+    if schema[id_column].is_float():
+        texts = [pl.read_ndjson(literal(p), schema={id_column: pl.String}) for p in table.paths]
+        frame = frame.with_columns(pl.concat(texts).get_column(id_column))
+    looks = r"^\s*[\[{]"
+    suspects = {id_column: pl.col(id_column).str.contains(looks) | pl.col(id_column).is_in(["true", "false"])}
+    if frame.schema[id_column] != pl.String:
+        suspects = {}
+    for column in feats.categorical:
+        if schema[column] == pl.String:
+            suspects[column] = pl.col(column).str.contains(looks)
+        elif schema[column] == pl.List(pl.String):
+            suspects[column] = pl.col(column).list.eval(pl.element().str.contains(looks)).list.any()
+    rows = frame.filter(pl.any_horizontal(*suspects.values()).fill_null(False)) if suspects else frame.clear()
+    values = _json_rows(rows.select(_POS, FILE, ROW))
+    reasons = []
+    for column in suspects:
+        cells = {pos: row.get(column) for pos, row in values.items()}
+        if column == id_column:
+            bad = [pos for pos, v in cells.items() if isinstance(v, (list, dict, bool))]
+            reasons.append(pl.when(_at(bad)).then(pl.lit("bad_item_id")))
+            continue
+        lists = {pos: _category_texts(v) for pos, v in cells.items() if isinstance(v, (list, dict))}
+        bad = [pos for pos, v in lists.items() if v is None]
+        reasons.append(pl.when(_at(bad)).then(pl.lit(f"bad_category:{column}")))
+        if schema[column] == pl.String:  # text and lists: every cell a list
+            patch = pl.DataFrame({_POS: list(lists), "_list": list(lists.values())},
+                                 schema={_POS: pl.UInt32, "_list": pl.List(pl.String)})  # fmt: skip
+            frame = frame.join(patch, on=_POS, how="left", maintain_order="left").with_columns(
+                pl.coalesce("_list", pl.concat_list(pl.col(column))).alias(column)).drop("_list")  # fmt: skip
+    return frame, reasons
+
+
+def _at(positions: list[int]) -> pl.Expr:
+    return pl.col(_POS).is_in(pl.Series(positions, dtype=pl.UInt32).implode())
+
+
+def _category_texts(value: object) -> list[str | None] | None:
+    """A JSON list's values as category text (as the NDJSON reader writes them); None for an object or a list
+    holding lists or objects (no category)."""
+    if not isinstance(value, list) or any(isinstance(v, (list, dict)) for v in value):
+        return None
+    return [v if v is None or isinstance(v, str) else json.dumps(v) for v in value]
+
+
+def _json_rows(rows: pl.DataFrame) -> dict[int, dict]:
+    """``_pos`` -> the JSON object of each of ``rows`` (``_pos``, ``_file``, ``row``), parsed from its line (lines
+    numbered as the NDJSON reader numbers rows: blank ones skipped)."""
+    found: dict[int, dict] = {}
+    line = pl.col("line")
+    for (file,), part in rows.group_by(FILE):
+        lines = (
+            pl.scan_lines(file, glob=False).filter(line.str.strip_chars(JSON_BLANK) != "").with_row_index(ROW)
+            .with_columns(pl.col(ROW).cast(pl.Int64)).join(part.lazy(), on=ROW).select(_POS, "line").collect()
+        )  # fmt: skip
+        found.update((pos, json.loads(text)) for pos, text in lines.iter_rows())
+    return found
 
 
 def empty_rejects() -> pl.DataFrame:

@@ -268,6 +268,15 @@ def _field_counts(paths: list[Path], separator: str, skip_header: bool) -> pl.La
     return pl.concat(frames, how="vertical").select(line.str.count_matches(separator, literal=True).alias("_fields") + 1)
 
 
+def with_field_check(lf: pl.LazyFrame, paths: list[Path], separator: str, skip_header: bool, width: int) -> pl.LazyFrame:
+    """``lf`` (the rows of CSV ``paths``) with ``_fields_ok``: whether the row's line has ``width`` fields.
+
+    Collecting it raises ``pl.exceptions.ShapeError`` when the rows are not the lines (a quoted field spans lines).
+    """
+    counts = _field_counts(paths, separator, skip_header)
+    return pl.concat([lf, counts], how="horizontal").select(pl.exclude("_fields"), (pl.col("_fields") == width).alias(FIELDS_OK))
+
+
 def _first_line(path: Path) -> str:
     """The first line of a text file (plain or gzip; bytes that are not UTF-8 replaced), without its line end."""
     lines = head_bytes(path, 1 << 16).decode("utf-8", "replace").splitlines()
@@ -337,10 +346,7 @@ def _read_csv(cfg: DataConfig, paths: list[Path], count_fields: bool = True) -> 
     if not cfg.has_header:  # name columns column_1, column_2, ... whatever the polars version
         lf = lf.rename({old: f"column_{i}" for i, old in enumerate(names, start=1)})
     if count_fields:
-        counts = _field_counts(paths, separator, cfg.has_header)
-        lf = pl.concat([lf, counts], how="horizontal").select(
-            pl.exclude("_fields"), (pl.col("_fields") == len(names)).alias(FIELDS_OK)
-        )
+        lf = with_field_check(lf, paths, separator, cfg.has_header, len(names))
     return _with_row(lf), _mapped(cfg), True, (USER_ID, ITEM_ID)
 
 

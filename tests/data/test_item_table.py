@@ -153,15 +153,109 @@ def test_real_movies_csv(shared_data, tmp_path):
     assert stats["values"]["genres"] == vocab.height == 20  # 19 genres + "(no genres listed)"
 
 
-def test_a_directory_given_as_the_item_table_is_named_as_such(tmp_path):
-    """An item table is one file: the refusal of a directory does not say directories are read."""
-    from recsys_alibi.data.errors import DataError
-    from recsys_alibi.data.item_table import read_item_table
-
-    (tmp_path / "tables").mkdir()
+def test_a_folder_or_glob_of_files_is_one_item_table(inputs, capsys):
+    """A Spark folder (part files beside _SUCCESS and hidden .crc) and a glob: rejects name their file and its row."""
+    folder = inputs / "tdir"
+    folder.mkdir()
+    pl.DataFrame({"item_id": [10, 11], "genre": ["Drama", "Action"], "year": [1990.0, 1991.0]}).write_parquet(folder / "part-00000.parquet")
+    pl.DataFrame({"item_id": [12, 13], "genre": ["Comedy", None], "year": [None, float("nan")]}).write_parquet(folder / "part-00001.parquet")
+    (folder / "_SUCCESS").write_bytes(b"")
+    (folder / ".part-00000.parquet.crc").write_bytes(b"crc\x00")
+    for given in (folder, folder / "*.parquet"):
+        result = prepare(_cfg(given), inputs / "events.csv", inputs / "prep")
+        rows, _, _ = read_item_features(inputs / "prep")
+        assert rows.select("item_id", "item_idx", "genre", "year").rows() == [
+            (10, 1, ["Drama"], 1990.0), (11, 2, ["Action"], 1991.0), (12, 3, ["Comedy"], None)]  # fmt: skip
+        rejects = pl.read_parquet(inputs / "prep" / "item_rejects.parquet")
+        assert rejects.drop("record").rows() == [(str(folder / "part-00001.parquet"), 1, "13", "non_finite:year")]
+        assert json.loads(rejects.get_column("record")[0]) == {"item_id": 13, "genre": None, "year": "NaN"}
+        assert result.stats["item_table"]["sources"] == [str(given)] and result.stats["item_table"]["rows"] == 4
+    # an append names the same folder: an earlier source, so the warning of a table not read compares it whole
+    (folder / "part-00002.csv").write_text("item_id,genre,year\n14,Drama,1\n")
     with pytest.raises(DataError) as err:
-        read_item_table(tmp_path / "tables")
-    assert "is a directory, not a regular file: only regular files are read" in str(err.value)
+        prepare(_cfg(folder), inputs / "events.csv", inputs / "prep2")
+    assert str(err.value) == (f"item table '{folder}' mixes formats: '{folder / 'part-00000.parquet'}' is parquet, "
+                              f"'{folder / 'part-00002.csv'}' csv; give files of one format")  # fmt: skip
+    (folder / "part-00002.csv").unlink()
+    (inputs / "empty").mkdir()
+    argv = ["prepare", "--input", str(inputs / "events.csv"), "--output", str(inputs / "out"), "--items",
+            str(inputs / "empty"), *FEATURES, "--set", "data.min_events_per_user=1", "--set", "data.min_events_per_item=1"]  # fmt: skip
+    assert main(argv) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"error: empty item table: directory '{inputs / 'empty'}' holds no files; point --items (data.items) at its files")
+    with pytest.raises(DataError, match=r"^no file is named '.*nothing\*.csv' and no files match it as a glob pattern; "
+                                        r"check the path given as --items \(data.items\)$"):  # fmt: skip
+        prepare(_cfg(inputs / "nothing*.csv"), inputs / "events.csv", inputs / "prep3")
+
+
+def test_csv_folders_need_one_header(inputs):
+    folder = inputs / "csvs"
+    folder.mkdir()
+    (folder / "a.csv").write_text("item_id,genre,year\n10,Drama,1990\n")
+    (folder / "b.csv").write_text("item_id,year,genre\n11,1991,Action\n")
+    with pytest.raises(DataError) as err:
+        prepare(_cfg(folder), inputs / "events.csv", inputs / "prep")
+    assert str(err.value) == (f"item table '{folder / 'b.csv'}' has other columns than '{folder / 'a.csv'}' "
+                              "(['item_id', 'year', 'genre'] against ['item_id', 'genre', 'year']); every file of one "
+                              "table has the same columns")  # fmt: skip
+
+
+def test_csv_rows_with_another_field_count_are_rejected(inputs):
+    (inputs / "ragged.csv").write_text('item_id,genre,year,brand,price\n10,Drama,1990,B,1\n14,Drama,B\n'
+                                       '11,"Action,Drama",1991,B,2\n12,Drama,1992,B,3,extra\n')
+    result = prepare(_cfg(inputs / "ragged.csv"), inputs / "events.csv", inputs / "prep")
+    rows, _, _ = read_item_features(inputs / "prep")
+    assert rows.select("item_id", "genre", "year").rows() == [(10, ["Drama"], 1990.0), (11, ["Action,Drama"], 1991.0)]
+    rejects = pl.read_parquet(inputs / "prep" / "item_rejects.parquet")
+    assert rejects.select("row", "item_id", "reject_reason").rows() == [
+        (1, "14", "bad_field_count"), (3, "12", "bad_field_count")]  # fmt: skip
+    assert json.loads(rejects.get_column("record")[1]) == {"item_id": "12", "genre": "Drama", "year": "1992",
+                                                            "brand": "B", "price": "3"}  # fmt: skip
+    stats = result.stats["item_table"]
+    assert (stats["rows"], stats["rejected"], stats["rejects_by_reason"]) == (4, 2, {"bad_field_count": 2})
+    assert "2 rows rejected (bad_field_count: 2)" in result.summary()
+
+
+def test_ndjson_cells_of_another_type_are_read_or_rejected_per_row(inputs):
+    lines = [{"item_id": i, "genre": ["Drama"], "year": 1990} for i in range(100, 250)]  # past any inference window
+    lines += [
+        {"item_id": 10, "genre": ["Action", 7, True], "year": "1995"},   # a number as text: parsed as in a CSV
+        {"item_id": 1501.0, "genre": "Comedy|Drama", "year": 1990.5},    # 1501.0 is the id 1501
+        {"item_id": 11, "genre": [["x"]], "year": 1991},                 # a nested list: no category
+        {"item_id": 12, "genre": {"a": 1}, "year": 1992},
+        {"item_id": 13, "genre": "[not json", "year": "abc"},
+        {"item_id": [14], "genre": "Drama", "year": 1993},
+        {"item_id": 15.5, "genre": "Drama", "year": 1994},
+        {"item_id": 16, "genre": "[\"kept\"]", "year": 1995},           # text that reads as a JSON list: text
+    ]
+    (inputs / "items.ndjson").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    (inputs / "events.csv").write_text(EVENTS + "4,1501,1\n4,16,2\n")
+    result = prepare(_cfg(inputs / "items.ndjson"), inputs / "events.csv", inputs / "prep")
+    rows, _, _ = read_item_features(inputs / "prep")
+    assert rows.filter(pl.col("item_id").is_in([10, 1501, 16])).select("item_id", "genre", "year").rows() == [
+        (10, ["Action", "7", "true"], 1995.0), (16, ['["kept"]'], 1995.0), (1501, ["Comedy", "Drama"], 1990.5)]
+    rejects = pl.read_parquet(inputs / "prep" / "item_rejects.parquet")
+    assert rejects.select("row", "item_id", "reject_reason").rows() == [
+        (152, "11", "bad_category:genre"), (153, "12", "bad_category:genre"), (154, "13", "bad_number:year"),
+        (155, "[14]", "bad_item_id"), (156, "15.5", "bad_item_id")]  # fmt: skip
+    assert json.loads(rejects.get_column("record")[0]) == {"item_id": "11", "genre": '[["x"]]', "year": "1991"}
+    assert result.stats["item_table"]["rows"] == 158
+
+
+def test_ndjson_nested_lists_among_lists_are_rejected(inputs):
+    lines = [{"item_id": 10, "genre": ["Drama", "[a]"]}, {"item_id": 11, "genre": ["Action", ["x"]]},
+             {"item_id": 12, "genre": [{"a": 1}]}, {"item_id": 9007199254740993, "genre": ["Drama"]},
+             {"item_id": 1501.0, "genre": ["Drama"]}]  # ids of floats: read as text, no digit lost  # fmt: skip
+    (inputs / "items.ndjson").write_text("\n".join(json.dumps(line) for line in lines) + "\n\n")
+    cfg = DataConfig(min_events_per_user=1, min_events_per_item=1, items=str(inputs / "items.ndjson"),
+                     item_features={"categorical": ["genre"]})  # fmt: skip
+    prepare(cfg, inputs / "events.csv", inputs / "prep")
+    rows, _, _ = read_item_features(inputs / "prep")
+    assert rows.select("item_id", "genre").rows() == [(10, ["Drama", "[a]"]), (1501, ["Drama"]),
+                                                      (9007199254740993, ["Drama"])]  # fmt: skip
+    rejects = pl.read_parquet(inputs / "prep" / "item_rejects.parquet")
+    assert rejects.select("row", "item_id", "reject_reason").rows() == [
+        (1, "11", "bad_category:genre"), (2, "12", "bad_category:genre")]  # fmt: skip
 
 
 def test_a_latin1_item_table_is_named_with_its_line_byte_and_the_fix(inputs):
@@ -178,8 +272,9 @@ def test_an_item_table_in_another_layout_says_the_layout_it_needs(inputs):
     (inputs / "u_item.csv").write_text("10|Toy Story (1995)|01-Jan-1995\n11|American President, The (1995)|01-Jan-1995\n")
     with pytest.raises(DataError) as err:
         prepare(_cfg(inputs / "u_item.csv"), inputs / "events.csv", inputs / "out")
-    assert str(err.value).startswith(f"cannot read item table '{inputs / 'u_item.csv'}' as csv: ")
-    assert str(err.value).endswith("; an item table .csv is comma-separated (.tsv: tab-separated) with a header row")
+    assert str(err.value) == (f"item table '{inputs / 'u_item.csv'}': no column 'item_id' (the item id column "
+                              "(data.item_features.id_column)); its columns are ['10|Toy Story (1995)|01-Jan-1995']; "
+                              "an item table .csv is comma-separated (.tsv: tab-separated) with a header row")  # fmt: skip
 
 
 def test_an_ndjson_item_table_names_its_bad_line_and_a_compressed_one_its_compression(inputs):
