@@ -111,6 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="recsys-alibi", description="Next-item ranking with an ALiBi transformer: prepare event logs, "
                      "train, evaluate, score top-K rankings, export vectors, run the daily pipeline.")  # fmt: skip
     sub = parser.add_subparsers(dest="command", required=True)
+    parser.command_parsers = sub.choices  # subcommand -> its parser (main names its help in a usage error)
 
     p = sub.add_parser("generate", help="write the synthetic behaviour log (embedded default data)")
     _common(p)
@@ -171,7 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("diagnose", help="ALiBi numerics per head, dtype and length")
     _common(p)
     p.add_argument("--heads", type=int)
-    p.add_argument("--max-len", type=int)
+    p.add_argument("--max-len", type=int, help="length in items (with --model-uri: diagnose the model at this length)")
     p.add_argument("--dtype", choices=["float16", "bfloat16", "float32"], default="bfloat16")
     p.add_argument("--model-uri")
     p.add_argument("--output", type=_path, help="JSON path")
@@ -294,10 +295,13 @@ def _cmd_pipeline(config: JobConfig, args) -> str:
 def _cmd_diagnose(config: JobConfig, args) -> str:
     from pipelines.diagnose import run_diagnose
 
+    if args.model_uri is not None and args.heads is not None:  # it was dropped without a word
+        raise ConfigError(f"--heads {args.heads}: with --model-uri the heads are the model's own; drop --heads (--max-len "
+                          "sets the length to diagnose the model at)")  # fmt: skip
     output = None if args.output is None else check_output_file(args.output, example="diagnosis.json")
     if output is not None:
         check_apart([Output("--output", output, "file")], {"--model-uri": local_model_path(args.model_uri)})
-    return run_diagnose(config, dtype=args.dtype, model_uri=args.model_uri, output=output).summary()
+    return run_diagnose(config, dtype=args.dtype, model_uri=args.model_uri, output=output, length=args.max_len).summary()
 
 
 COMMANDS: dict[str, Callable[[JobConfig, argparse.Namespace], str]] = {
@@ -358,7 +362,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     new model was promoted or the champion kept, 2 on a user error, 1 on any other failure (logged
     with its traceback) instead of raising.
     """
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # named against the subcommand's --help, as its other usage errors are
+        parser.command_parsers[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
     configure_logging()
     forget_new_folders()
     try:

@@ -66,7 +66,8 @@ def model_health(model, dtype: torch.dtype, length: int, seed: int = 0) -> dict[
 
 
 def run_diagnose(
-    config: JobConfig, dtype: str = "bfloat16", model_uri: str | None = None, output: Path | None = None
+    config: JobConfig, dtype: str = "bfloat16", model_uri: str | None = None, output: Path | None = None,
+    length: int | None = None,
 ) -> DiagnosisReport:
     """Diagnose the ALiBi numerics of ``config.model`` or of the model at ``model_uri``.
 
@@ -78,6 +79,8 @@ def run_diagnose(
         model_uri: ``runs:/ID/model`` or ``models:/NAME/VERSION``; its slopes and model config
             replace the config's, and its attention health is measured.
         output: write the report as JSON here.
+        length: with ``model_uri``, the length (items) to diagnose at instead of the model's ``max_len``
+            (ALiBi extrapolates: train short, test long); ``--max-len`` gives it.
 
     Returns:
         The :class:`recsys_alibi.diagnostics.DiagnosisReport` (``.summary()`` is what the
@@ -111,6 +114,8 @@ def run_diagnose(
             log.warning("model.position=%s: the model has no ALiBi bias; the diagnosis is of its slope scheme",
                         cfg.position)  # fmt: skip
             slopes = None
+        if length is not None:
+            cfg = cfg.model_copy(update={"max_len": int(length)})
         health = model_health(model, dt, min(cfg.max_len, HEALTH_MAX_LEN), seed=config.seed)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     report = diagnose(

@@ -40,6 +40,7 @@ from pipelines.preflight import check_before_data
 from pipelines.prior_choice import PRIOR_FILE, append_boundary, check_prior_data, chosen_prior, record_newest_period
 from pipelines.train import TrainJobResult, run_train
 from recsys_alibi.config import ConfigError, JobConfig, with_overrides
+from recsys_alibi.data.formats import resolve_paths
 from recsys_alibi.data.prepared import prepare_lock
 from recsys_alibi.data.sequences import read_items, read_sequences
 from recsys_alibi.data.time_gaps import has_real_timestamps, sequences_for
@@ -143,6 +144,9 @@ def _run_steps(config: JobConfig, progress: bool) -> PipelineResult:
     started = time.perf_counter()
     out = Path(config.output)
     input_path = config.data.input
+    if input_path is not None and not config.generate.enabled:  # missing: named as the pipeline takes it, before work
+        resolve_paths(input_path, "input", "data.input (--set data.input=PATH; a relative path is read from the "
+                                           "working directory, not from the config's folder)")  # fmt: skip
     if config.generate.enabled:
         if config.data.input is not None:  # two sources of events: the one ignored would be a silent surprise
             raise ValueError(f"generate.enabled=true generates the pipeline's events, so data.input={config.data.input} "

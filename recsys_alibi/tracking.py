@@ -141,11 +141,13 @@ def setup_tracking(cfg: TrackingConfig, reading: str | None = None) -> str:
     Args:
         cfg: the tracking section.
         reading: the model URI the job is about to load (``score``, ``evaluate``, ``export``): a ``runs:/`` or
-            ``models:/`` URI on a SQLite store whose file does not exist cannot resolve, and is refused before
-            the store is created (no stray ``mlflow.db`` in the working directory of a mistaken run).
+            ``models:/`` URI on a SQLite store whose file does not exist cannot resolve, and a local path with no
+            ``MLmodel`` file is no model: both are refused before the store is created (no stray ``mlflow.db`` in
+            the working directory of a mistaken run).
 
     Raises:
-        ModelUriError: ``reading`` names a run or registered model and the SQLite store does not exist.
+        ModelUriError: ``reading`` names a run or registered model and the SQLite store does not exist, or a
+            local folder that holds no ``MLmodel``.
         ConfigError: a tracking URI MLflow cannot use (:func:`check_tracking_uri`).
     """
     import mlflow
@@ -158,6 +160,11 @@ def setup_tracking(cfg: TrackingConfig, reading: str | None = None) -> str:
             f"cannot load model '{reading}': there is no tracking store at {uri} (none was created here); run "
             "from the folder where the model was trained, or set MLFLOW_TRACKING_URI / tracking.uri to its store"
         )
+    scheme = urlparse(reading).scheme if reading is not None else None
+    if scheme in ("", "file") and not (Path(urlparse(reading).path if scheme else reading) / "MLmodel").is_file():
+        raise ModelUriError(f"cannot load model '{reading}': it is no MLflow model folder (no MLmodel file in it); "
+                            "give runs:/RUN_ID/model or models:/NAME/VERSION from `recsys-alibi train`, or the folder "
+                            "that holds MLmodel")  # fmt: skip
     mlflow.set_tracking_uri(uri)
     with _store_setup_lock(uri):  # jobs started together on a new SQLite store would both create its tables
         experiment = mlflow.get_experiment_by_name(cfg.experiment)

@@ -297,6 +297,12 @@ def test_run_diagnose_from_logged_model(mlflow_store, tmp_path):
     assert report.slope_source == "model" and report.n_heads == 2 and report.max_len == 64
     assert report.health is not None and len(report.health["layers"]) == 1
     assert "attention health" in report.summary()
+    # --max-len: the length to diagnose the model at (it was dropped without a word); health stays within HEALTH_MAX_LEN
+    longer = run_diagnose(config, dtype="bfloat16", model_uri=logged.uri, length=4096)
+    assert longer.max_len == 4096 and longer.n_heads == 2 and longer.health["length"] == 1024
+    from pipelines.cli import main
+
+    assert main(["diagnose", "--model-uri", logged.uri, "--heads", "4"]) == 2  # the model's heads are its own
 
 
 def test_free_heads_are_never_blind_and_the_remedies_ignore_them():

@@ -18,7 +18,7 @@ training validation, the promotion gate and ``score``), ranks the targets
 - ``by_context_length``: the model sees only the last L events, for each requested L
   (``"full"``/None = the whole history). Seen-item masking always uses the whole history, so
   only the model input changes along the sweep. Where ``L > scorer.max_context`` the scorer
-  cannot take that context: every metric is ``None`` (null in JSON) and a note says so;
+  cannot take that context: every metric is ``None`` (left out of report.json) and a note says so;
 - ``paired_vs_context``: for each L of the sweep, the per-user paired difference of HR@K and
   NDCG@K (K = 10 when evaluated) between the default context and the last L events, with its
   bootstrap 95 % interval (``recsys_alibi.evaluation.paired``), overall and per ``">=L"`` slice.
@@ -107,7 +107,7 @@ class EvaluationResult:
         n_users: users evaluated (users without a target are skipped and noted).
         metrics: metric name ("HR@10", "NDCG@10", "Recall@10", "MRR", "Coverage@10") -> value.
         by_context_length: "<L>" or "full" -> metrics with the last L events as context;
-            every value None where the scorer's ``max_context`` is below L.
+            every value None where the scorer's ``max_context`` is below L (left out of report.json).
         by_history_length: bucket label ("1-20", ..., ">1000") -> metrics of its users.
         by_min_history: ``">=L"`` -> metrics of the users with at least L events.
         paired_vs_context: context key ``"<L>"`` -> slice (``"all"``, ``">=L"``) -> metric ->
@@ -156,9 +156,9 @@ class EvaluationResult:
             "protocol": self.protocol,
             "n_users": int(self.n_users),
             "metrics": {k: float(v) for k, v in self.metrics.items()},
-            "by_context_length": {
-                key: {k: (None if v is None else float(v)) for k, v in m.items()}
-                for key, m in self.by_context_length.items()
+            "by_context_length": {  # {metric: float} per the contract: a context the scorer cannot take (all
+                key: {k: float(v) for k, v in m.items()}  # None, beyond its max_context) is left out; a note says so
+                for key, m in self.by_context_length.items() if any(v is not None for v in m.values())
             },
             "by_history_length": {
                 key: {k: float(v) for k, v in m.items()} for key, m in self.by_history_length.items()

@@ -230,3 +230,25 @@ def test_a_model_uri_of_a_scheme_without_its_client_is_one_line(tmp_path, monkey
     monkeypatch.chdir(tmp_path)
     assert main(["score", "--model-uri", uri, "--input", "x", "--output", "r"]) == 2
     assert _one_error_line(capsys).startswith(f"error: cannot load model '{uri}' (")
+
+
+def test_a_model_folder_without_mlmodel_is_refused_before_a_store_is_made(tmp_path, monkeypatch, capsys):
+    # a prepared folder given as --model-uri created mlflow.db here, then named it in the error
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    (tmp_path / "notamodel").mkdir()
+    assert main(["score", "--model-uri", "notamodel", "--input", "notamodel", "--output", "r"]) == 2
+    assert _one_error_line(capsys) == (
+        "error: cannot load model 'notamodel': it is no MLflow model folder (no MLmodel file in it); give "
+        "runs:/RUN_ID/model or models:/NAME/VERSION from `recsys-alibi train`, or the folder that holds MLmodel")
+    assert sorted(os.listdir(tmp_path)) == ["notamodel"]
+
+
+def test_a_pipeline_input_that_is_missing_is_named_as_the_pipeline_takes_it(tmp_path, monkeypatch, capsys):
+    # it said "pass ... as --input", a flag pipeline does not take
+    monkeypatch.chdir(tmp_path)
+    argv = ["pipeline", "--output", "out", "--set", "generate.enabled=false", "--set", "data.input=../data/r.csv"]
+    assert main(argv) == 2
+    assert _one_error_line(capsys) == (
+        "error: input not found: '../data/r.csv'; pass an existing file, directory or glob as data.input "
+        "(--set data.input=PATH; a relative path is read from the working directory, not from the config's folder)")
