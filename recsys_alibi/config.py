@@ -199,7 +199,8 @@ class DataConfig(_Section):
 
     @model_validator(mode="after")
     def _items_declared(self) -> "DataConfig":
-        if self.items is not None and not self.item_features.columns:
+        # an append takes the declaration its directory recorded (recsys_alibi.data.append)
+        if self.items is not None and not self.item_features.columns and not self.append:
             raise ValueError(
                 "data.items needs its columns declared: set data.item_features.categorical and/or .numeric "
                 "(columns are never guessed)"

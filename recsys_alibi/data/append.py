@@ -43,7 +43,7 @@ from pathlib import Path
 
 import polars as pl
 
-from recsys_alibi.config import DataConfig
+from recsys_alibi.config import DataConfig, ItemFeaturesConfig
 from recsys_alibi.data.ingest import DataError, QuotedLinesError, Source, scan_source
 from recsys_alibi.data.item_features import STATS_KEY as ITEM_TABLE_KEY
 from recsys_alibi.data.prepare import PrepareResult, prepare_in_work_dir
@@ -91,6 +91,7 @@ def append(cfg: DataConfig, input_path: str | Path, output_dir: str | Path, *, f
         clean_stale(out)
         base = _load_base(out)
         _check_settings(base, settings(cfg, source), out)
+        cfg = _with_recorded_declaration(cfg, base, out)
         digests = [file_sha256(p) for p in source.paths]
         known = set(base.state["input_sha256"])
         fresh = [(p, d) for p, d in zip(source.paths, digests) if d not in known]
@@ -117,6 +118,22 @@ def append(cfg: DataConfig, input_path: str | Path, output_dir: str | Path, *, f
             log.warning("%s: quoted fields span lines, so CSV rows are not checked for a wrong number of fields", paths[0])
             source = scan_source(cfg, paths, source.fmt, count_fields=False)
             return prepare_in_work_dir(cfg, _after(base, source), out, base, digests)
+
+
+def _with_recorded_declaration(cfg: DataConfig, base: Base, out: Path) -> DataConfig:
+    """``cfg`` with the item-feature declaration the directory recorded, when an item table is given without one
+    (nothing is guessed: it is the declaration every earlier table of the directory was read with).
+
+    Raises:
+        DataError: a table without a declaration, for a directory that has no item table.
+    """
+    if cfg.items is None or cfg.item_features.columns:
+        return cfg
+    recorded = base.stats.get(ITEM_TABLE_KEY, {}).get("declaration")
+    if not recorded:
+        raise DataError(f"data.items needs its columns declared: {out} has no item table whose declaration an append "
+                        "could take; set data.item_features.categorical and/or .numeric")  # fmt: skip
+    return cfg.model_copy(update={"item_features": ItemFeaturesConfig.model_validate(recorded)})
 
 
 def _recorded_format(out: Path) -> str | None:

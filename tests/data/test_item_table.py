@@ -103,6 +103,24 @@ def test_vocabularies_kept_across_appends(inputs):
     assert again.equals(vocab) and rows.filter(pl.col("item_id") == 21).get_column("item_idx").to_list() == [5]
 
 
+def test_an_append_with_a_table_and_no_declaration_takes_the_directorys(inputs, capsys):
+    # `prepare --append --items T` was refused unless the declaration was repeated on the command line
+    prepare(_cfg(inputs / "items.csv"), inputs / "events.csv", inputs / "prep")
+    (inputs / "day2.csv").write_text("user_id,item_id,timestamp\n4,20,100\n4,10,101\n")
+    (inputs / "second.csv").write_text("item_id,genre,year\n20,Western|Drama,2001\n")
+    assert main(["prepare", "--input", str(inputs / "day2.csv"), "--items", str(inputs / "second.csv"), "--append",
+                 "--output", str(inputs / "prep"), "--set", "data.min_events_per_user=1",
+                 "--set", "data.min_events_per_item=1"]) == 0  # fmt: skip
+    rows, _, feats = read_item_features(inputs / "prep")
+    assert feats.categorical == ["genre"] and feats.numeric == ["year"]
+    assert rows.filter(pl.col("item_id") == 20).select("genre", "year").rows() == [(["Western", "Drama"], 2001.0)]
+    (inputs / "bare").mkdir()  # a directory with no item table has no declaration to take
+    prepare(_cfg(None), inputs / "events.csv", inputs / "bare")
+    with pytest.raises(DataError, match="has no item table whose declaration an append could take"):
+        append(DataConfig(min_events_per_user=1, min_events_per_item=1, items=str(inputs / "second.csv"), append=True),
+               inputs / "day2.csv", inputs / "bare")
+
+
 def test_append_with_another_declaration_refused(inputs):
     prepare(_cfg(inputs / "items.csv"), inputs / "events.csv", inputs / "prep")
     (inputs / "day2.csv").write_text("user_id,item_id,timestamp\n4,10,100\n")
