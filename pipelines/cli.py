@@ -69,18 +69,15 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USER_ERROR, f"error: {message} (see {self.prog} --help)\n")
 
 
-def _check_overrides_once(overrides: list[str]) -> None:
-    """Refuse a ``--set`` key given twice (the later value replaced the earlier one without a word).
-
-    Raises:
-        ConfigError: naming the key and both values.
-    """
-    first: dict[str, str] = {}
+def _say_replaced_overrides(overrides: list[str]) -> None:
+    """Say which ``--set`` replaces an earlier one of the same key: the later one wins (a base command with
+    overrides laid over it), and it no longer does so without a word."""
+    earlier: dict[str, str] = {}
     for text in overrides:
         key = text.split("=", 1)[0].strip()
-        if key in first:
-            raise ConfigError(f"--set {key} given twice ({first[key]!r}, then {text!r}); give each key once")
-        first[key] = text
+        if key in earlier and earlier[key] != text:
+            log.warning("--set %s given twice: %r replaces %r", key, text, earlier[key])
+        earlier[key] = text
 
 
 EMPTY_PATH = "an empty path (an unset variable?); give a path"
@@ -370,7 +367,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     forget_new_folders()
     try:
         _check_given_paths(args)
-        _check_overrides_once(args.overrides)
+        _say_replaced_overrides(args.overrides)
         config = load_config(args.config, args.overrides, _flag_values(args))
         summary = COMMANDS[args.command](config, args)
     except _user_errors() as err:

@@ -158,6 +158,8 @@ def _run_steps(config: JobConfig, progress: bool) -> PipelineResult:
         log.info(generated.summary())
         input_path = str(generated.path)
         config = reading_generated_table(config, generated)
+        # the pipeline's own generated log replaces the one it generated before (its prepared data is its own)
+        config = with_overrides(config, data={"overwrite": True})
     prepared_dir = out / "prepared"
     check_prior_data(config, prepared_dir, out / PRIOR_FILE)  # before the day is appended
     boundary = append_boundary(config, prepared_dir)  # score.popularity_prior.choose: where this append begins

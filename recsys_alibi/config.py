@@ -181,6 +181,8 @@ class DataConfig(_Section):
     partition_rows: int = Field(4_000_000, ge=1_000)  # events per user-hash partition (bounds memory)
     id_type: Literal["auto", "int", "str"] = "auto"  # ids of text formats; auto: Int64 only when every value round-trips (docs/data.md)
     append: bool = False  # prepare merges the input into the existing prepared directory (docs/data.md, "Appending")
+    # a full prepare may replace a prepared directory that holds events of inputs it does not read (else refused)
+    overwrite: bool = False
     items: str | None = None  # item table (Parquet/CSV/NDJSON) keyed by raw item id (`prepare --items`, docs/data.md)
     item_features: ItemFeaturesConfig = ItemFeaturesConfig()  # its declared columns
 

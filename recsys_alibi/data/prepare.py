@@ -47,6 +47,7 @@ Accounting (asserted): ``input_rows = kept + rejected + deduplicated + filtered`
 
 from __future__ import annotations
 
+import json
 import importlib
 import logging
 import shutil
@@ -214,9 +215,32 @@ def _prepare(
         state = {**result.stats[STATE_KEY], "input_sha256": [*before.get("input_sha256", []), *hashing.result()],
                  "input_files": [*before.get("input_files", []), *input_record(source.paths, hashing.result())]}
     stats = {**result.stats, STATE_KEY: state, **({ITEM_TABLE_KEY: item_table} if item_table else {})}
+    if base is None and not cfg.overwrite:
+        _check_nothing_lost(out, state["input_sha256"])
     (work / STATS_FILE).write_text(json_text(stats, sort_keys=False))
     publish(work, out, prepare_id)
     return PrepareResult(output_dir=out, counts=result.counts, stats=stats, appended=None if base is None else True)
+
+
+def _check_nothing_lost(out: Path, digests: list[str]) -> None:
+    """Refuse a full prepare over a prepared directory that holds events of input files it does not read (days added
+    by ``--append``, a prepare of other logs): it replaces the directory as a whole, so they would be gone.
+
+    Raises:
+        DataError: naming how many such files there are and the three ways on.
+    """
+    try:
+        earlier = json.loads((out / STATS_FILE).read_text())[STATE_KEY]["input_sha256"]
+    except (OSError, ValueError, KeyError, TypeError):  # no prepared directory there (or one from before the record)
+        return
+    read = set(digests)
+    lost = [digest for digest in earlier if digest not in read]
+    if lost:
+        raise DataError(
+            f"{out} holds the events of {len(lost)} input file(s) that this prepare does not read (prepared earlier, "
+            "e.g. days added with --append): a prepare replaces the directory as a whole, so they would be lost; add "
+            "this input with --append, prepare every input together, or --set data.overwrite=true to replace it"
+        )
 
 
 def _before(base: Base | None, key: str, default):

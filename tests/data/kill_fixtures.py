@@ -28,15 +28,18 @@ KILLER = textwrap.dedent(
     from recsys_alibi.config import DataConfig
     from recsys_alibi.data.{module} import {call}
     k = int(sys.argv[5])
-    {call}(DataConfig(min_events_per_user=k, min_events_per_item=k), sys.argv[1], sys.argv[2])
+    {call}(DataConfig(min_events_per_user=k, min_events_per_item=k, overwrite=sys.argv[6] == "1"), sys.argv[1], sys.argv[2])
     """
 )
 
 
-def run_killed(tmp_path: Path, events: Path, out: Path, target: str, when: str, *, append: bool = False, k: int = 1) -> None:
-    """``prepare`` (or ``append``) ``events`` into ``out`` with k-core ``k``, SIGKILLed before/after replacing ``target``."""
+def run_killed(tmp_path: Path, events: Path, out: Path, target: str, when: str, *, append: bool = False, k: int = 1,
+               overwrite: bool = False) -> None:  # fmt: skip
+    """``prepare`` (or ``append``) ``events`` into ``out`` with k-core ``k`` (and ``data.overwrite``), SIGKILLed
+    before/after replacing ``target``."""
     script = tmp_path / "killer.py"
     script.write_text(KILLER.format(module="append", call="append") if append else KILLER.format(module="prepare", call="prepare"))
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, str(script), str(events), str(out), target, when, str(k)], env=env, timeout=300)
+    argv = [sys.executable, str(script), str(events), str(out), target, when, str(k), "1" if overwrite else "0"]
+    done = subprocess.run(argv, env=env, timeout=300)
     assert done.returncode == -9  # SIGKILL

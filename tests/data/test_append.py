@@ -295,8 +295,8 @@ def test_the_half_written_message_names_the_fix_that_loses_no_appended_day(tmp_p
         run_killed(tmp_path, day3, out, "sequences.parquet", "after", append=True, k=2)
         append(cfg, day3, calm)
     else:  # a full prepare of day 3 alone, killed while publishing: its own result is what it wanted
-        run_killed(tmp_path, day3, out, "sequences.parquet", "after", k=2)
-        prepare(cfg, day3, calm)
+        run_killed(tmp_path, day3, out, "sequences.parquet", "after", k=2, overwrite=True)
+        prepare(cfg.model_copy(update={"overwrite": True}), day3, calm)
     with pytest.raises(DataError) as err:
         read_sequences(out)
     message = str(err.value)

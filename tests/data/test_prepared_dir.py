@@ -19,6 +19,7 @@ from serving.inputs import open_input
 from tests.data.kill_fixtures import run_killed
 
 LOOSE = DataConfig(min_events_per_user=1, min_events_per_item=1)
+OVER = LOOSE.model_copy(update={"overwrite": True})  # another log over a prepared directory: replaced on purpose
 
 
 def _events(path: Path, users: int, items: list[str]) -> Path:
@@ -28,7 +29,7 @@ def _events(path: Path, users: int, items: list[str]) -> Path:
 
 
 def _killed_prepare(tmp_path: Path, events: Path, out: Path, target: str, when: str) -> None:
-    run_killed(tmp_path, events, out, target, when)
+    run_killed(tmp_path, events, out, target, when, overwrite=True)
 
 
 def _readers(out: Path, tmp_path: Path) -> list:
@@ -57,7 +58,7 @@ def test_a_prepare_killed_while_replacing_files_leaves_a_dir_every_reader_refuse
 
     assert main(["train", "--prepared", str(out), "--set", "model.max_len=4"]) == 2
     # the next prepare cleans what the killed one left and publishes a whole directory
-    prepare(LOOSE, new, out)
+    prepare(OVER, new, out)
     assert not [n for n in os.listdir(out) if n.startswith(".")]
     assert read_items(out).get_column("item_id").sort().to_list() == ["p", "q", "r", "s", "t"]
     assert read_sequences(out).height == 9
@@ -72,7 +73,7 @@ def test_a_prepare_killed_before_publishing_keeps_the_old_dir_whole_and_its_left
     assert any(n.startswith(".prepare-") for n in leftovers) and any(n.endswith(".tmp") for n in leftovers)
     assert read_items(out).get_column("item_id").to_list() == ["a", "b", "c"]  # the old data, consistent
     assert read_sequences(out).height == 6
-    prepare(LOOSE, new, out)
+    prepare(OVER, new, out)
     assert not [n for n in os.listdir(out) if n.startswith(".")]
     assert read_sequences(out).height == 9
 
@@ -81,7 +82,7 @@ def test_readers_pinned_to_one_prepare_refuse_the_directory_prepared_again(tmp_p
     out = tmp_path / "prepared"
     prepare(LOOSE, _events(tmp_path / "a.csv", 6, ["a", "b", "c"]), out)
     datamodule = SequenceDataModule(out, ModelConfig(max_len=4), TrainConfig(), seed=0)  # reads lengths, items
-    prepare(LOOSE, _events(tmp_path / "b.csv", 9, ["p", "q", "r"]), out)
+    prepare(OVER, _events(tmp_path / "b.csv", 9, ["p", "q", "r"]), out)
     with pytest.raises(DataError, match="prepared again while"):
         datamodule.load()  # what each training process reads later (its users' rows)
     with pytest.raises(DataError, match="prepared again while"):
@@ -159,3 +160,28 @@ def test_data_fingerprint_depends_on_the_events_not_on_the_partitioning(tmp_path
     other.write_text(events.read_text().replace("u7,", "u7x,", 1))  # one event of another user
     prepare(LOOSE, other, tmp_path / "three")
     assert data_sha256(tmp_path / "three") != data_sha256(tmp_path / "two")
+
+
+def test_a_prepare_over_a_directory_of_other_inputs_is_refused_not_a_silent_loss(tmp_path):
+    # a daily job that forgot --append once replaced every earlier day with the one file it read (exit 0)
+    from recsys_alibi.data.append import append
+
+    day1, day2 = _events(tmp_path / "day1.csv", 3, ["a", "b"]), _events(tmp_path / "day2.csv", 4, ["c", "d"])
+    out = tmp_path / "prepared"
+    prepare(LOOSE, day1, out)
+    assert prepare(LOOSE, day1, out).counts["events"] == 12  # the same prepare again: replaced, nothing lost
+    append(LOOSE, day2, out)
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    with pytest.raises(DataError) as info:
+        prepare(LOOSE, day2, out)
+    assert str(info.value) == (
+        f"{out} holds the events of 1 input file(s) that this prepare does not read (prepared earlier, e.g. days added "
+        "with --append): a prepare replaces the directory as a whole, so they would be lost; add this input with "
+        "--append, prepare every input together, or --set data.overwrite=true to replace it")
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
+    both = tmp_path / "both"
+    both.mkdir()
+    for day in (day1, day2):
+        (both / day.name).write_bytes(day.read_bytes())
+    assert prepare(LOOSE, both, out).counts["events"] == 28  # every input together: allowed
+    assert prepare(OVER, day2, out).counts["events"] == 16

@@ -209,10 +209,8 @@ def test_score_output_inside_a_raw_events_folder_is_refused_before_the_model_loa
      "one folder or name them with a glob (see recsys-alibi prepare --help)"),
     (["score", "--model-uri", "runs:/x/model", "--output", "r1", "--output", "r2"],
      "error: --output given twice ('r1', then 'r2'); give it once (see recsys-alibi score --help)"),
-    (["prepare", "--input", "a.csv", "--set", "seed=1", "--set", "data.min_events_per_user=1", "--set", "seed=2"],
-     "error: --set seed given twice ('seed=1', then 'seed=2'); give each key once"),
 ])  # fmt: skip
-def test_a_flag_or_key_given_twice_is_refused_not_last_wins(tmp_path, monkeypatch, capsys, argv, line):
+def test_a_flag_of_one_value_given_twice_is_refused_not_last_wins(tmp_path, monkeypatch, capsys, argv, line):
     # `prepare --input A --input B` prepared B alone, exit 0
     monkeypatch.chdir(tmp_path)
     try:
@@ -222,6 +220,18 @@ def test_a_flag_or_key_given_twice_is_refused_not_last_wins(tmp_path, monkeypatc
     assert code == 2
     assert _one_error_line(capsys) == line
     assert os.listdir(tmp_path) == []
+
+
+def test_a_set_key_given_twice_says_which_value_replaces_which(tmp_path, monkeypatch, capsys, caplog):
+    # the later one wins (overrides laid over a base command), but no longer without a word
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "e.csv").write_text("user_id,item_id,timestamp\n1,10,1\n1,11,2\n2,10,3\n")
+    argv = ["prepare", "--input", "e.csv", "--output", "p", "--set", "data.min_events_per_user=5",
+            "--set", "data.min_events_per_item=1", "--set", "data.min_events_per_user=1"]
+    assert main(argv) == 0
+    assert "--set data.min_events_per_user given twice: 'data.min_events_per_user=1' replaces " \
+           "'data.min_events_per_user=5'" in caplog.text
+    assert capsys.readouterr().out.startswith("prepared 3 events, 2 users")
 
 
 @pytest.mark.parametrize("uri", ["s3://bucket/model", "gs://bucket/model", "http://host/path"])

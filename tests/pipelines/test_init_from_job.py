@@ -58,7 +58,10 @@ def test_warm_run_records_its_parent_and_what_is_new(tmp_path, mlflow_store, cap
     # killed after its first epoch: --resume continues it with the warm schedule, without loading the parent again
     (marker,) = (tmp_path / "job" / "checkpoints").glob(f"{child.info.run_id}/{COMPLETE_MARKER}")
     marker.unlink()
-    assert main([*_train(day2, tmp_path / "job", f"train.init_from=runs:/{parent.info.run_id}/model"), "--resume"]) == 0
+    warm_args = _train(day2, tmp_path / "job", f"train.init_from=runs:/{parent.info.run_id}/model", *warm)
+    assert main([*_train(day2, tmp_path / "job", f"train.init_from=runs:/{parent.info.run_id}/model"), "--resume"]) == 2
+    assert "its run trained with other training settings (train.lr=0.0005 (now 0.002)" in capsys.readouterr().err
+    assert main([*warm_args, "--resume"]) == 0  # the same command: resumed (without its warm keys: refused above)
     printed = capsys.readouterr().out
     assert f"mlflow_run_id: {child.info.run_id}" in printed and "resumed from" in printed
     assert "warm start from" in printed and loads == [loads[0]]
