@@ -84,8 +84,9 @@ def example_grid_metrics(loaded, examples: pl.DataFrame, logprior: np.ndarray) -
     """(U, len(GRID), 2) [NDCG@10, HR@10] of a model on ``examples`` under every grid point, in the examples' order.
 
     Args:
-        loaded: a ``LoadedRanker``; ``examples`` in its numbering: ``history`` (whole, read and excluded as
-            ``score`` does), one-item ``targets`` and, for a time-gap model, ``history_time_gaps``.
+        loaded: a ``LoadedRanker``; ``examples`` in its numbering: ``history`` (whole: read, up to the model's
+            ``max_context`` last events, and excluded as ``score`` does), one-item ``targets`` and, for a time-gap
+            model, ``history_time_gaps``.
         logprior: (len(HALF_LIVES), N + 1) float64 ``log(1 + c)`` in the model's numbering (:func:`in_model_numbering`).
     """
     import torch
@@ -99,13 +100,15 @@ def example_grid_metrics(loaded, examples: pl.DataFrame, logprior: np.ndarray) -
     scorer = RankerScorer(loaded.model, name="prior_choice")
     prior = torch.from_numpy(logprior)
     parts = [np.zeros((0, len(GRID), 2))]
+    last = slice(-scorer.max_context, None) if scorer.max_context else slice(None)  # learned positions: max_len
     for start in range(0, examples.height, BATCH):
         part = examples.slice(start, BATCH)
-        history, lengths = pad_right([np.asarray(h) for h in part[HISTORY].to_list()])  # (B, L), (B,)
+        whole = [np.asarray(h) for h in part[HISTORY].to_list()]
+        history, lengths = pad_right([h[last] for h in whole])  # (B, L), (B,): what the model reads, as in score
         gaps = None
         if HISTORY_TIME_GAPS in part.columns and scorer.uses_time_gaps:
-            gaps, _ = pad_right([np.asarray(g) for g in part[HISTORY_TIME_GAPS].to_list()])
-        scores = mask_seen(scorer.score(history, lengths, gaps), history)  # (B, N + 1)
+            gaps, _ = pad_right([np.asarray(g)[last] for g in part[HISTORY_TIME_GAPS].to_list()])
+        scores = mask_seen(scorer.score(history, lengths, gaps), pad_right(whole)[0])  # (B, N + 1): whole history seen
         targets = torch.tensor([t[0] for t in part[TARGETS].to_list()], dtype=torch.int64)  # (B,)
         parts.append(grid_metrics(scores, targets, prior))
     return np.concatenate(parts)

@@ -339,3 +339,16 @@ def test_cpu_name_names_the_model_and_its_bf16_flags(tmp_path):
     info.write_text("model name\t: AMD EPYC\nflags\t\t: fpu avx2\n")
     assert cpu_name(info) == "AMD EPYC (AVX2 only)"
     assert cpu_name(tmp_path / "missing")  # no /proc: the platform's processor string, never an error
+
+
+def test_zero_share_is_the_pair_count_in_closed_form_and_costs_nothing_at_a_huge_length():
+    # diagnose --max-len 99999999999 allocated one count per distance (745 GiB)
+    from recsys_alibi.diagnostics.distances import zero_share
+
+    def by_counting(zero_d, length, window, sinks):  # the definition, one distance at a time
+        counts = [length - d if window is None or d < window else min(sinks, length - d) for d in range(length)]
+        return sum(counts[zero_d:]) / sum(counts)
+
+    for length, zero_d, window, sinks in [(10, 3, None, 0), (29, 5, 10, 3), (12, 11, 4, 7), (7, 2, 1, 0), (40, 30, 5, 2)]:
+        assert zero_share(zero_d, length, window, sinks) == pytest.approx(by_counting(zero_d, length, window, sinks))
+    assert zero_share(5, 10**11) == pytest.approx(1 - (5 * 10**11 - 10) / (10**11 * (10**11 + 1) / 2), rel=1e-12)

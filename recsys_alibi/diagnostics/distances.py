@@ -12,7 +12,6 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-import numpy as np
 import torch
 
 from recsys_alibi.diagnostics.paths import SoftmaxPath, exp_path
@@ -128,17 +127,25 @@ def path_normal_distance(
     return _first_gone(slope, replace(path, floor="normal"), bias_clamp, row_len)
 
 
-def _pair_counts(max_len: int, window: int | None, sinks: int) -> np.ndarray:
-    """(L,) float64: visible causal (query, key) pairs at each distance d = 0..L-1.
+def _pairs_from(start: int, max_len: int, window: int | None, sinks: int) -> int:
+    """Visible causal (query, key) pairs of a length-``max_len`` sequence at distances ``start .. max_len - 1``.
 
-    ``L - d`` pairs per distance; with a window only ``d < window`` plus, beyond it, the pairs
-    whose key is one of the first ``sinks`` positions (``min(sinks, L - d)``).
+    ``L - d`` pairs per distance d; with a window only ``d < window`` plus, beyond it, the pairs whose key is one
+    of the first ``sinks`` positions (``min(sinks, L - d)``). Summed in closed form (exact integers), so a length
+    of 10^11 costs nothing (an array of one count per distance took 745 GiB there).
     """
-    d = np.arange(max_len, dtype=np.float64)
-    counts = max_len - d
-    if window is not None:
-        counts = np.where(d < window, counts, np.minimum(float(sinks), counts))
-    return counts
+    def tri(n: int) -> int:  # 1 + 2 + ... + n
+        return n * (n + 1) // 2 if n > 0 else 0
+
+    def near(lo: int, hi: int) -> int:  # sum of L - d over d in [lo, hi)
+        return tri(max_len - lo) - tri(max_len - hi) if lo < hi else 0
+
+    if window is None:
+        return near(start, max_len)
+    edge = min(window, max_len)
+    far = max_len - max(start, edge)  # distances from max(start, window) on: min(sinks, L - d) = min(sinks, j), j <= far
+    beyond = tri(min(sinks, far)) + sinks * max(0, far - sinks) if far > 0 else 0
+    return near(start, edge) + beyond
 
 
 def zero_share(zero_distance: int | None, max_len: int, window: int | None = None, sinks: int = 0) -> float:
@@ -152,8 +159,7 @@ def zero_share(zero_distance: int | None, max_len: int, window: int | None = Non
         raise ValueError(f"max_len must be >= 1, got {max_len}")
     if zero_distance is None or zero_distance >= max_len:
         return 0.0
-    counts = _pair_counts(max_len, window, sinks)
-    return float(counts[zero_distance:].sum() / counts.sum())
+    return _pairs_from(zero_distance, max_len, window, sinks) / _pairs_from(0, max_len, window, sinks)
 
 
 def bias_clamp_limit(

@@ -110,7 +110,7 @@ def _recall(r: np.ndarray, k: int) -> np.ndarray:
 def _ndcg(r: np.ndarray, k: int) -> np.ndarray:
     gains = np.where(r <= k, 1.0 / np.log2(np.minimum(r, k) + 1.0), 0.0)
     n_targets = np.isfinite(r).sum(axis=1)
-    return gains.sum(axis=1) / _idcg_table(k)[np.minimum(k, n_targets)]
+    return gains.sum(axis=1) / _idcg_table(min(k, r.shape[1]))[np.minimum(k, n_targets)]  # k beyond any catalog: O(T)
 
 
 def _rr(r: np.ndarray) -> np.ndarray:

@@ -93,3 +93,10 @@ def test_vectorised_matches_reference(users, ks):
         assert hit_rate_at_k(matrix, k + 1) >= hit_rate_at_k(matrix, k)
         assert recall_at_k(matrix, k + 1) >= recall_at_k(matrix, k)
         assert ndcg_at_k(matrix, k) <= 1.0 + 1e-12
+
+
+def test_a_cut_off_beyond_any_catalog_costs_no_memory_in_proportion_to_it():
+    # evaluate.ks=[10, 2**40] allocated an 8 TiB IDCG table (a MemoryError traceback)
+    assert ndcg_at_k([2**40], 2**41) == pytest.approx(1 / math.log2(2**40 + 1))
+    two = [[1, 3, 0], [2, 0, 0]]  # hand: (1 / (1 + 1/log2 3) + 1/log2 3) / 2
+    assert ndcg_at_k(two, 2**41) == pytest.approx(((1 + 0.5) / (1 + 1 / math.log2(3)) + 1 / math.log2(3)) / 2)

@@ -80,3 +80,27 @@ def test_a_record_of_another_grid_is_set_aside_whole_and_the_choice_starts_over(
     check_prior_data(config, tmp_path / "prepared", record)
     assert sorted(p.read_bytes() == before for p in tmp_path.glob("popularity_prior.json.other-grid-*")) == [False, True]
 
+
+
+def test_the_champion_of_learned_positions_reads_its_last_max_len_events_when_the_prior_is_chosen():
+    # day 2 of a SASRec (learned positions) pipeline failed after the append: "learned positions cover 4 items"
+    import numpy as np
+    import polars as pl
+    import torch
+
+    from pipelines.prior_choice import example_grid_metrics
+    from recsys_alibi.config import ModelConfig
+    from recsys_alibi.data.splits import HISTORY, TARGETS
+    from recsys_alibi.evaluation.popularity_prior import HALF_LIVES
+    from recsys_alibi.model.transformer import AlibiRanker
+    from recsys_alibi.tracking import LoadedRanker
+
+    torch.manual_seed(0)
+    model = AlibiRanker(ModelConfig(d_model=8, n_heads=2, n_layers=1, max_len=4, position="learned", dropout=0.0), 10)
+    loaded = LoadedRanker(model=model.eval(), items=pl.DataFrame(), run_id=None)
+    prior = np.log1p(np.arange(11, dtype=np.float64))[None].repeat(len(HALF_LIVES), 0)  # (H, N + 1)
+    # the first three events repeat in the last four: the seen items are the same either way
+    whole = pl.DataFrame({HISTORY: [[1, 2, 3, 1, 2, 3, 4], [5, 6]], TARGETS: [[7], [8]]})
+    cut = pl.DataFrame({HISTORY: [[1, 2, 3, 4], [5, 6]], TARGETS: [[7], [8]]})
+    got = example_grid_metrics(loaded, whole, prior)
+    assert got.shape == (2, got.shape[1], 2) and np.array_equal(got, example_grid_metrics(loaded, cut, prior))
