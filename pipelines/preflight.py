@@ -82,8 +82,8 @@ def check_warm_features(config: JobConfig, parent: tuple | None) -> None:
 def check_warm_shape(config: JobConfig, parent: tuple | None) -> None:
     """Refuse a warm start from a model of another architecture before the day is appended (``train`` refuses it
     after the prepare, from the loaded model): the parent run's logged config (``job_config.json``, a few kB)
-    against ``model.*`` (:func:`recsys_alibi.training.warm_start.check_same_shape`; ``max_len`` is left to
-    ``train``, which may resolve it from the data). ``parent``: :func:`parent_run`'s answer; none, or a run without
+    against ``model.*`` (:func:`recsys_alibi.training.warm_start.check_same_shape`; ``max_len: auto`` is left to
+    ``train``, which resolves it from the data). ``parent``: :func:`parent_run`'s answer; none, or a run without
     a readable config: not checked here.
 
     Raises:
@@ -103,7 +103,9 @@ def check_warm_shape(config: JobConfig, parent: tuple | None) -> None:
         old = ModelConfig.model_validate({key: value for key, value in logged.items() if key in ModelConfig.model_fields})
     except Exception:  # noqa: BLE001 - an older or missing config: train checks the loaded model itself
         return
-    check_same_shape(old, config.model.model_copy(update={"max_len": old.max_len}), source)  # max_len: train's
+    # max_len: train's when auto (resolved from the data); a number is compared now (a learned table's size)
+    now_len = old.max_len if config.model.max_len == "auto" else config.model.max_len
+    check_same_shape(old, config.model.model_copy(update={"max_len": now_len}), source)
 
 
 def parent_run(config: JobConfig):

@@ -45,7 +45,7 @@ from recsys_alibi.tracking import LoggedModel, log_config, log_ranker, setup_tra
 from recsys_alibi.training.data_rules import resolve_max_len
 from recsys_alibi.training.datamodule import SequenceDataModule
 from recsys_alibi.training.fit import check_sharding, fit_ranker
-from recsys_alibi.training.launch import check_accelerator, launch_rank, mark_complete
+from recsys_alibi.training.launch import check_accelerator, launch_rank, mark_complete, resumable_checkpoint
 from pipelines.init_from import WarmStart, data_counts, resolve_warm_start
 from serving.pyfunc import pyfunc_flavour
 
@@ -149,6 +149,9 @@ def run_train(config: JobConfig, prepared_dir: str | Path, *, progress: bool = T
         )  # fmt: skip
     if config.train.resume and resume is None:
         log.info("train.resume: no unfinished checkpoint of this data and split under %s; starting a new run", checkpoints)
+    elif not config.train.resume and (unfinished := resumable_checkpoint(checkpoints)) is not None:
+        log.info("an unfinished run is under %s (killed, or still running); --resume (train.resume=true) "
+                 "continues it when it trained on this data; this run starts a new one", unfinished.parent)  # fmt: skip
     setup_tracking(config.tracking)
     return _train_and_track(config, prepared_dir, datamodule, checkpoints, resume, callbacks, warm, progress=progress,
                             register=register)  # fmt: skip

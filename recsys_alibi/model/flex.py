@@ -194,8 +194,9 @@ def flex_alibi_attention(
             ``sinks``.
         kernel_options: flex kernel options instead of the pinned ones (CUDA).
 
-    Falls back when gradients are needed on CPU (no flex backward there in torch 2.13) or when
-    compiling fails for a shape (remembered: that shape is not tried again).
+    Falls back when gradients are needed on CPU (no flex backward there in torch 2.13), for float64 inputs (no
+    Inductor kernel), or when compiling fails for a shape (remembered: that shape is not tried again; the
+    warning gives the error's first line).
 
     Returns:
         (B, H, Lq, D) in ``q.dtype``; padded and empty rows are zeros.
@@ -213,6 +214,9 @@ def flex_alibi_attention(
             "cpu-grad", "flex attention has no backward on CPU (torch 2.13); using sdpa for inputs that need gradients"
         )
         return sdpa_attention(q, k, v, fallback_slopes, scale=scale, **kw)
+    if q.dtype == torch.float64:  # Inductor lowers no float64 flex kernel: its failure is an 85-line IR dump
+        runner.warn_once("float64", "flex attention has no float64 kernel; using sdpa for float64 inputs")
+        return sdpa_attention(q, k, v, fallback_slopes, scale=scale, **kw)
     b, h, lq, d = q.shape
     signature = (bucket_batch(b), h, round_up(lq), round_up(spec.k_len), d, q.dtype, str(q.device))
     if signature not in runner.failed:
@@ -227,6 +231,7 @@ def flex_alibi_attention(
             runner.failed.add(signature)
             runner.warn_once(
                 f"fail-{type(err).__name__}",
-                f"flex attention failed for shape {tuple(q.shape)} ({type(err).__name__}: {err}); using sdpa",
+                f"flex attention failed for shape {tuple(q.shape)} ({type(err).__name__}: "
+                f"{str(err).strip().splitlines()[0][:200] if str(err).strip() else ''}); using sdpa",  # not the IR dump
             )
     return sdpa_attention(q, k, v, fallback_slopes, scale=scale, **kw)

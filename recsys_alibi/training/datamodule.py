@@ -135,7 +135,9 @@ class SequenceDataModule(L.LightningDataModule):
         self.train_fit = fit[self.train_rows]  # (R_train,) their fit lengths: every rank plans every rank's batches
         if self.train_rows.size == 0:
             if protocol == "leave_one_out":
-                raise ValueError("no user has 4 or more events: nothing to train on (lower data.min_events_per_user?)")
+                raise ValueError("no user has 4 or more events: nothing to train on (leave-one-out holds out each "
+                                 "user's last event for test and the one before for validation, and a training "
+                                 "example needs two more); prepare a log with longer histories")  # fmt: skip
             raise ValueError(
                 f"no user has 3 or more events before the temporal cutoff {self.cutoff}: nothing to train on "
                 "(set a later evaluate.temporal_cutoff, or null for the 90% quantile of the timestamps)"

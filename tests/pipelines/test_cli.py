@@ -262,3 +262,13 @@ def test_a_pipeline_input_that_is_missing_is_named_as_the_pipeline_takes_it(tmp_
     assert _one_error_line(capsys) == (
         "error: input not found: '../data/r.csv'; pass an existing file, directory or glob as data.input "
         "(--set data.input=PATH; a relative path is read from the working directory, not from the config's folder)")
+
+
+def test_a_pipeline_appending_to_no_prepared_data_is_refused_before_it_generates(tmp_path, monkeypatch, capsys):
+    # it generated events.parquet and items.parquet into a new output, then refused the append
+    monkeypatch.chdir(tmp_path)
+    assert main(["pipeline", "--output", "out", "--set", "data.append=true", "--set", "generate.users=20"]) == 2
+    assert _one_error_line(capsys) == (
+        "error: cannot append to out/prepared: it is not a prepared directory (no manifest.json); run the first "
+        "day's pipeline without data.append (docs/scheduling.md)")
+    assert not (tmp_path / "out").exists()

@@ -216,4 +216,7 @@ def test_a_warm_start_from_another_architecture_is_refused_before_appending(tmp_
 
     same = load_config(None, [f"train.init_from=runs:/{run_id}/model", "model.d_model=16", "model.n_heads=2",
                               "model.n_layers=1", "model.max_len=50"])
-    check_warm_shape(same, parent_run(same))  # the same shape: max_len is train's
+    check_warm_shape(same, parent_run(same))  # the same shape: ALiBi has no position table, so max_len may change
+    learned = with_overrides(same, model={"position": "learned"})
+    with pytest.raises(Exception, match=r"it is another model \(.*model.max_len=8 \(now 50\)"):
+        check_warm_shape(learned, parent_run(learned))  # a learned table's size: refused before the day (was after)

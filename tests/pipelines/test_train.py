@@ -137,3 +137,17 @@ def test_the_logged_pyfunc_serves_under_the_configs_seen_item_rule(tmp_path, mlf
     (run,) = mlflow.search_runs(search_all_experiments=True, output_format="list")
     pyfunc = mlflow.pyfunc.load_model(f"runs:/{run.info.run_id}/model")
     assert {p.name: p.default for p in pyfunc.metadata.get_params_schema().params}["exclude_seen"] is False
+
+
+def test_a_plain_train_beside_an_unfinished_run_says_resume_would_continue_it(tmp_path, mlflow_store, capsys, caplog):
+    # the same command again after a kill -9 started afresh without a word about the run --resume continues
+    walks = _walks(tmp_path / "walks", 12, "a")
+    output = tmp_path / "job"
+    assert main(_train(walks, output)) == 0
+    (run,) = mlflow.search_runs(search_all_experiments=True, output_format="list")
+    killed = _killed(output, run.info.run_id)
+    caplog.clear()
+    assert main(_train(walks, output)) == 0
+    assert [r.getMessage() for r in caplog.records if "an unfinished run" in r.getMessage()] == [
+        f"an unfinished run is under {killed} (killed, or still running); --resume (train.resume=true) continues it "
+        "when it trained on this data; this run starts a new one"]
