@@ -216,30 +216,37 @@ def _prepare(
                  "input_files": [*before.get("input_files", []), *input_record(source.paths, hashing.result())]}
     stats = {**result.stats, STATE_KEY: state, **({ITEM_TABLE_KEY: item_table} if item_table else {})}
     if base is None and not cfg.overwrite:
-        _check_nothing_lost(out, state["input_sha256"])
+        _check_nothing_lost(out, source.paths, hashing.result())
     (work / STATS_FILE).write_text(json_text(stats, sort_keys=False))
     publish(work, out, prepare_id)
     return PrepareResult(output_dir=out, counts=result.counts, stats=stats, appended=None if base is None else True)
 
 
-def _check_nothing_lost(out: Path, digests: list[str]) -> None:
+def _check_nothing_lost(out: Path, paths: tuple[Path, ...], digests: list[str]) -> None:
     """Refuse a full prepare over a prepared directory that holds events of input files it does not read (days added
-    by ``--append``, a prepare of other logs): it replaces the directory as a whole, so they would be gone.
+    by ``--append``, another log): it replaces the directory as a whole, so they would be gone. An earlier input is
+    read again when this prepare reads its path (a corrected file) or its bytes (a moved one); a directory's own
+    files as input (its ``events.parquet``) are its events. Directories prepared before paths were recorded
+    (``append_state["input_files"]``) are not checked.
 
     Raises:
         DataError: naming how many such files there are and the three ways on.
     """
     try:
-        earlier = json.loads((out / STATS_FILE).read_text())[STATE_KEY]["input_sha256"]
+        earlier = json.loads((out / STATS_FILE).read_text())[STATE_KEY]["input_files"]
     except (OSError, ValueError, KeyError, TypeError):  # no prepared directory there (or one from before the record)
         return
-    read = set(digests)
-    lost = [digest for digest in earlier if digest not in read]
+    inside = out.resolve()
+    if any(inside in p.resolve().parents for p in paths):
+        return
+    read_paths, read_bytes = {str(p.resolve()) for p in paths}, set(digests)
+    lost = [f for f in earlier if f["path"] not in read_paths and f["sha256"] not in read_bytes]
     if lost:
         raise DataError(
-            f"{out} holds the events of {len(lost)} input file(s) that this prepare does not read (prepared earlier, "
-            "e.g. days added with --append): a prepare replaces the directory as a whole, so they would be lost; add "
-            "this input with --append, prepare every input together, or --set data.overwrite=true to replace it"
+            f"{out} holds the events of {len(lost)} input file(s) that this prepare does not read (e.g. "
+            f"'{lost[-1]['path']}', prepared earlier or added with --append): a prepare replaces the directory as a "
+            "whole, so they would be lost; add this input with --append, prepare every input together, or "
+            "--set data.overwrite=true to replace it"
         )
 
 

@@ -112,7 +112,7 @@ def test_an_existing_path_with_glob_characters_is_taken_literally(tmp_path):
         elif name != "we[1].csv":
             path.write_text((d / "we[1].csv").read_text())
         assert resolve_paths(path) == [path]
-        assert main(["prepare", "--input", str(path), "--output", str(tmp_path / "out"),
+        assert main(["prepare", "--input", str(path), "--output", str(tmp_path / "out"), "--set", "data.overwrite=true",
                      "--set", "data.min_events_per_user=1", "--set", "data.min_events_per_item=1"]) == 0
         events = pl.read_parquet(tmp_path / "out" / "events.parquet")
         assert events.select("user_id", "item_id").rows() == [("A", "x"), ("A", "y")], name

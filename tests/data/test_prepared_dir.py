@@ -175,13 +175,15 @@ def test_a_prepare_over_a_directory_of_other_inputs_is_refused_not_a_silent_loss
     with pytest.raises(DataError) as info:
         prepare(LOOSE, day2, out)
     assert str(info.value) == (
-        f"{out} holds the events of 1 input file(s) that this prepare does not read (prepared earlier, e.g. days added "
-        "with --append): a prepare replaces the directory as a whole, so they would be lost; add this input with "
-        "--append, prepare every input together, or --set data.overwrite=true to replace it")
+        f"{out} holds the events of 1 input file(s) that this prepare does not read (e.g. '{day1.resolve()}', prepared "
+        "earlier or added with --append): a prepare replaces the directory as a whole, so they would be lost; add this "
+        "input with --append, prepare every input together, or --set data.overwrite=true to replace it")
     assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
     both = tmp_path / "both"
     both.mkdir()
     for day in (day1, day2):
         (both / day.name).write_bytes(day.read_bytes())
-    assert prepare(LOOSE, both, out).counts["events"] == 28  # every input together: allowed
+    assert prepare(LOOSE, both, out).counts["events"] == 28  # every input together (moved: by their bytes): allowed
+    (both / "day1.csv").write_text((both / "day1.csv").read_text().replace("u0,", "u9,"))  # corrected in place
+    assert prepare(LOOSE, both, out).counts["users"] == 5  # read again at its path (u0 of day 1 now u9): allowed
     assert prepare(OVER, day2, out).counts["events"] == 16

@@ -221,7 +221,7 @@ def test_evaluate_reads_one_prepare_and_refuses_a_directory_prepared_again_meanw
 
     def read_then_prepare_again(*args, **kwargs):
         frame = real_read(*args, **kwargs)
-        prepare(DataConfig(min_events_per_user=1, min_events_per_item=1), other, prepared)  # another catalog
+        prepare(DataConfig(min_events_per_user=1, min_events_per_item=1, overwrite=True), other, prepared)  # another catalog
         return frame
 
     monkeypatch.setattr(evaluate_job, "read_sequences", read_then_prepare_again)
