@@ -386,6 +386,11 @@ def load_ranker(model_uri: str) -> LoadedRanker:
     # split (http://host/path: "not enough values to unpack")
     except (MlflowException, OSError, ImportError, ValueError) as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        scheme = urlparse(model_uri).scheme
+        if isinstance(err, ImportError):
+            first = f"reading {scheme}:// needs the module {err.name}, which is not installed"
+        elif scheme in ("http", "https") and not isinstance(err, (MlflowException, OSError)):
+            first = "MLflow reads no model from a web address"
         raise ModelUriError(
             f"cannot load model '{model_uri}' ({first}) from the tracking store {mlflow.get_tracking_uri()}; use "
             "runs:/RUN_ID/model or models:/NAME/VERSION from `recsys-alibi train` and check MLFLOW_TRACKING_URI / "

@@ -234,12 +234,16 @@ def test_a_set_key_given_twice_says_which_value_replaces_which(tmp_path, monkeyp
     assert capsys.readouterr().out.startswith("prepared 3 events, 2 users")
 
 
-@pytest.mark.parametrize("uri", ["s3://bucket/model", "gs://bucket/model", "http://host/path"])
-def test_a_model_uri_of_a_scheme_without_its_client_is_one_line(tmp_path, monkeypatch, capsys, uri):
+@pytest.mark.parametrize(("uri", "why"), [
+    ("s3://bucket/model", "reading s3:// needs the module botocore, which is not installed"),
+    ("gs://bucket/model", "reading gs:// needs the module google.cloud, which is not installed"),
+    ("http://host/path", "MLflow reads no model from a web address"),
+])  # fmt: skip
+def test_a_model_uri_of_a_scheme_without_its_client_is_one_line(tmp_path, monkeypatch, capsys, uri, why):
     # s3:// and gs:// were a ModuleNotFoundError traceback; http:// said "not enough values to unpack"
     monkeypatch.chdir(tmp_path)
     assert main(["score", "--model-uri", uri, "--input", "x", "--output", "r"]) == 2
-    assert _one_error_line(capsys).startswith(f"error: cannot load model '{uri}' (")
+    assert _one_error_line(capsys).startswith(f"error: cannot load model '{uri}' ({why}) from the tracking store")
 
 
 def test_a_model_folder_without_mlmodel_is_refused_before_a_store_is_made(tmp_path, monkeypatch, capsys):
