@@ -9,7 +9,14 @@ from pathlib import Path
 from recsys_alibi.atomic import atomic_path
 from pipelines.collisions import Output, check_apart
 from recsys_alibi.config import JobConfig, with_overrides
-from recsys_alibi.data.synthetic_items import check_item_table_free, write_daily_item_tables, write_item_table
+from recsys_alibi.data.synthetic_items import (
+    DAILY_ITEMS_DIR,
+    GENERATED,
+    check_item_table_free,
+    check_written_by_generate,
+    write_daily_item_tables,
+    write_item_table,
+)
 from recsys_alibi.staging import remove_stale_temps, stale_temps
 
 log = logging.getLogger(__name__)
@@ -97,12 +104,19 @@ class GenerateDaysResult:
 def run_generate_days(config: JobConfig, directory: str | Path) -> GenerateDaysResult:
     """Write the synthetic log as ``config.generate.days`` daily files into ``directory``
     (:func:`recsys_alibi.data.synthetic.split_days`); each file atomic, temporary files a killed run
-    left removed first, and ``day-*.parquet`` files of an earlier run with more days removed."""
+    left removed first, and ``day-*.parquet`` files of an earlier run with more days removed.
+
+    Raises:
+        DataError: a ``day-*.parquet`` there (or in ``_items/``) that generate did not write (it is never replaced
+            nor removed).
+    """
     from recsys_alibi.data.synthetic import generate_events, split_days
 
     cfg = _generate_section(config)
-    days = split_days(generate_events(cfg, config.seed), cfg.days, cfg.items, config.seed)
     directory = Path(directory)
+    # every file this run replaces or removes must be one generate wrote (never a user's day-001.parquet)
+    check_written_by_generate(sorted(directory.glob("day-*.parquet")) + sorted(directory.glob(f"{DAILY_ITEMS_DIR}/day-*.parquet")))
+    days = split_days(generate_events(cfg, config.seed), cfg.days, cfg.items, config.seed)
     directory.mkdir(parents=True, exist_ok=True)
     files = tuple(directory / DAY_FILE.format(d + 1) for d in range(len(days)))
     for stale in [p for f in files for p in stale_temps(f)] + sorted(set(directory.glob("day-*.parquet")) - set(files)):
@@ -113,7 +127,7 @@ def run_generate_days(config: JobConfig, directory: str | Path) -> GenerateDaysR
     new_users, new_items = [], []
     for path, day in zip(files, days):
         with atomic_path(path) as tmp:
-            day.write_parquet(tmp)
+            day.write_parquet(tmp, metadata=GENERATED)
         users, items = set(day.get_column("user_id").to_list()), set(day.get_column("item_id").to_list())
         new_users.append(len(users - seen_users))
         new_items.append(len(items - seen_items))

@@ -245,8 +245,8 @@ def _check_nothing_lost(out: Path, paths: tuple[Path, ...], digests: list[str]) 
         raise DataError(
             f"{out} holds the events of {len(lost)} input file(s) that this prepare does not read (e.g. "
             f"'{lost[-1]['path']}', prepared earlier or added with --append): a prepare replaces the directory as a "
-            "whole, so they would be lost; add this input with --append, prepare every input together, or "
-            "--set data.overwrite=true to replace it"
+            "whole, so they would be lost; add this input with --append (data.append=true), prepare every input "
+            "together, or --set data.overwrite=true to replace it"
         )
 
 

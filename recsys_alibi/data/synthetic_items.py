@@ -105,8 +105,36 @@ def write_item_table(cfg: GenerateConfig, seed: int, events_path: str | Path) ->
         return None
     path = item_table_path(events_path)
     with atomic_path(path) as tmp:
-        table.write_parquet(tmp, metadata={GENERATED_KEY: "item_table"})
+        table.write_parquet(tmp, metadata=GENERATED)
     return path
+
+
+GENERATED = {GENERATED_KEY: "generate"}  # the footer of every file ``generate`` writes
+
+
+def written_by_generate(path: Path) -> bool:
+    """Whether ``path`` is a Parquet file whose footer carries :data:`GENERATED_KEY` (``generate`` wrote it)."""
+    import pyarrow.parquet as pq
+
+    try:
+        return GENERATED_KEY.encode() in (pq.read_metadata(path).metadata or {})
+    except (OSError, ValueError):  # not Parquet, unreadable, a folder
+        return False
+
+
+def check_written_by_generate(paths: list[Path]) -> None:
+    """Refuse to replace or remove any of ``paths`` that ``generate`` did not write (a user's file of that name).
+
+    Raises:
+        DataError: naming the first such file.
+    """
+    from recsys_alibi.data.errors import DataError
+
+    for path in paths:
+        if (path.exists() or path.is_symlink()) and not written_by_generate(path):
+            raise DataError(f"'{path}' exists and generate did not write it: generate --days writes and replaces its "
+                            "day-NNN.parquet files (and _items/day-NNN.parquet) there; write them into another folder "
+                            "(--output), or move that file")  # fmt: skip
 
 
 def check_item_table_free(cfg: GenerateConfig, events_path: str | Path) -> None:
@@ -156,5 +184,5 @@ def write_daily_item_tables(cfg: GenerateConfig, seed: int, directory: str | Pat
     folder.mkdir(exist_ok=True)
     for path, rows in zip(paths, daily_item_tables(table, days)):
         with atomic_path(path) as tmp:
-            rows.write_parquet(tmp)
+            rows.write_parquet(tmp, metadata=GENERATED)
     return paths

@@ -177,7 +177,8 @@ def test_a_prepare_over_a_directory_of_other_inputs_is_refused_not_a_silent_loss
     assert str(info.value) == (
         f"{out} holds the events of 1 input file(s) that this prepare does not read (e.g. '{day1.resolve()}', prepared "
         "earlier or added with --append): a prepare replaces the directory as a whole, so they would be lost; add this "
-        "input with --append, prepare every input together, or --set data.overwrite=true to replace it")
+        "input with --append (data.append=true), prepare every input together, or --set data.overwrite=true to replace "
+        "it")
     assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
     both = tmp_path / "both"
     both.mkdir()

@@ -41,3 +41,25 @@ def test_generate_never_writes_its_item_table_over_a_file_it_did_not_write(tmp_p
     catalog.unlink()
     first = run_generate(config, tmp_path / "events.parquet")  # its own table it writes again
     assert run_generate(config, tmp_path / "events.parquet").item_table == first.item_table == catalog
+
+
+def test_generate_days_never_replaces_or_removes_a_day_file_it_did_not_write(tmp_path):
+    # a user's day-007.parquet was removed as "left by an earlier run", and day-001.parquet overwritten
+    import pytest
+
+    from pipelines.data_steps import run_generate_days
+    from recsys_alibi.data.errors import DataError
+
+    config = load_config(None, ["generate.users=8", "generate.items=10", "generate.max_events=30", "generate.days=3"])
+    (tmp_path / "_items").mkdir()
+    mine = tmp_path / "_items" / "day-009.parquet"
+    pl.DataFrame({"item_id": [1]}).write_parquet(mine)
+    before = mine.read_bytes()
+    with pytest.raises(DataError, match=r"'.*_items/day-009.parquet' exists and generate did not write it"):
+        run_generate_days(config, tmp_path)
+    assert mine.read_bytes() == before and not list(tmp_path.glob("day-*.parquet"))
+    mine.unlink()
+    first = run_generate_days(config, tmp_path)
+    two = load_config(None, ["generate.users=8", "generate.items=10", "generate.max_events=30", "generate.days=2"])
+    assert run_generate_days(two, tmp_path).files == first.files[:2]  # its own third day: removed
+    assert sorted(p.name for p in tmp_path.glob("day-*.parquet")) == ["day-001.parquet", "day-002.parquet"]

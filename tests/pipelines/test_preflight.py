@@ -3,6 +3,7 @@ a deleted MLflow run is never loaded, and loading a model prints no download bar
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from pathlib import Path
 
@@ -165,15 +166,36 @@ def test_a_tracking_uri_mlflow_cannot_use_is_one_line_before_the_day_is_appended
     assert capsys.readouterr().err.startswith(f"error: tracking URI '{uri}' (MLFLOW_TRACKING_URI)")
 
 
-def test_the_accepted_tracking_uris(monkeypatch):
-    import socket
+@contextlib.contextmanager
+def _http_server(health_status: int):
+    """A local HTTP server answering ``GET /health`` with ``health_status`` (an MLflow server answers 200)."""
+    import http.server
+    import threading
 
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server's name
+            self.send_response(health_status if self.path == "/health" else 404)
+            self.end_headers()
+
+        def log_message(self, *args):  # quiet
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_the_accepted_tracking_uris(monkeypatch):
     from recsys_alibi.tracking import check_tracking_uri
 
-    with socket.create_server(("127.0.0.1", 0)) as server:  # a server that listens: reachable
-        port = server.getsockname()[1]
+    with _http_server(200) as mlflow_like, _http_server(401) as gated:  # /health 200; a gateway wanting credentials
         monkeypatch.setenv("DATABRICKS_HOST", "https://example.cloud")
-        for uri in ("sqlite:///mlflow.db", "sqlite:////srv/mlflow.db", f"http://127.0.0.1:{port}", "databricks",
+        for uri in ("sqlite:///mlflow.db", "sqlite:////srv/mlflow.db", mlflow_like, gated, "databricks",
                     "databricks://profile"):  # fmt: skip
             check_tracking_uri(uri)
     with pytest.raises(ConfigError, match="needs a database driver that is not installed"):
@@ -189,6 +211,11 @@ def test_a_tracking_server_nobody_answers_at_and_databricks_without_credentials_
     assert str(info.value) == ("tracking URI 'http://127.0.0.1:1' (tracking.uri): no tracking server answers at "
                                "127.0.0.1:1 (Connection refused); start it, or point tracking.uri / MLFLOW_TRACKING_URI "
                                "at one that runs")  # fmt: skip
+    with _http_server(404) as other, pytest.raises(ConfigError) as info:  # it answers HTTP, but is no MLflow server
+        check_tracking_uri(other)
+    assert str(info.value) == (f"tracking URI '{other}' (tracking.uri): the server at 127.0.0.1:{other.rsplit(':', 1)[1]} "
+                               "is no MLflow tracking server (GET /health answered 404); point tracking.uri / "
+                               "MLFLOW_TRACKING_URI at one (mlflow server --host HOST --port PORT)")  # fmt: skip
     for key in [key for key in __import__("os").environ if key.startswith("DATABRICKS_")]:
         monkeypatch.delenv(key)
     monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.databrickscfg
