@@ -120,6 +120,12 @@ def test_files_that_are_not_text_by_their_first_bytes_are_named_so(tmp_path):
     message = _error(LOOSE, tmp_path / "u16.csv", tmp_path / "o")
     assert "is UTF-16 text (it starts with a UTF-16 byte-order mark), not UTF-8" in message
     assert "iconv -f utf-16 -t utf-8" in message
+    (tmp_path / "le.csv").write_bytes(text.decode().encode("utf-16-le"))  # no byte-order mark: was a column error
+    assert _error(LOOSE, tmp_path / "le.csv", tmp_path / "o") == (
+        f"'{tmp_path / 'le.csv'}' looks like UTF-16LE text without a byte-order mark (every other byte is 0), not "
+        f"UTF-8: convert it, e.g. iconv -f utf-16le -t utf-8 '{tmp_path / 'le.csv'}' > 'le.utf8.csv'")
+    (tmp_path / "be.dat.gz").write_bytes(gzip.compress("1::10::5::100\n".encode("utf-16-be")))
+    assert "looks like UTF-16BE text without a byte-order mark" in _error(LOOSE, tmp_path / "be.dat.gz", tmp_path / "o")
 
 
 def test_an_ndjson_file_of_blank_lines_is_an_empty_input(tmp_path):
