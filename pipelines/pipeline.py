@@ -40,9 +40,8 @@ from pipelines.preflight import check_before_data
 from pipelines.prior_choice import PRIOR_FILE, append_boundary, check_prior_data, chosen_prior, record_newest_period
 from pipelines.train import TrainJobResult, run_train
 from recsys_alibi.config import ConfigError, JobConfig, with_overrides
-from recsys_alibi.data.errors import DataError
+from recsys_alibi.data.append import check_appendable
 from recsys_alibi.data.formats import resolve_paths
-from recsys_alibi.data.schema import MANIFEST_FILE
 from recsys_alibi.data.prepared import prepare_lock
 from recsys_alibi.data.sequences import read_items, read_sequences
 from recsys_alibi.data.time_gaps import has_real_timestamps, sequences_for
@@ -146,9 +145,8 @@ def _run_steps(config: JobConfig, progress: bool) -> PipelineResult:
     started = time.perf_counter()
     out = Path(config.output)
     input_path = config.data.input
-    if config.data.append and not (out / "prepared" / MANIFEST_FILE).is_file():  # before anything is generated
-        raise DataError(f"cannot append to {out / 'prepared'}: it is not a prepared directory (no {MANIFEST_FILE}); "
-                        "run the first day's pipeline without data.append (docs/scheduling.md)")  # fmt: skip
+    if config.data.append:  # before anything is generated
+        check_appendable(out / "prepared", "run the first day's pipeline without data.append (docs/scheduling.md)")
     if input_path is not None and not config.generate.enabled:  # missing: named as the pipeline takes it, before work
         resolve_paths(input_path, "input", "data.input (--set data.input=PATH; a relative path is read from the "
                                            "working directory, not from the config's folder)")  # fmt: skip

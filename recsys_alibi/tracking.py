@@ -123,18 +123,10 @@ def _check_reachable(shown: str, parsed) -> None:
     """Refuse a tracking server nobody answers at (refused, no such host, no answer in :data:`REACH_SECONDS`), or one
     that answers but is no MLflow server (its ``/health`` not 200, 401 or 403): MLflow would retry each call for
     minutes, or fail on the first, and end in a traceback after the day's prepare."""
-    import socket
-
     import urllib.error
     import urllib.request
 
     port = parsed.port or (443 if parsed.scheme.lower() == "https" else 80)
-    try:
-        socket.create_connection((parsed.hostname, port), timeout=REACH_SECONDS).close()
-    except OSError as err:
-        why = err.strerror or type(err).__name__  # "Connection refused", "Name or service not known", timed out
-        raise ConfigError(f"{shown}: no tracking server answers at {parsed.hostname}:{port} ({why}); start it, "
-                          "or point tracking.uri / MLFLOW_TRACKING_URI at one that runs") from None  # fmt: skip
     health = parsed.geturl().rstrip("/") + "/health"  # every MLflow server answers it, without credentials
     try:
         with urllib.request.urlopen(health, timeout=REACH_SECONDS):  # noqa: S310 - the configured server's own URL
@@ -143,8 +135,13 @@ def _check_reachable(shown: str, parsed) -> None:
         if err.code in (401, 403):  # a gateway that wants credentials: MLflow sends them (MLFLOW_TRACKING_TOKEN ...)
             return
         why = f"GET /health answered {err.code}"
-    except (OSError, ValueError) as err:
-        why = f"GET /health failed: {getattr(err, 'reason', None) or type(err).__name__}"
+    except urllib.error.URLError as err:  # no connection: refused, no such host, no answer in REACH_SECONDS
+        reason = err.reason
+        why = getattr(reason, "strerror", None) or str(reason)  # "Connection refused", "Name or service not known"
+        raise ConfigError(f"{shown}: no tracking server answers at {parsed.hostname}:{port} ({why}); start it, "
+                          "or point tracking.uri / MLFLOW_TRACKING_URI at one that runs") from None  # fmt: skip
+    except (OSError, ValueError) as err:  # connected, but no HTTP answer
+        why = f"GET /health failed: {type(err).__name__}"
     raise ConfigError(f"{shown}: the server at {parsed.hostname}:{port} is no MLflow tracking server ({why}); point "
                       "tracking.uri / MLFLOW_TRACKING_URI at one (mlflow server --host HOST --port PORT)")  # fmt: skip
 

@@ -78,11 +78,7 @@ def append(cfg: DataConfig, input_path: str | Path, output_dir: str | Path, *, f
             the settings differ from its own, or the input cannot be read (as ``prepare``).
     """
     out = Path(output_dir)
-    if not (out / MANIFEST_FILE).is_file():
-        raise DataError(
-            f"cannot append to {out}: it is not a prepared directory (no {MANIFEST_FILE}); "
-            "run `recsys-alibi prepare` without --append first"
-        )
+    check_appendable(out)
     if (fmt or cfg.format) == "auto":  # not given: the new files are read as the directory's were
         fmt = _recorded_format(out)
     source = scan_source(cfg, input_path, fmt)
@@ -134,6 +130,16 @@ def _with_recorded_declaration(cfg: DataConfig, base: Base, out: Path) -> DataCo
         raise DataError(f"data.items needs its columns declared: {out} has no item table whose declaration an append "
                         "could take; set data.item_features.categorical and/or .numeric")  # fmt: skip
     return cfg.model_copy(update={"item_features": ItemFeaturesConfig.model_validate(recorded)})
+
+
+def check_appendable(out: Path, first: str = "run `recsys-alibi prepare` without --append first") -> None:
+    """Refuse an append to ``out`` when it holds no prepared directory; ``first``: how to make one.
+
+    Raises:
+        DataError: one line naming ``out`` and ``first``.
+    """
+    if not (out / MANIFEST_FILE).is_file():
+        raise DataError(f"cannot append to {out}: it is not a prepared directory (no {MANIFEST_FILE}); {first}")
 
 
 def _recorded_format(out: Path) -> str | None:

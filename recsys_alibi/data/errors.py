@@ -170,6 +170,19 @@ def bad_parquet_file(paths: list[Path]) -> tuple[Path, str] | None:
     return None
 
 
+def _bomless_utf16(head: bytes) -> str | None:
+    """``"le"`` / ``"be"`` when ``head`` is ASCII text saved as UTF-16 without a byte-order mark (every odd / even
+    byte 0, the others not), else None."""
+    even, odd = head[0 : len(head) // 2 * 2 : 2], head[1 : len(head) // 2 * 2 : 2]
+    if len(even) < 4:
+        return None
+    if not odd.strip(b"\x00") and even.strip(b"\x00"):
+        return "le"
+    if not even.strip(b"\x00") and odd.strip(b"\x00"):
+        return "be"
+    return None
+
+
 def not_text(path: Path, what: str = "") -> DataError | None:
     """The one-line error of a file read as text that is not text by its first bytes: a Parquet file, a gzip file
     whose name does not end in ``.gz``, a ``.gz`` file compressed twice, ASCII text saved as UTF-16 without a
@@ -182,13 +195,12 @@ def not_text(path: Path, what: str = "") -> DataError | None:
             head = fh.read(64)
     except GZIP_ERRORS:
         return None
-    pairs = head[: len(head) // 2 * 2]
-    for order, zeros in (("le", pairs[1::2]), ("be", pairs[0::2])):  # ASCII text as UTF-16 without a BOM
-        if len(pairs) >= 8 and not zeros.strip(b"\x00") and (pairs[0::2] if order == "le" else pairs[1::2]).strip(b"\x00"):
-            convert = (f"zcat '{path}' | iconv -f utf-16{order} -t utf-8 | gzip > '{path.name[:-3]}.utf8.gz'"
-                       if is_gzip(path) else f"iconv -f utf-16{order} -t utf-8 '{path}' > '{path.stem}.utf8{path.suffix}'")
-            return DataError(f"{what}'{path}' looks like UTF-16{order.upper()} text without a byte-order mark (every "
-                             f"other byte is 0), not UTF-8: convert it, e.g. {convert}")  # fmt: skip
+    order = _bomless_utf16(head)
+    if order is not None:
+        convert = (f"zcat '{path}' | iconv -f utf-16{order} -t utf-8 | gzip > '{path.name[:-3]}.utf8.gz'"
+                   if is_gzip(path) else f"iconv -f utf-16{order} -t utf-8 '{path}' > '{path.stem}.utf8{path.suffix}'")
+        return DataError(f"{what}'{path}' looks like UTF-16{order.upper()} text without a byte-order mark (every "
+                         f"other byte is 0), not UTF-8: convert it, e.g. {convert}")  # fmt: skip
     if raw.startswith(b"\x1f\x8b") and not is_gzip(path):
         return DataError(f"{what}'{path}' is gzip-compressed but its name does not end in .gz: rename it to "
                          f"'{path.name}.gz' (or decompress it: zcat < '{path}' > '{path.name}.txt')")  # fmt: skip

@@ -112,14 +112,16 @@ def write_item_table(cfg: GenerateConfig, seed: int, events_path: str | Path) ->
 GENERATED = {GENERATED_KEY: "generate"}  # the footer of every file ``generate`` writes
 
 
-def written_by_generate(path: Path) -> bool:
-    """Whether ``path`` is a Parquet file whose footer carries :data:`GENERATED_KEY` (``generate`` wrote it)."""
+def written_by_generate(path: Path, columns: set[str] | None = None) -> bool:
+    """Whether ``path`` is a Parquet file whose footer carries :data:`GENERATED_KEY` (``generate`` wrote it), or,
+    with ``columns``, whose columns are exactly those (a table written before the mark)."""
     import pyarrow.parquet as pq
 
     try:
-        return GENERATED_KEY.encode() in (pq.read_metadata(path).metadata or {})
+        meta = pq.read_metadata(path)
     except (OSError, ValueError):  # not Parquet, unreadable, a folder
         return False
+    return GENERATED_KEY.encode() in (meta.metadata or {}) or (columns is not None and set(meta.schema.names) == columns)
 
 
 def check_written_by_generate(paths: list[Path]) -> None:
@@ -144,20 +146,12 @@ def check_item_table_free(cfg: GenerateConfig, events_path: str | Path) -> None:
     Raises:
         DataError: naming the file and the ways out.
     """
-    import pyarrow.parquet as pq
-
     from recsys_alibi.data.errors import DataError
 
     path = item_table_path(events_path)
     if not cfg.item_table or not (path.exists() or path.is_symlink()):
         return
-    generated = {ITEM_ID, *DECLARATION["categorical"], *DECLARATION["numeric"]}
-    try:  # marked; or, written before the mark, exactly the generated table's columns
-        meta = pq.read_metadata(path)
-        ours = GENERATED_KEY.encode() in (meta.metadata or {}) or set(meta.schema.names) == generated
-    except (OSError, ValueError):  # not Parquet, unreadable, a folder
-        ours = False
-    if not ours:
+    if not written_by_generate(path, {ITEM_ID, *DECLARATION["categorical"], *DECLARATION["numeric"]}):
         raise DataError(f"'{path}' exists and generate did not write it: generate writes its item table there, beside "
                         "the events; write the events into another folder (--output), move that file, or set "
                         "generate.item_table=false")  # fmt: skip
