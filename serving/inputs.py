@@ -37,6 +37,7 @@ import polars as pl
 from recsys_alibi.atomic import json_text
 from recsys_alibi.config import DataConfig
 from recsys_alibi.data import schema
+from recsys_alibi.data.ids import same_id_in
 from recsys_alibi.data.ingest import DataError, resolve_paths
 from recsys_alibi.data.item_features import ITEM_REJECTS_FILE
 from recsys_alibi.data.loader import FlatSequences
@@ -285,6 +286,16 @@ def vocabulary_remap(input_items: pl.DataFrame, model_items: pl.DataFrame) -> tu
     remap = np.zeros(size, dtype=np.int64)
     remap[joined[schema.ITEM_IDX].to_numpy()] = joined["_model_idx"].fill_null(0).to_numpy()
     return remap, int(joined["_model_idx"].null_count())
+
+
+def join_on_id(left: pl.DataFrame, right: pl.DataFrame, how: str = "inner") -> pl.DataFrame:
+    """``left.join(right, on="item_id", how=how)`` with the ids matched by the typing rule whatever the two
+    columns' types (:func:`recsys_alibi.data.ids.same_id_in`: ``104`` and ``"104"`` are one id, ``"0104"`` is
+    another); the result keeps ``left``'s id type."""
+    source, target = right.schema[schema.ITEM_ID], left.schema[schema.ITEM_ID]
+    if source != target:
+        right = right.with_columns(same_id_in(pl.col(schema.ITEM_ID), source, target)).drop_nulls(schema.ITEM_ID)
+    return left.join(right, on=schema.ITEM_ID, how=how)
 
 
 def fingerprint(input_path: str | Path) -> list[int]:

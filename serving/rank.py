@@ -41,9 +41,10 @@ import torch
 from recsys_alibi.config import ConfigError, ScoreConfig
 from recsys_alibi.data import schema
 from recsys_alibi.data.buckets import plan_batches
+from recsys_alibi.data.ids import same_id_in
 from recsys_alibi.data.ingest import DataError
 from recsys_alibi.data.loader import FlatSequences, pad_right
-from serving.inputs import ScoreInput
+from serving.inputs import ScoreInput, join_on_id
 from serving.new_items import extended_vocabulary, new_items
 from serving.rules import load_rules
 from serving.topk import chunked_topk, reserve_new_items
@@ -218,15 +219,14 @@ class ShardRanker:
                                 "_rank_idx": np.arange(self.first_new_item, self.n_items + 1, dtype=np.int64)})  # fmt: skip
             # a bare sequences file is in the model's numbering: it holds no new item (the empty frame stands for it)
             input_items = source.vocabulary(pl.DataFrame(schema={schema.ITEM_IDX: pl.Int32, schema.ITEM_ID: self.item_ids.dtype}))
-            joined = input_items.select(schema.ITEM_IDX, schema.ITEM_ID).join(new, on=schema.ITEM_ID, how="inner")
+            joined = join_on_id(input_items.select(schema.ITEM_IDX, schema.ITEM_ID), new)  # 104 and "104": one id
             if joined.height:
                 remap = np.zeros(int(input_items.get_column(schema.ITEM_IDX).max()) + 1, np.int64)
                 remap[joined.get_column(schema.ITEM_IDX).to_numpy()] = joined.get_column("_rank_idx").to_numpy()
         removed = source.removed_item_ids()
         if removed is not None and removed.len():
             ranked = self.item_ids.to_frame().with_row_index("_rank_idx").drop_nulls(schema.ITEM_ID)
-            held = ranked.join(removed.cast(self.item_ids.dtype, strict=False).to_frame().drop_nulls(), on=schema.ITEM_ID,
-                               how="semi").get_column("_rank_idx").to_numpy().astype(np.int64)  # fmt: skip
+            held = join_on_id(ranked, removed.to_frame().drop_nulls(), how="semi").get_column("_rank_idx").to_numpy().astype(np.int64)
             if held.size:
                 withheld = held
                 new = int((held >= self.first_new_item).sum())
@@ -240,6 +240,9 @@ class ShardRanker:
         (:func:`recsys_alibi.evaluation.popularity_prior.item_bias`; items without a row, such as new items: 0)."""
         from recsys_alibi.evaluation.popularity_prior import item_bias
 
+        source, target = popularity.schema[schema.ITEM_ID], self.item_ids.dtype
+        if source != target:  # counts of an input whose ids are text of the model's (or the reverse): one id each
+            popularity = popularity.with_columns(same_id_in(pl.col(schema.ITEM_ID), source, target)).drop_nulls(schema.ITEM_ID)
         self.popularity = popularity
         weight = self.cfg.popularity_prior.weight
         self.bias = torch.from_numpy(item_bias(popularity, self.item_ids, weight)).to(self.table.device) if weight else None

@@ -40,6 +40,7 @@ import polars as pl
 import pyarrow.parquet as pq
 
 from recsys_alibi.atomic import check_replaceable, describe_path, path_kind, publish_files, replace_file, write_json_atomic
+from recsys_alibi.data.ids import same_id_in
 from recsys_alibi.data.ingest import DataError
 from recsys_alibi.data.schema import (
     CLEANED_FILE,
@@ -188,8 +189,8 @@ def roll_forward(directory: Path) -> bool:
 
 def cleaned_item_ids(directory: str | Path, id_dtype: pl.DataType | None = None) -> pl.DataFrame | None:
     """The distinct ``item_id`` of a prepared (or staging) directory's ``cleaned.parquet``: every item with an event
-    before the k-core, so an item there and not in ``items.parquet`` is one the k-core removed. Cast to ``id_dtype``
-    when given (ids that do not fit dropped); None when the directory has no such file.
+    before the k-core, so an item there and not in ``items.parquet`` is one the k-core removed. In ``id_dtype``
+    when given, by the typing rule (:func:`recsys_alibi.data.ids.same_id_in`; an id of none of its ids dropped); None when the directory has no such file.
 
     Returns:
         One column ``item_id``, or None.
@@ -198,7 +199,10 @@ def cleaned_item_ids(directory: str | Path, id_dtype: pl.DataType | None = None)
     if not cleaned.is_file():
         return None
     ids = pl.scan_parquet(cleaned).select(ITEM_ID).unique()
-    return (ids if id_dtype is None else ids.select(pl.col(ITEM_ID).cast(id_dtype, strict=False)).drop_nulls()).collect()
+    if id_dtype is None:
+        return ids.collect()
+    source = pl.scan_parquet(cleaned).collect_schema()[ITEM_ID]  # 104 and "104" one id, "0104" none (data.ids)
+    return ids.select(same_id_in(pl.col(ITEM_ID), source, id_dtype)).drop_nulls().collect()
 
 
 def read_manifest(directory: str | Path) -> dict | None:

@@ -46,13 +46,14 @@ def _write_data(folder) -> None:
     (folder / "today.csv").write_text("item_id,genre\n40,comedy\n41,comedy|western\n42,western\n40,comedy\n7,drama\n")
 
 
-def _trained(tmp_path, capsys) -> tuple:
-    """:func:`_write_data` prepared (every event kept) and a feature model trained on it: (prepared dir, model URI)."""
+def _trained(tmp_path, capsys, *data: str) -> tuple:
+    """:func:`_write_data` prepared (every event kept; ``data``: more ``data.*`` settings) and a feature model trained
+    on it: (prepared dir, model URI)."""
     _write_data(tmp_path)
     prepared = tmp_path / "prep"
     assert main(["prepare", "--quiet", "--input", str(tmp_path / "events.csv"), "--output", str(prepared),
                  "--items", str(tmp_path / "items.csv"), *_sets(["data.min_events_per_user=1",
-                 "data.min_events_per_item=1"]), *FEATURES]) == 0  # fmt: skip
+                 "data.min_events_per_item=1", *data]), *FEATURES]) == 0  # fmt: skip
     assert main(["train", "--quiet", "--prepared", str(prepared), "--set", f"output={tmp_path / 'job'}", *_sets(TRAIN)]) == 0
     return prepared, f"runs:/{capsys.readouterr().out.strip().splitlines()[-1].split()[-1]}/model"
 
@@ -198,3 +199,31 @@ def test_a_new_item_in_a_history_or_removed_by_the_k_core_is_not_served(tmp_path
     exported = json.loads((tmp_path / "ex" / "export.json").read_text())
     assert (exported["items"], exported["new_items"]) == (32, 3)
     assert_same_rankings(dot_product_rankings(tmp_path / "ex", tmp_path / "prep2", 3), rankings, atol=1e-4)
+
+
+@pytest.mark.parametrize("id_type", ["auto", "str"])
+def test_item_ids_of_the_other_type_match_the_vocabulary_with_new_items(tmp_path, mlflow_store, one_torch_thread, capsys,
+                                                                       id_type):  # fmt: skip
+    """Integer ids on a model of text ids, or the reverse, with new items in play (``--items``, the pyfunc's
+    ``items``): 41 and "41" are one id, so the rankings are those of the input in the model's own type (was a
+    polars SchemaError from the join of the input's vocabulary with the new items)."""
+    _, uri = _trained(tmp_path, capsys, f"data.id_type={id_type}")
+    events = pl.read_csv(tmp_path / "events.csv", schema_overrides={"item_id": pl.String})
+    events = pl.concat([events, pl.DataFrame({"user_id": ["u1"], "item_id": ["41"], "timestamp": [100]})])  # new, seen
+    own, other = (pl.Int64, pl.String) if id_type == "auto" else (pl.String, pl.Int64)
+    rankings = {}
+    for dtype in (own, other):
+        path = tmp_path / f"events_{dtype}.parquet"
+        events.with_columns(pl.col("item_id").cast(dtype)).write_parquet(path)
+        assert main(["score", "--quiet", "--model-uri", uri, "--input", str(path), "--output", str(tmp_path / str(dtype)),
+                     "--k", "3", "--items", str(tmp_path / "today.csv")]) == 0  # fmt: skip
+        rankings[dtype] = pl.read_parquet(tmp_path / str(dtype) / "part-*.parquet")
+    assert rankings[other].equals(rankings[own]) and rankings[own].schema["item_id"] == own
+    on_41 = rankings[own].filter(pl.col("item_id").cast(pl.String) == "41")["user_id"]
+    assert on_41.len() == 29 and "u1" not in on_41.to_list()  # the comedy users but u1, who saw it
+    pyfunc = mlflow.pyfunc.load_model(uri, model_config={"items": str(tmp_path / "today.csv")})
+    histories = events.group_by("user_id", maintain_order=True).agg("item_id")
+    served = {dtype: pyfunc.predict(histories.with_columns(pl.col("item_id").cast(pl.List(dtype))).to_pandas(),
+                                    params={"k": 3}) for dtype in (own, other)}  # fmt: skip
+    assert pl.from_pandas(served[other]).equals(pl.from_pandas(served[own]))
+    assert pl.from_pandas(served[own]).sort("user_id", "rank").equals(rankings[own].sort("user_id", "rank"))
