@@ -145,11 +145,14 @@ def extended_vocabulary(items: pl.DataFrame, extra: NewItems) -> pl.DataFrame:
 
 def with_default_items(config: JobConfig, model, input_path: str | Path) -> JobConfig:
     """``config`` with ``score.items`` set, when it is unset and the model reads item features, to the prepared
-    ``input_path`` that holds an item table (the contract's ``score --items`` default), else to ``data.items``
+    ``input_path`` that holds an item table (the contract's ``score --items`` default; ``PREPARED/sequences.parquet``
+    reads its folder's, as ``ScoreInput.vocabulary`` reads the ``items.parquet`` beside it), else to ``data.items``
     (raw events given with their item table: the table the staged prepare reads)."""
     if config.score.items is not None or getattr(model, "features", None) is None:
         return config
-    table = str(input_path) if has_item_features(input_path) else config.data.items
+    path = Path(input_path)
+    folder = path.parent if path.name == schema.SEQUENCES_FILE and path.is_file() else path
+    table = str(folder) if has_item_features(folder) else config.data.items
     if table is None:
         return config
     return config.model_copy(update={"score": config.score.model_copy(update={"items": str(table)})})

@@ -227,3 +227,20 @@ def test_item_ids_of_the_other_type_match_the_vocabulary_with_new_items(tmp_path
                                     params={"k": 3}) for dtype in (own, other)}  # fmt: skip
     assert pl.from_pandas(served[other]).equals(pl.from_pandas(served[own]))
     assert pl.from_pandas(served[own]).sort("user_id", "rank").equals(rankings[own].sort("user_id", "rank"))
+
+
+def test_the_sequences_file_of_a_prepared_dir_reads_its_item_table_as_the_dir_does(tmp_path, mlflow_store,
+                                                                                   one_torch_thread, capsys):  # fmt: skip
+    """``--input PREPARED/sequences.parquet`` ranks (and exports) the prepared item table's new items 30, 31, 32 as
+    ``--input PREPARED`` does (they were dropped without a word)."""
+    prepared, uri = _trained(tmp_path, capsys)
+    for name, given in (("dir", prepared), ("file", prepared / "sequences.parquet")):
+        assert main(["score", "--quiet", "--model-uri", uri, "--input", str(given), "--output", str(tmp_path / name),
+                     "--k", "3"]) == 0  # fmt: skip
+        assert (f"new items ranked from their features alone (not in the model's vocabulary): 3 from {prepared}; "
+                "its rows rejected: 0; ranking rows that hold one: 90\n") in capsys.readouterr().out
+    by_dir, by_file = (pl.read_parquet(tmp_path / name / "part-*.parquet") for name in ("dir", "file"))
+    assert by_file.equals(by_dir) and by_file.filter(pl.col("item_id") >= 30).height == 90
+    assert main(["export", "--quiet", "--model-uri", uri, "--input", str(prepared / "sequences.parquet"), "--output",
+                 str(tmp_path / "ex")]) == 0  # fmt: skip
+    assert "exported 33 item vectors (3 of them new, from their features alone) and 90 user vectors" in capsys.readouterr().out
