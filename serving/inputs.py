@@ -238,11 +238,12 @@ def select_events(sequences: FlatSequences, keep: np.ndarray) -> FlatSequences:
     return FlatSequences(values=sequences.values[keep].astype(np.int64), offsets=offsets)
 
 
-def _check_unknown_share(input_items: pl.DataFrame, remap: np.ndarray, model_n_items: int, max_share: float,
+def _check_unknown_share(input_items: pl.DataFrame, known_idx: np.ndarray, model_n_items: int, max_share: float,
                          shown: str) -> None:  # fmt: skip
     """Refuse an input whose events are mostly on items the model does not know: integer ids of two catalogs
     overlap by chance, so "none known" alone lets a model of another catalog rank it. Counted from the input
-    vocabulary's ``count`` column (events per item; a table without it is not checked).
+    vocabulary's ``count`` column (events per item; a table without it is not checked). ``known_idx`` (M + 1,)
+    bool: the input indices of items the job knows (the model's, and the new items of ``score.items``).
 
     Raises:
         DataError: more than ``max_share`` of the events are on unknown items (``score.max_unknown_share``).
@@ -250,7 +251,7 @@ def _check_unknown_share(input_items: pl.DataFrame, remap: np.ndarray, model_n_i
     if schema.COUNT not in input_items.columns:
         return
     counts = input_items.select(schema.ITEM_IDX, pl.col(schema.COUNT).fill_null(0).cast(pl.Int64))
-    known = pl.Series(remap[counts.get_column(schema.ITEM_IDX).to_numpy()] > 0)
+    known = pl.Series(known_idx[counts.get_column(schema.ITEM_IDX).to_numpy()])
     total = int(counts.get_column(schema.COUNT).sum())
     unknown = int(counts.get_column(schema.COUNT).filter(~known).sum())
     if total and unknown / total > max_share:
@@ -286,6 +287,16 @@ def vocabulary_remap(input_items: pl.DataFrame, model_items: pl.DataFrame) -> tu
     remap = np.zeros(size, dtype=np.int64)
     remap[joined[schema.ITEM_IDX].to_numpy()] = joined["_model_idx"].fill_null(0).to_numpy()
     return remap, int(joined["_model_idx"].null_count())
+
+
+def _new_in(input_items: pl.DataFrame, new_item_ids: pl.Series | None, size: int) -> np.ndarray:
+    """(size,) bool: the input indices (``item_idx`` of ``input_items``) of the items in ``new_item_ids``."""
+    found = np.zeros(size, dtype=bool)
+    if new_item_ids is not None and new_item_ids.len():
+        matched = join_on_id(input_items.select(schema.ITEM_IDX, schema.ITEM_ID), new_item_ids.to_frame(schema.ITEM_ID),
+                             how="semi")  # fmt: skip
+        found[matched.get_column(schema.ITEM_IDX).to_numpy()] = True
+    return found
 
 
 def join_on_id(left: pl.DataFrame, right: pl.DataFrame, how: str = "inner") -> pl.DataFrame:
@@ -483,6 +494,7 @@ def release_staged(staged_dir: Path) -> None:
 def open_input(
     input_path: str | Path, model_items: pl.DataFrame, data: DataConfig, staged_dir: Path, time_gap_buckets: int = 0,
     name: str | None = None, report_dir: Path | None = None, max_unknown_share: float = 1.0,
+    new_item_ids: pl.Series | None = None,
 ) -> ScoreInput:
     """Resolve ``input_path`` into a :class:`ScoreInput` in the model's item indices.
 
@@ -498,6 +510,9 @@ def open_input(
         report_dir: where the rejects of raw events refused for them are kept (:func:`stage_events`).
         max_unknown_share: refuse when more than this share of the input's events are on items the model does
             not know (``score.max_unknown_share``; 1: never, as for the pyfunc's requests).
+        new_item_ids: raw ids of the items the job ranks from their features alone (``score.items``:
+            ``ShardRanker.new_item_ids``): known to the job, so their events count as known in both checks above
+            (a user with only such events is not ranked, and listed, as any user without a known item).
 
     Raises:
         DataError: missing/unreadable/empty input, wrong columns, or a bare sequences file with
@@ -530,14 +545,15 @@ def open_input(
     if items_path is not None and items_path.is_file():
         input_items = read_consistent(items_path.parent, items_path.name, read_parquet_file, prepare_id)
         remap, unknown_items = vocabulary_remap(input_items, model_items)
-        if remap is not None and not (remap > 0).any():
+        known = None if remap is None else (remap > 0) | _new_in(input_items, new_item_ids, remap.shape[0])
+        if known is not None and not known.any():
             raise DataError(
                 f"none of the {input_items.height} items of {name or input_path} is in the model's vocabulary "
                 f"({vocabulary_difference(_ids(model_items), _ids(input_items))}): the model was trained on another "
                 "catalog; score with a model trained on this data"
             )
         if remap is not None and max_unknown_share < 1.0:
-            _check_unknown_share(input_items, remap, model_items.height, max_unknown_share, name or str(input_path))
+            _check_unknown_share(input_items, known, model_items.height, max_unknown_share, name or str(input_path))
     else:
         n_items = model_items.height
         top = pl.scan_parquet(sequences).select(pl.col(schema.ITEM_IDX).list.max().max()).collect().item()

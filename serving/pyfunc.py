@@ -323,7 +323,7 @@ class RankerPyfunc:
         with tempfile.TemporaryDirectory(prefix="recsys-alibi-pyfunc-") as tmp:
             source = ranker.for_input(open_input(write_prepared(frame, Path(tmp) / "input"), self.items, DataConfig(),
                                                  Path(tmp) / "_input", time_gap_buckets=ranker.time_gap_buckets,
-                                                 name=PREDICT_INPUT))  # fmt: skip
+                                                 name=PREDICT_INPUT, new_item_ids=ranker.new_item_ids))  # fmt: skip
             step = self.score.shard_users
             parts = []
             for start in range(0, source.n_users, step):

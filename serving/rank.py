@@ -204,6 +204,12 @@ class ShardRanker:
         if popularity is not None:
             self.use_popularity(popularity)
 
+    @property
+    def new_item_ids(self) -> pl.Series | None:
+        """Raw ids of the items ranked from their features alone (``score.items``), None without any: what
+        :func:`serving.inputs.open_input` counts as known beside the model's vocabulary."""
+        return self.new_items.ids if self.new_items is not None and self.new_items.count else None
+
     def for_input(self, source: ScoreInput) -> ScoreInput:
         """``source`` with what ranking it needs beyond its histories: ``new_item_remap`` (input item index -> the
         ranker's index of that item when it is a new item of ``score.items``, so a user's events on it exclude it

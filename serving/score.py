@@ -271,8 +271,9 @@ def _checked(result: ScoreJobResult, main: bool, skipped_list: Path) -> ScoreJob
         raise DataError(
             f"no user was ranked: none of the {result.users} users has an event whose item the model knows "
             f"and an item left to recommend ({result.unknown_items} unknown items, {result.unknown_events} events "
-            f"skipped; users listed with the reason in {result.output_dir / SKIPPED_DIR}); score with a model "
-            "trained on this data"
+            f"skipped; users listed with the reason in {result.output_dir / SKIPPED_DIR}); "
+            + ("a history is read from the events on items the model was trained on, not on the items of score.items "
+               "it never saw" if result.new_items else "score with a model trained on this data")
         )
     if result.skipped_users and main:
         log.warning("%d of %d users were not ranked (no item the model knows, or every item already seen or excluded); "
@@ -337,6 +338,7 @@ class _ScoreJob:
             source = self.ranker.for_input(open_input(
                 self.input_path, self.items, self.config.data, self.output_dir / STAGED_INPUT,
                 time_gap_buckets=self.ranker.time_gap_buckets, max_unknown_share=self.config.score.max_unknown_share,
+                new_item_ids=self.ranker.new_item_ids,
             ))  # fmt: skip
             self._use_popularity(source)  # refused (no event times) like any bad input: nothing left behind
             self._keep_item_rejects()

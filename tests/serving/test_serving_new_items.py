@@ -244,3 +244,32 @@ def test_the_sequences_file_of_a_prepared_dir_reads_its_item_table_as_the_dir_do
     assert main(["export", "--quiet", "--model-uri", uri, "--input", str(prepared / "sequences.parquet"), "--output",
                  str(tmp_path / "ex")]) == 0  # fmt: skip
     assert "exported 33 item vectors (3 of them new, from their features alone) and 90 user vectors" in capsys.readouterr().out
+
+
+def test_events_on_new_items_count_as_known_and_a_user_with_only_those_is_listed(tmp_path, mlflow_store,
+                                                                                 one_torch_thread, capsys):  # fmt: skip
+    """Events on the new items 30, 31, 32 of the item table are on items the job knows: 6 of 8 events on them is
+    not "another catalog" (score.max_unknown_share=0.5), and a user with only such events is listed in _skipped/
+    (score) or gets no rows (pyfunc), never a refusal of the whole input or request."""
+    prepared, uri = _trained(tmp_path, capsys)
+    rows = [("a", 0, 1), ("a", 30, 2), ("a", 31, 3), ("a", 32, 4), ("b", 1, 1), ("b", 30, 2), ("b", 31, 3),
+            ("b", 32, 4), ("c", 30, 1), ("c", 31, 2)]  # fmt: skip
+    pl.DataFrame(rows, schema=["user_id", "item_id", "timestamp"], orient="row").write_parquet(tmp_path / "ev.parquet")
+    assert main(["score", "--quiet", "--model-uri", uri, "--input", str(tmp_path / "ev.parquet"), "--output",
+                 str(tmp_path / "r"), "--k", "3", "--items", str(prepared)]) == 0  # fmt: skip
+    assert "ranked 2 of 3 users" in capsys.readouterr().out
+    rankings = pl.read_parquet(tmp_path / "r" / "part-*.parquet")
+    assert rankings["user_id"].to_list() == ["a"] * 3 + ["b"] * 3 and rankings.filter(pl.col("item_id") >= 30).height == 0
+    skipped = pl.read_parquet(tmp_path / "r" / "_skipped" / "*.parquet")
+    assert skipped.rows() == [("c", "no_known_item", 2)]
+    only_new = tmp_path / "only_new.parquet"
+    pl.DataFrame(rows[-2:], schema=["user_id", "item_id", "timestamp"], orient="row").write_parquet(only_new)
+    assert main(["score", "--model-uri", uri, "--input", str(only_new), "--output", str(tmp_path / "r2"), "--k", "3",
+                 "--items", str(prepared)]) == 2  # fmt: skip
+    err = capsys.readouterr().err
+    assert "no user was ranked: none of the 1 users" in err and "catalog" not in err and "model trained on this" not in err
+    pyfunc = mlflow.pyfunc.load_model(uri, model_config={"items": str(prepared)})
+    assert len(pyfunc.predict(pl.DataFrame({"user_id": ["c"], "item_id": [[30, 31]]}).to_pandas(), params={"k": 3})) == 0
+    mixed = pyfunc.predict(pl.DataFrame({"user_id": ["c", "a"], "item_id": [[30], [0, 30, 31, 32]]}).to_pandas(),
+                           params={"k": 3})  # fmt: skip
+    assert pl.from_pandas(mixed).equals(rankings.filter(pl.col("user_id") == "a"))
