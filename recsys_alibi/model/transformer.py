@@ -237,7 +237,11 @@ class AlibiRanker(nn.Module):
         lengths: torch.Tensor,
         embedded: torch.Tensor | None = None,
         gaps: torch.Tensor | None = None,
+        seq_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        """(B, L, D) float32 scaled item rows, plus each token's learned position in its own sequence
+        (counted from the start of its packed run when ``seq_ids`` (B, L) is given, as SASRec reads an
+        unpacked row), before input dropout."""
         if embedded is None and self.features is not None:
             embedded = self.feature_inputs(item_idx, lengths, gaps)
         rows = self.items(item_idx, lengths, gaps) if embedded is None else embedded  # (B, L, D)
@@ -249,7 +253,7 @@ class AlibiRanker(nn.Module):
                     f"learned positions cover {self.cfg.max_len} items; got a history of {length}: "
                     "truncate to model.max_len or use model.position=alibi"
                 )
-            x = x + self.positions.weight[:length]  # (L, D) broadcast over B
+            x = x + self.positions(query_positions(length, seq_ids, x.device))  # (B or 1, L, D)
         return self.input_dropout(x)
 
     def encode(
@@ -274,7 +278,7 @@ class AlibiRanker(nn.Module):
                 ``uses_time_gaps`` (``recsys_alibi.data.time_gaps``); ValueError otherwise.
         """
         slopes = self._head_slopes()
-        x = self._embed(item_idx, lengths, embedded, gaps)
+        x = self._embed(item_idx, lengths, embedded, gaps, seq_ids)
         mask = self.batch_mask(x, slopes, lengths, seq_ids, backend)
         positions = self._positions(item_idx.shape[1], seq_ids, x.device)
         query_scale = self._query_scale(positions)

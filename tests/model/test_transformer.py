@@ -74,7 +74,8 @@ def test_gradients_reach_the_rows_looked_up_and_slopes_when_learnable():
     assert model.items.weight.grad is not None
 
 
-@pytest.mark.parametrize("kw", [{}, LOG_FREE, LOWPASS], ids=["default", "log-free-heads", "lowpass"])
+@pytest.mark.parametrize("kw", [{}, LOG_FREE, LOWPASS, {"position": "learned"}],
+                         ids=["default", "log-free-heads", "lowpass", "learned-positions"])
 def test_packed_rows_give_each_user_the_hidden_states_it_has_alone(kw):
     model = _model(**kw)
     a, b = torch.tensor([3, 4, 5]), torch.tensor([9, 8])
