@@ -260,7 +260,7 @@ def _cmd_score(config: JobConfig, args) -> str:
     score = config.score
     check_apart([Output("--output", output, "rankings")], {
         "--input": input_path, "--changed-since": score.changed_since, "score.allow": score.allow, "score.deny": score.deny,
-        "score.items": getattr(score, "items", None), "--model-uri": local_model_path(args.model_uri)})  # fmt: skip
+        "score.items": score.items, "data.items": config.data.items, "--model-uri": local_model_path(args.model_uri)})  # fmt: skip
     result = run_score(config, args.model_uri, input_path, output, progress=not args.quiet)
     return result.summary()
 
@@ -270,7 +270,9 @@ def _cmd_export(config: JobConfig, args) -> str:
 
     output = check_output_dir(args.output or Path(config.output) / "export")
     input_path = args.input or _default_prepared(config, None)
-    check_apart([Output("--output", output, "export")], {"--input": input_path, "--model-uri": local_model_path(args.model_uri)})
+    check_apart([Output("--output", output, "export")], {
+        "--input": input_path, "score.items": config.score.items, "data.items": config.data.items,
+        "--model-uri": local_model_path(args.model_uri)})  # fmt: skip
     return run_export(config, args.model_uri, input_path, output).summary()
 
 

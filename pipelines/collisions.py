@@ -136,6 +136,8 @@ def check_apart(outputs: list[Output], inputs: dict[str, str | Path | None]) -> 
                     raise OutputPathError(f"{what}holds the input {flag} {inputs[flag]} at {name}, which it writes; "
                                           f"choose another {out.flag}")  # fmt: skip
         _check_kind(out, target)
+        if out.kind == "export":
+            _check_foreign_vectors(out, target)
     for i, a in enumerate(outputs):
         for b in outputs[i + 1 :]:
             pa, pb = a.path.resolve(), b.path.resolve()
@@ -153,6 +155,26 @@ def _check_kind(out: Output, target: Path) -> None:
             f"{out.flag} {out.path} {where} holds {KIND_NAMES[held]} ({MARKERS[held]}): the two would mix and "
             f"the readers of each would fail on the other's files; choose another {out.flag}"
         )
+
+
+def _check_foreign_vectors(out: Output, target: Path) -> None:
+    """Refuse an export into a directory whose ``items.parquet`` / ``users.parquet`` is not an export's vector file
+    (columns other than the id and ``vector``: an item table, ``generate``'s or the user's): it would be replaced.
+    An earlier export's files, even without their ``export.json`` (a killed export), are replaced as usual."""
+    import pyarrow.parquet as pq
+
+    for name, key in (("items.parquet", "item_id"), ("users.parquet", "user_id")):
+        path = target / name
+        if not path.is_file():
+            continue
+        try:
+            columns = pq.read_schema(path).names
+        except Exception:  # not Parquet at all: not an export's either
+            columns = None
+        if columns != [key, "vector"]:
+            raise OutputPathError(f"{out.flag} {out.path} holds {name}, which is not an export's vector file "
+                                  f"(columns {columns or 'unreadable'}): the export would replace it; choose another "
+                                  f"{out.flag}")  # fmt: skip
 
 
 def check_pipeline_paths(config) -> None:

@@ -20,8 +20,13 @@ export writes exactly these vectors:
                     up to ``export.hnsw_above`` items, HNSW (``IndexHNSWFlat``, inner product)
                     above, its recall@100 against exact search measured and recorded
 ``export.json``     the manifest (written last): model URI, run, registry version, weights
-                    digest, width D, similarity, and the rules a consumer applies
+                    digest, width, similarity, and the rules a consumer applies
 ================== ===============================================================================
+
+With ``score.popularity_prior`` on, both vector files carry one more coordinate (width D + 1): the
+item's ``weight * log(1 + recent count)`` of the input (as ``score`` adds it) and 1 for every user.
+``score.new_item_slots`` is no vector operation: ``export.json`` (``new_item_slots``) says which rows
+are new items and how ``score`` holds their places.
 
 Top-K by ``users.vector @ items.vector`` with each user's history removed (``score.exclude_seen``)
 and ties to the lower row is ``score``'s ranking. The allow / deny rules of ``score`` are not in
@@ -47,10 +52,11 @@ import numpy as np
 import polars as pl
 
 from recsys_alibi.atomic import json_text, publish_files
-from recsys_alibi.config import ConfigError, ExportConfig, JobConfig
+from recsys_alibi.config import ConfigError, ExportConfig, JobConfig, ScoreConfig
 from recsys_alibi.data import schema
 from recsys_alibi.data.ingest import DataError
 from recsys_alibi.staging import staging_dir
+from recsys_alibi.evaluation.popularity_prior import item_popularity
 from serving.changed import model_digest
 from serving.inputs import open_input
 from serving.new_items import with_default_items
@@ -82,6 +88,7 @@ class ExportResult:
     seconds: float
     index: dict | None = field(default=None)
     new_items: int = 0
+    notes: tuple[str, ...] = ()  # score settings the vectors hold, or that a consumer applies (export.json)
 
     def summary(self) -> str:
         fresh = f" ({self.new_items} of them new, from their features alone)" if self.new_items else ""
@@ -91,7 +98,7 @@ class ExportResult:
             recall = ("not measured (export.recall_queries=0)" if self.index["recall"] is None else
                       f"{self.index['recall']:.4f} vs exact on {self.index['recall_queries']} users")  # fmt: skip
             line += f"\nindex: {self.index['type']} over {self.items} items, recall@{self.index['recall_k']} {recall}"
-        return line
+        return "\n".join((line, *self.notes))
 
 
 def run_export(config: JobConfig, model_uri: str, input_path: str | Path, output_dir: str | Path) -> ExportResult:
@@ -133,18 +140,25 @@ def export_model(config: JobConfig, model, items: pl.DataFrame, input_path: str 
         source = ranker.for_input(open_input(input_path, items, config.data, staging / "_input",
                                              time_gap_buckets=ranker.time_gap_buckets, report_dir=output_dir / "_input",
                                              max_unknown_share=config.score.max_unknown_share))  # fmt: skip
+        prior = config.score.popularity_prior
+        if prior.weight:  # score's prior as one more coordinate: item weight * log(1 + count), user 1
+            ranker.use_popularity(item_popularity(source.sequences, source.vocabulary(items), prior.half_life_days,
+                                                  name=source.name))  # fmt: skip
         served = np.ones(ranker.n_items + 1, dtype=bool)  # items score may serve: not the padding, not the withheld
         served[0] = False
         if source.withheld is not None:
             served[source.withheld] = False
-        item_vectors = ranker.table.float().cpu().numpy()[served]  # (N', D)
+        item_vectors = ranker.table.float().cpu().numpy()  # (N + 1, D)
+        if ranker.bias is not None:
+            item_vectors = np.concatenate([item_vectors, ranker.bias.float().cpu().numpy()[:, None]], axis=1)
+        item_vectors = item_vectors[served]  # (N', D) or (N', D + 1) with the prior
         pl.DataFrame({schema.ITEM_ID: ranker.item_ids.filter(pl.Series(served)),
                       VECTOR: _vectors(item_vectors)}).write_parquet(staging / ITEMS)  # fmt: skip
         n_users, user_sample = _write_users(ranker, source, config.score.shard_users, staging / USERS,
                                             config.export.recall_queries)  # fmt: skip
         index = _write_index(item_vectors, user_sample, config.export, staging / INDEX) if config.export.index == "faiss" else None
         manifest = _manifest(ranker, model, model_ref or {"model": "in-memory"}, input_path, n_users, source.n_users, index,
-                             served)  # fmt: skip
+                             served, config.score)  # fmt: skip
         (staging / MANIFEST).write_text(json_text(manifest))
         output_dir.mkdir(exist_ok=True)
         (output_dir / MANIFEST).unlink(missing_ok=True)  # no manifest while the set is being replaced
@@ -152,7 +166,7 @@ def export_model(config: JobConfig, model, items: pl.DataFrame, input_path: str 
     return ExportResult(output_dir=output_dir, items=int(item_vectors.shape[0]), users=n_users,
                         users_without_vector=source.n_users - n_users, width=int(item_vectors.shape[1]),
                         seconds=time.perf_counter() - started, index=index,
-                        new_items=int(served[ranker.first_new_item:].sum()))  # fmt: skip
+                        new_items=int(served[ranker.first_new_item:].sum()), notes=_notes(manifest))  # fmt: skip
 
 
 def _vectors(matrix: np.ndarray) -> pl.Series:
@@ -171,6 +185,8 @@ def _write_users(ranker: ShardRanker, source, shard_users: int, path: Path, samp
         for start in range(0, source.n_users, shard_users):
             shard = source.read_shard(start, shard_users)
             rows, vectors = ranker.user_vectors(shard.histories, shard.gaps)
+            if ranker.bias is not None:  # the popularity prior's coordinate (items hold weight * log(1 + count))
+                vectors = np.concatenate([vectors, np.ones((len(vectors), 1), np.float32)], axis=1)
             table = pl.DataFrame({schema.USER_ID: shard.user_ids.gather(rows), VECTOR: _vectors(vectors)}).to_arrow()
             writer = writer or pq.ParquetWriter(path, table.schema)
             writer.write_table(table)
@@ -180,9 +196,11 @@ def _write_users(ranker: ShardRanker, source, shard_users: int, path: Path, samp
     finally:
         if writer is not None:
             writer.close()
-    if writer is None:
-        raise DataError("no users to export in the input; check --input")
-    return written, np.concatenate(kept) if kept else np.zeros((0, ranker.table.shape[1]), np.float32)
+    if not written:  # as score refuses the same input: an earlier export stays as it was
+        raise DataError("no user of the input has an event on an item the model knows: no user vector to export; "
+                        "check --input and --model-uri")  # fmt: skip
+    width = ranker.table.shape[1] + (ranker.bias is not None)
+    return written, np.concatenate(kept) if kept else np.zeros((0, width), np.float32)
 
 
 def _import_faiss():
@@ -229,6 +247,18 @@ def _write_index(items: np.ndarray, queries: np.ndarray, cfg: ExportConfig, path
             "recall_k": k, "recall_queries": int(len(queries)), "queries_per_second": qps}  # fmt: skip
 
 
+def _notes(manifest: dict) -> tuple[str, ...]:
+    """The summary's lines on the score settings of ``manifest`` (export.json) that change the ranking."""
+    notes = []
+    if (prior := manifest["popularity_prior"]) is not None:
+        notes.append(f"score.popularity_prior (weight {prior['weight']:g}) is in the vectors: coordinate "
+                     f"{prior['coordinate']} (export again when the input changes)")
+    if (slots := manifest["new_item_slots"]) is not None:
+        notes.append(f"score.new_item_slots={slots['slots']} is not in the vectors: apply it as export.json's "
+                     "new_item_slots says")
+    return tuple(notes)
+
+
 def _registry_version(model_uri: str) -> str | None:
     """The registry version behind ``models:/NAME/VERSION`` or ``models:/NAME@ALIAS`` (None otherwise)."""
     if not model_uri.startswith("models:/"):
@@ -244,17 +274,31 @@ def _registry_version(model_uri: str) -> str | None:
 
 
 def _manifest(ranker: ShardRanker, model, model_ref: dict, input_path, n_users: int, input_users: int,
-              index: dict | None, served: np.ndarray) -> dict:  # fmt: skip
+              index: dict | None, served: np.ndarray, score: ScoreConfig) -> dict:  # fmt: skip
     """``export.json``: what the vectors are and what a consumer must apply to get ``score``'s rankings; ``served``
-    (N + M + 1,) bool: the ranker's items written to ``items.parquet``."""
+    (N + M + 1,) bool: the ranker's items written to ``items.parquet``; ``score``: the settings it follows."""
+    width = int(ranker.table.shape[1]) + (ranker.bias is not None)
+    prior = None
+    if ranker.bias is not None:
+        prior = {"weight": score.popularity_prior.weight, "half_life_days": score.popularity_prior.half_life_days,
+                 "coordinate": width - 1,
+                 "rule": ("score.popularity_prior is in the vectors: each item's last coordinate is weight * log(1 + "
+                          "its recent events in the input), each user's is 1; export again when the input changes")}
+    new_items = int(served[ranker.first_new_item:].sum())
+    slots = None
+    if score.new_item_slots and new_items:
+        slots = {"slots": score.new_item_slots, "first_new_row": int(served[1:ranker.first_new_item].sum()),
+                 "rule": ("score.new_item_slots is not in the vectors: when a user's top-K holds fewer than `slots` "
+                          "rows from first_new_row on (the new items), its last places go to the best of them not in "
+                          "it yet, best first")}
     seen = ("remove each user's own history (every item of the input's history, not only the context window) "
             "from the results" if ranker.cfg.exclude_seen else "none: score.exclude_seen was false")  # fmt: skip
     return {
         "model": {**model_ref, "digest": model_digest(model)},
         "input": str(Path(input_path).resolve()) if "*" not in str(input_path) else str(input_path),
-        "width": int(ranker.table.shape[1]),
+        "width": width,
         "items": int(served[1:].sum()),
-        "new_items": int(served[ranker.first_new_item:].sum()),
+        "new_items": new_items,
         "users": n_users,
         "users_without_vector": input_users - n_users,
         "similarity": "inner_product",
@@ -264,6 +308,8 @@ def _manifest(ranker: ShardRanker, model, model_ref: dict, input_path, n_users: 
         "seen_items": seen,
         "ties": "equal scores rank the lower row of items.parquet first",
         "rules": "score.allow / score.deny are not in the vectors: filter the results with the same files",
+        "popularity_prior": prior,
+        "new_item_slots": slots,
         "context": {"max_context": ranker.context, "sinks": ranker.sinks},
         "index": index,
     }

@@ -14,6 +14,7 @@ from serving_fixtures import dot_product_rankings, read_rankings, score_config, 
 from pipelines.cli import main
 from recsys_alibi.config import with_overrides
 from recsys_alibi.data import schema
+from recsys_alibi.data.ingest import DataError
 from serving import export as export_module
 from serving.export import export_model
 from recsys_alibi.staging import held_temp, release
@@ -161,3 +162,61 @@ def test_export_never_removes_the_staging_of_another_running_export(prepared, tm
     export_model(config, tiny_model(), vocabulary(), prepared, tmp_path / "ex")
     assert other_killed.is_dir() and running.is_dir()
     release(held)
+
+
+def test_export_holds_the_popularity_prior_as_one_more_coordinate(prepared, tmp_path):
+    """score.popularity_prior was dropped by export without a word (70 % of top-10s differed): the item's
+    weight * log(1 + recent count) is now the vectors' last coordinate, with 1 on the user side."""
+    config = score_config(popularity_prior={"weight": 2.0, "half_life_days": 3.0})
+    model = tiny_model()
+    score_with_model(config, model, vocabulary(), prepared, tmp_path / "rankings", progress=False)
+    result = export_model(config, model, vocabulary(), prepared, tmp_path / "export")
+    assert result.width == 17 and "score.popularity_prior (weight 2) is in the vectors: coordinate 16" in result.summary()
+    manifest = json.loads((tmp_path / "export" / "export.json").read_text())
+    assert (manifest["width"], manifest["popularity_prior"]["coordinate"], manifest["new_item_slots"]) == (17, 16, None)
+    users = pl.read_parquet(tmp_path / "export" / "users.parquet")["vector"].to_numpy()
+    assert (users[:, 16] == 1.0).all()
+    plain = export_model(score_config(), model, vocabulary(), prepared, tmp_path / "plain")
+    assert plain.width == 16 and json.loads((tmp_path / "plain" / "export.json").read_text())["popularity_prior"] is None
+    prior_ranked = dot_product_rankings(tmp_path / "export", prepared, 10)
+    assert_same_rankings(prior_ranked, read_rankings(tmp_path / "rankings"), atol=1e-4)
+    assert not prior_ranked.equals(dot_product_rankings(tmp_path / "plain", prepared, 10))  # the prior changes them
+
+
+def test_export_with_no_user_to_export_is_refused_and_keeps_the_earlier_export(prepared, tmp_path):
+    """An input whose users know no item of the model exited 0 and replaced a good export with an empty users.parquet."""
+    export_model(score_config(), tiny_model(), vocabulary(), prepared, tmp_path / "export")
+    before = {p.name: p.read_bytes() for p in (tmp_path / "export").iterdir()}
+    pl.DataFrame({schema.USER_ID: ["a", "b"], schema.ITEM_IDX: [[], []]},
+                 schema={schema.USER_ID: pl.String, schema.ITEM_IDX: pl.List(pl.Int32)}).write_parquet(tmp_path / "empty.parquet")  # fmt: skip
+    with pytest.raises(DataError, match="no user of the input has an event on an item the model knows"):
+        export_model(score_config(), tiny_model(), vocabulary(), tmp_path / "empty.parquet", tmp_path / "export")
+    assert {p.name: p.read_bytes() for p in (tmp_path / "export").iterdir()} == before
+
+
+@pytest.mark.parametrize("held", ["items_table", "score_items", "data_items"])
+def test_export_never_replaces_an_item_table_in_its_output(prepared, tmp_path, capsys, held):
+    """export --output DIR replaced DIR/items.parquet, an item table it read (score.items, data.items) or one that
+    was merely there (generate's): refused before any work, the table left as it was."""
+    out = tmp_path / "out"
+    out.mkdir()
+    table = pl.DataFrame({"item_id": [1, 2], "genre": ["a", "b"]})
+    table.write_parquet(out / "items.parquet")
+    extra = {"items_table": [], "score_items": ["--set", f"score.items={out / 'items.parquet'}"],
+             "data_items": ["--set", f"data.items={out / 'items.parquet'}", "--set", "data.item_features.categorical=[genre]"]}[held]
+    code = main(["export", "--model-uri", "runs:/0/model", "--input", str(prepared), "--output", str(out), *extra])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "items.parquet" in err and "choose another --output" in err
+    assert pl.read_parquet(out / "items.parquet").equals(table)
+
+
+def test_export_with_new_item_slots_says_how_to_apply_them(tmp_path, mlflow_store, one_torch_thread, capsys):
+    from test_serving_new_items import _trained
+
+    prepared, uri = _trained(tmp_path, capsys)
+    assert main(["export", "--quiet", "--model-uri", uri, "--input", str(prepared), "--output", str(tmp_path / "ex"),
+                 "--set", "score.new_item_slots=1"]) == 0  # fmt: skip
+    assert "score.new_item_slots=1 is not in the vectors: apply it as export.json's new_item_slots says" in capsys.readouterr().out
+    slots = json.loads((tmp_path / "ex" / "export.json").read_text())["new_item_slots"]
+    assert (slots["slots"], slots["first_new_row"]) == (1, 30)
+    assert pl.read_parquet(tmp_path / "ex" / "items.parquet")["item_id"].to_list()[30:] == [30, 31, 32]  # the new items
