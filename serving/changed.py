@@ -98,7 +98,7 @@ def history_fingerprints(shard: Shard, withheld: np.ndarray | None = None) -> pl
     Each event contributes a hash of (item index, position in the history) and, for a time-gap
     model, of its gap bucket; the per-user sum is hashed with the history length and the count
     of input events (unknown items included), and with the new items of the history (``Shard.new_seen``) when
-    the job ranks items from their features, and with the items withheld from every user (``ScoreInput.withheld``:
+    it holds any (a user without one has the same print whether or not other users' inputs hold one), and with the items withheld from every user (``ScoreInput.withheld``:
     a row carried over must not hold an item withheld now). Any change of an item, its order, a gap, or an
     added or removed event changes the fingerprint (up to 64-bit collisions: 2^-64 per user).
     Vectorised over the shard (no Python loop over users); stable across runs and versions.
@@ -113,9 +113,10 @@ def history_fingerprints(shard: Shard, withheld: np.ndarray | None = None) -> pl
         given = lengths if shard.input_lengths is None else shard.input_lengths
         summary = _mix(lengths.astype(np.uint64) * _C[0] + given.astype(np.uint64))
         history = _mix(_per_sequence(events, seqs.offsets) ^ summary)
-        if shard.new_seen is not None:  # the new items of each input history (Shard.new_seen): excluded as seen
-            new = _mix(shard.new_seen.values.astype(np.uint64) * _C[2])
-            history = _mix(history ^ _per_sequence(new, shard.new_seen.offsets))
+        if shard.new_seen is not None:  # the new items of each input history (Shard.new_seen): excluded as seen;
+            new = _mix(shard.new_seen.values.astype(np.uint64) * _C[2])  # a user with none keeps the print it had
+            mixed = _mix(history ^ _per_sequence(new, shard.new_seen.offsets))  # before any input held a new item
+            history = np.where(shard.new_seen.lengths() > 0, mixed, history)
         if withheld is not None and withheld.size:
             history = _mix(history ^ _mix(np.unique(withheld).astype(np.uint64)).sum(dtype=np.uint64))
     return pl.DataFrame({schema.USER_ID: shard.user_ids, HISTORY: pl.Series(history, dtype=pl.UInt64)})

@@ -158,10 +158,11 @@ def histories_frame(model_input: Any, *, needs_time: bool, timestamp_unit: str =
     users = frame.get_column(schema.USER_ID)
     if frame.height == 0:  # an empty batch: no value to check, empty rankings
         return frame if users.dtype.is_integer() or users.dtype == pl.String else frame.cast({schema.USER_ID: pl.String})
+    if users.null_count():  # first: pandas holds an integer column with a missing value as floats (NaN)
+        raise _input_error(schema.USER_ID, f"{users.null_count()} null id(s) (first: row {int(users.is_null().arg_true()[0])}); "
+                                           "every row needs a user id")  # fmt: skip
     if not (users.dtype.is_integer() or users.dtype == pl.String):
         raise _input_error(schema.USER_ID, f"raw user ids must be integers or strings, got {users.dtype}")
-    if users.null_count():
-        raise _input_error(schema.USER_ID, f"{users.null_count()} null id(s); every row needs a user id")
     repeated = users.filter(users.is_duplicated())
     if repeated.len():
         raise _input_error(schema.USER_ID, f"{repeated.n_unique()} id(s) on several rows (first: {repeated[0]!r}); "

@@ -126,14 +126,15 @@ class ScoreJobResult:
         return self.users - self.skipped_users
 
     def new_item_lines(self) -> list[str]:
-        """What ``score.items`` and ``score.new_item_slots`` did (empty when neither was in play)."""
+        """What ``score.items`` and ``score.new_item_slots`` did (empty when neither was in play, or when the table
+        held no new item and no row was rejected)."""
         lines: list[str] = []
         held = f" (score.new_item_slots={self.new_item_slots})" if self.new_item_slots else ""
         lines += [f"new items ranked from their features alone (not in the model's vocabulary): {self.new_items} "
                   f"from {self.new_items_source}; its rows rejected: {self.new_items_rejected}"
                   + (f" (listed in {self.output_dir / STAGED_INPUT / ITEM_REJECTS_FILE})" if self.new_items_rejected else "")
                   + f"; ranking rows that hold one: {self.new_item_places}{held}"
-                  ] if self.new_items_source else []  # fmt: skip
+                  ] if self.new_items_source and (self.new_items or self.new_items_rejected) else []  # fmt: skip
         why = None
         if self.slots_asked and not self.new_item_slots:
             given = f"in {self.new_items_source}" if self.new_items_source else "was given: score.items / --items"

@@ -137,6 +137,7 @@ def test_history_fingerprint_changes_with_any_item_order_or_gap_and_only_then():
     new_seen = replace(plain, new_seen=_shard([[9], []]).histories)
     with_new = history_fingerprints(new_seen)["history"].to_list()
     assert with_new[0] != with_new[1] and with_new[0] != h[4]
+    assert with_new[1] == h[4]  # no new item in its history: the print it has when no input holds one
     held = history_fingerprints(plain, np.array([11, 12]))["history"].to_list()
     assert held[0] == held[1] != h[4] and history_fingerprints(plain, np.array([12, 11]))["history"].to_list() == held
 

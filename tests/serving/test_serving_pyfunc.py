@@ -149,6 +149,7 @@ MALFORMED = [
     ({schema.USER_ID: ["a"], schema.ITEM_ID: [1001]}, "item_id", "must be a list"),
     ({schema.USER_ID: ["a", "a"], schema.ITEM_ID: [[1001], [1002]]}, "user_id", "several rows"),
     ({schema.USER_ID: ["a", None], schema.ITEM_ID: [[1001], [1002]]}, "user_id", "null"),
+    ({schema.USER_ID: [None, 2], schema.ITEM_ID: [[1001], [1002]]}, "user_id", "1 null id(s) (first: row 0)"),  # NaN
     ({schema.USER_ID: [1.5], schema.ITEM_ID: [[1001]]}, "user_id", "integers or strings"),
     ({schema.USER_ID: ["a", "b"], schema.ITEM_ID: [[1001], None]}, "item_id", "null list"),
     ({schema.USER_ID: ["a"], schema.ITEM_ID: [[1001, None]]}, "item_id", "null item ids"),

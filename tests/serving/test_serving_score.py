@@ -291,3 +291,17 @@ def test_time_going_backwards_in_a_history_names_the_user_and_row(tmp_path):
                          progress=False)  # fmt: skip
     assert str(err.value) == (f"{prepared / 'sequences.parquet'}: timestamps go backwards inside the history of user "
                               "'u017' (row 17); sort each history by time first")
+
+
+def test_the_new_items_line_is_printed_only_when_the_table_held_a_new_item_or_a_rejected_row(tmp_path):
+    """A feature model's score with an item table of known items only says nothing about new items."""
+    from serving.score import ScoreJobResult
+
+    result = ScoreJobResult(output_dir=tmp_path, users=3, shards=1, shards_skipped=0, rows=9, seconds=1.0,
+                            new_items_source="prep")  # fmt: skip
+    assert result.new_item_lines() == [] and "new items" not in result.summary()
+    rejected = ScoreJobResult(output_dir=tmp_path, users=3, shards=1, shards_skipped=0, rows=9, seconds=1.0,
+                              new_items_source="t.csv", new_items_rejected=2)  # fmt: skip
+    assert rejected.new_item_lines() == [
+        "new items ranked from their features alone (not in the model's vocabulary): 0 from t.csv; its rows rejected: 2 "
+        f"(listed in {tmp_path / '_input' / 'item_rejects.parquet'}); ranking rows that hold one: 0"]
