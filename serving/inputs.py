@@ -58,6 +58,8 @@ STAGED_KEEP = (schema.STATS_FILE, schema.REJECTS_FILE, ITEM_REJECTS_FILE, STAGED
 SKIP_NO_KNOWN_ITEM = "no_known_item"  # reasons a user is not ranked (Shard.skipped)
 SKIP_NO_EVENTS = "no_events"
 SKIP_EVERY_ITEM_SEEN = "every_item_seen"  # ranked, but seen-item exclusion left no item to recommend
+SKIP_EVERY_EVENT_REJECTED = "every_event_rejected"  # raw events: every row of the user rejected (rejected_users)
+REJECTED_USERS_FILE = "rejected-users.parquet"  # in _skipped/, beside the shards' lists
 
 
 @dataclass(frozen=True)
@@ -480,6 +482,26 @@ def stage_events(data: DataConfig, input_path: str | Path, staged_dir: Path, rep
              "duplicate_rows": c["deduplicated"], "filtered_rows": c["filtered"]}  # fmt: skip
     marker.write_text(json_text({"key": key, "stats": stats}, sort_keys=False))
     return stats
+
+
+def rejected_users(source: ScoreInput, rejects: Path) -> pl.DataFrame | None:
+    """The users of raw events whose every row was rejected (``rejects``: the staged ``rejects.parquet``), so not in
+    the staged sequences: ``user_id`` (the sequences' type; an id that is none of that type's ids is no user of
+    them either and is typed by :func:`recsys_alibi.data.ids.same_id_in`, so it is left out), ``reason``
+    (``every_event_rejected``), ``input_events`` (their rejected rows), by ``user_id``; None when there is none."""
+    if not rejects.is_file():
+        return None
+    rows = pl.read_parquet(rejects, columns=[schema.USER_ID]).drop_nulls()
+    source_type, user_type = rows.schema[schema.USER_ID], pl.read_parquet_schema(source.sequences)[schema.USER_ID]
+    if not rows.height or not (source_type.is_integer() or source_type == pl.String):
+        return None
+    counts = (rows.group_by(schema.USER_ID).len("input_events")
+              .with_columns(same_id_in(pl.col(schema.USER_ID), source_type, user_type)).drop_nulls(schema.USER_ID))  # fmt: skip
+    users = counts.join(source.user_ids().to_frame(), on=schema.USER_ID, how="anti").sort(schema.USER_ID)
+    if not users.height:
+        return None
+    return users.select(schema.USER_ID, pl.lit(SKIP_EVERY_EVENT_REJECTED).alias("reason"),
+                        pl.col("input_events").cast(pl.Int64))  # fmt: skip
 
 
 def release_staged(staged_dir: Path) -> None:

@@ -41,7 +41,7 @@ from recsys_alibi.data.item_features import ITEM_REJECTS_FILE
 from recsys_alibi.evaluation.popularity_prior import item_popularity
 from serving.changed import FINGERPRINTS_DIR, CarryOver, history_fingerprints, model_digest
 from serving.distributed import World, scoring_world
-from serving.inputs import ScoreInput, fingerprint, input_kind, open_input, release_staged
+from serving.inputs import REJECTED_USERS_FILE, ScoreInput, fingerprint, input_kind, open_input, rejected_users, release_staged
 from serving.manifest import (
     MANIFEST,
     SKIPPED_DIR,
@@ -66,6 +66,8 @@ from serving.rules import rules_summary
 __all__ = ["MANIFEST", "OutputDirError", "ScoreJobResult", "run_score", "score_with_model"]
 
 log = logging.getLogger(__name__)
+
+REJECTED_USERS = "rejected_users"  # manifest input_stats: users whose every raw event row was rejected
 
 Hook = Callable[[str, int], None]
 """Test hook ``hook(point, shard)`` at ``"staged"`` (shard -1), ``"written"`` (part file in place,
@@ -155,7 +157,8 @@ class ScoreJobResult:
             f"went over {self.users_scored} users"
             f"{procs} in {self.seconds:.1f} s{speed}",
             f"unknown items: {self.unknown_items} ({self.unknown_events} events skipped); "
-            f"users not ranked (no known item, no events or every item seen): {self.skipped_users}{skipped}; "
+            f"users not ranked (no known item, no events, every event rejected or every item seen): "
+            f"{self.skipped_users}{skipped}; "
             f"rejected event rows: {self.rejected_rows}",
         ]
         lines += [rules_summary(self.rules)] if self.rules else []
@@ -358,8 +361,20 @@ class _ScoreJob:
                 "choose a new --output or delete that directory"
             )
         manifest.users, manifest.n_shards, manifest.input_stats = source.n_users, n_shards, {**source.stats, **rules}
+        manifest.input_stats[REJECTED_USERS] = self._list_rejected_users(source)
         write_json_atomic(self.output_dir / MANIFEST, manifest.to_json())
         return manifest, source
+
+    def _list_rejected_users(self, source: ScoreInput) -> int:
+        """Raw events: the users whose every row was rejected (none of them in the staged sequences) listed in
+        ``_skipped/rejected-users.parquet`` (reason ``every_event_rejected``: every user of the input is ranked or
+        listed); returns how many."""
+        rejected = rejected_users(source, self.output_dir / STAGED_INPUT / schema.REJECTS_FILE) if source.kind == "events" else None
+        if rejected is None:
+            return 0
+        (self.output_dir / SKIPPED_DIR).mkdir(exist_ok=True)
+        write_atomic(self.output_dir / SKIPPED_DIR / REJECTED_USERS_FILE, lambda tmp: rejected.write_parquet(tmp))
+        return rejected.height
 
     def _keep_item_rejects(self) -> None:
         """The rows of a ``score.items`` table file that were rejected, with their reasons, in
@@ -439,10 +454,11 @@ class _ScoreJob:
         m = self.manifest
         totals = m.totals()
         n_shards = m.n_shards or 0
+        rejected = int(m.input_stats.get(REJECTED_USERS, 0))  # users of no staged row: in no shard
         return ScoreJobResult(
-            output_dir=self.output_dir, users=m.users or 0, shards=n_shards, shards_skipped=n_shards - scored[1],
-            rows=totals["rows"], seconds=time.perf_counter() - started, users_scored=scored[0],
-            skipped_users=totals["skipped_users"], unknown_items=int(m.input_stats.get("unknown_items", 0)),
+            output_dir=self.output_dir, users=(m.users or 0) + rejected, shards=n_shards,
+            shards_skipped=n_shards - scored[1], rows=totals["rows"], seconds=time.perf_counter() - started,
+            users_scored=scored[0], skipped_users=totals["skipped_users"] + rejected, unknown_items=int(m.input_stats.get("unknown_items", 0)),
             unknown_events=totals["unknown_events"], rejected_rows=int(m.input_stats.get("rejected_rows", 0)),
             world_size=self.world.size, carried_users=totals["carried_users"],
             carry_over="" if not self.config.score.changed_since else "open" if self.carry is not None else "closed",

@@ -75,7 +75,7 @@ def test_users_without_a_known_item_are_listed_with_the_reason_and_counted(tmp_p
     assert set(read_rankings(tmp_path / "out")[schema.USER_ID]) == {f"u{u:03d}" for u in range(10)} - {"u003", "u007", "u008"}
     summary = result.summary()
     assert summary.startswith("ranked 7 of 10 users: ")
-    assert f"users not ranked (no known item, no events or every item seen): 3 (listed in {tmp_path / 'out' / '_skipped'})" in summary
+    assert f"users not ranked (no known item, no events, every event rejected or every item seen): 3 (listed in {tmp_path / 'out' / '_skipped'})" in summary
 
 
 def test_a_user_who_has_seen_every_item_is_listed_not_silently_missing(tmp_path):
@@ -305,3 +305,22 @@ def test_the_new_items_line_is_printed_only_when_the_table_held_a_new_item_or_a_
     assert rejected.new_item_lines() == [
         "new items ranked from their features alone (not in the model's vocabulary): 0 from t.csv; its rows rejected: 2 "
         f"(listed in {tmp_path / '_input' / 'item_rejects.parquet'}); ranking rows that hold one: 0"]
+
+
+def test_users_whose_every_event_row_is_rejected_are_listed_and_counted(tmp_path):
+    """Raw events: users 9999 and 9998 have only rows of unusable times (rejected): listed in _skipped/ with
+    the reason every_event_rejected and counted among the input's users (they were in no list and no count)."""
+    events = pl.DataFrame({"user_id": [1, 1, 2, 9999, 9999, 9998], "item_id": [1001, 1002, 1003, 1004, 1005, 1004],
+                           "timestamp": [10, 20, 30, None, -5, None]})  # fmt: skip
+    events.write_parquet(tmp_path / "events.parquet")
+    result = _run(tmp_path / "events.parquet", tmp_path / "out")
+    assert (result.users, result.skipped_users, result.users_ranked, result.rejected_rows) == (4, 2, 2, 3)
+    assert result.summary().startswith("ranked 2 of 4 users: ")
+    assert sorted(read_rankings(tmp_path / "out")[schema.USER_ID].unique().to_list()) == [1, 2]
+    skipped = pl.read_parquet(tmp_path / "out" / "_skipped" / "*.parquet").sort(schema.USER_ID)
+    assert skipped.to_dicts() == [
+        {schema.USER_ID: 9998, "reason": "every_event_rejected", "input_events": 1},
+        {schema.USER_ID: 9999, "reason": "every_event_rejected", "input_events": 2},
+    ]
+    again = _run(tmp_path / "events.parquet", tmp_path / "out")  # complete already: the same counts
+    assert (again.users, again.skipped_users) == (4, 2)
