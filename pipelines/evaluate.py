@@ -14,6 +14,7 @@ of the same items at other indices is evaluated; data items the model does not k
 from __future__ import annotations
 
 import dataclasses
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +31,8 @@ from recsys_alibi.evaluation.baselines import BASELINES
 from recsys_alibi.evaluation.evaluator import EvaluationResult, evaluate
 from recsys_alibi.evaluation.report import headline_k, write_report
 from recsys_alibi.tracking import metric_key
+
+log = logging.getLogger(__name__)
 
 EVALUATES_TAG = "recsys_alibi.evaluates_run_id"  # on an evaluation run: the run that trained the evaluated model
 
@@ -102,9 +105,11 @@ def evaluate_scorer(
     output_dir: Path,
     baselines: dict[str, EvaluationResult] | None = None,
     cutoff: int | None = None,
+    notes: tuple[str, ...] = (),
 ) -> EvaluateJobResult:
     """Evaluate one scorer on ``examples`` and write its report to ``output_dir``; the report's ``split`` names
-    the target events and the temporal ``cutoff`` (seconds, :func:`protocol_cutoff`) when given."""
+    the target events and the temporal ``cutoff`` (seconds, :func:`protocol_cutoff`) when given; ``notes`` go to
+    the report's notes first."""
     sweep = config.evaluate.context_lengths
     result = evaluate(
         scorer, examples, n_items, config.evaluate,
@@ -112,7 +117,8 @@ def evaluate_scorer(
         context_lengths=[*sweep, None] if sweep else (),
     )
     split = {"targets": int(examples.get_column("targets").list.len().sum())}
-    result = dataclasses.replace(result, split=split | ({"temporal_cutoff": int(cutoff)} if cutoff is not None else {}))
+    result = dataclasses.replace(result, split=split | ({"temporal_cutoff": int(cutoff)} if cutoff is not None else {}),
+                                 notes=(*notes, *result.notes))  # fmt: skip
     write_report(result, output_dir, baselines=baselines, title=f"Evaluation: {scorer.name}")
     return EvaluateJobResult(name=scorer.name, result=result, report_dir=output_dir)
 
@@ -183,6 +189,20 @@ def check_training_split(trained: str | None, protocol: str, cutoff: int | None,
             "holds out (its metrics would count trained-on targets); train it with the same evaluate.protocol "
             "and evaluate.temporal_cutoff, or evaluate it with the protocol it was trained on"
         )
+
+
+def other_data_notes(trained_on: str | None, evaluated_on: str) -> tuple[str, ...]:
+    """The report note when the model's run trained on other prepared data than the evaluated directory.
+
+    ``trained_on``: the run's ``recsys_alibi.data_sha256`` tag (None for runs older than it: nothing to say);
+    ``evaluated_on``: :func:`recsys_alibi.data.prepared.data_sha256` of the evaluated prepare. A held-out event of
+    other data may be one the model trained on (a stricter k-core, an older snapshot of the log: up to every
+    target), so the metrics are not a clean test; the data of a later day (appended events) is the usual case."""
+    if trained_on is None or trained_on == evaluated_on:
+        return ()
+    return (f"the model trained on other prepared data (data sha256 {trained_on[:12]}, this directory's "
+            f"{evaluated_on[:12]}): a held-out event here may be one it trained on (a stricter k-core or an older "
+            "snapshot of the log), so these metrics are not a clean test; evaluate on the directory it trained on",)
 
 
 def log_report_to_run(run_id: str, job: EvaluateJobResult, prefix: str = "test") -> None:
@@ -272,14 +292,20 @@ def run_evaluate(
     if loaded.run_id:
         import mlflow
 
-        from pipelines.resume import SPLIT_TAG
+        from pipelines.resume import DATA_TAG, SPLIT_TAG
+        from recsys_alibi.data.prepared import data_sha256
 
-        trained = mlflow.get_run(loaded.run_id).data.tags.get(SPLIT_TAG)
-        check_training_split(trained, config.evaluate.protocol, cutoff, model_uri)
+        tags = mlflow.get_run(loaded.run_id).data.tags
+        check_training_split(tags.get(SPLIT_TAG), config.evaluate.protocol, cutoff, model_uri)
+        notes = other_data_notes(tags.get(DATA_TAG), data_sha256(prepared_dir, prepare_id))
+        for note in notes:
+            log.warning("warning: %s", note)
+    else:
+        notes = ()
     scorer = RankerScorer(loaded.model, name=loaded.model.cfg.position)
     if scorer.uses_time_gaps:
         check_real_timestamps(prepared_dir, prepare_id)
     examples = test_examples(config, sequences_for(loaded.model, sequences))  # with the gaps the model reads
-    job = evaluate_scorer(config, scorer, examples, loaded.items.height, output_dir, cutoff=cutoff)
+    job = evaluate_scorer(config, scorer, examples, loaded.items.height, output_dir, cutoff=cutoff, notes=notes)
     run_id = log_evaluation_run(config, job, model_uri, loaded.run_id, prepared_dir, prepare_id, cutoff)
     return dataclasses.replace(job, run_id=run_id)

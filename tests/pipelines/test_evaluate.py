@@ -87,8 +87,9 @@ def _prepared(tmp_path, monkeypatch, new_store) -> Path:
     return tmp_path / "prepared"
 
 
-def _log_model(model, items: pl.DataFrame, tmp_path, split: str = "leave_one_out") -> str:
-    """Log ``model`` with vocabulary ``items`` in a run tagged with training split ``split``; its run id."""
+def _log_model(model, items: pl.DataFrame, tmp_path, split: str = "leave_one_out", data: str | None = None) -> str:
+    """Log ``model`` with vocabulary ``items`` in a run tagged with training split ``split`` (and data fingerprint
+    ``data``, when given); its run id."""
     import mlflow
 
     from pipelines.train import SPLIT_TAG
@@ -98,6 +99,10 @@ def _log_model(model, items: pl.DataFrame, tmp_path, split: str = "leave_one_out
     setup_tracking(TrackingConfig())
     with mlflow.start_run() as run:
         mlflow.set_tag(SPLIT_TAG, split)
+        if data is not None:
+            from pipelines.train import DATA_TAG
+
+            mlflow.set_tag(DATA_TAG, data)
         log_ranker(model, items, None, tmp_path / run.info.run_id)
     return run.info.run_id
 
@@ -254,3 +259,26 @@ def test_the_report_names_its_targets_and_the_temporal_cutoff(tmp_path, monkeypa
 
     when = dt.datetime.fromtimestamp(cutoff, dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
     assert f"temporal cutoff: {cutoff} ({when})" in (tmp_path / "tmp" / "report.md").read_text()
+
+
+def test_a_model_trained_on_other_data_is_evaluated_with_a_warning_and_a_report_note(tmp_path, monkeypatch, capsys,
+                                                                                     new_store, caplog):
+    """A model trained on another prepare of the log (a stricter k-core, an older snapshot) was scored on targets it
+    may have trained on without a word: the run's data fingerprint is now compared with the directory's."""
+    from recsys_alibi.data.prepare import read_items
+    from recsys_alibi.data.prepared import data_sha256
+
+    prepared = _prepared(tmp_path, monkeypatch, new_store)
+    items = read_items(prepared)
+    here = data_sha256(prepared)
+    notes = {}
+    for name, data in (("same", here), ("other", "f" * 64)):
+        run_id = _log_model(_random_model(items.height), items, tmp_path, data=data)
+        caplog.clear()
+        assert main(["evaluate", "--model-uri", f"runs:/{run_id}/model", "--prepared", "prepared", "--output", name]) == 0
+        notes[name] = (tmp_path / name / "report.md").read_text().split("## Notes")[1].splitlines()
+        warned = [r.getMessage() for r in caplog.records if "trained on other prepared data" in r.getMessage()]
+        assert len(warned) == (name == "other")
+    other = [n for n in notes["other"] if "trained on other prepared data" in n]
+    assert len(other) == 1 and f"data sha256 ffffffffffff, this directory's {here[:12]}" in other[0]
+    assert not [n for n in notes["same"] if "other prepared data" in n]
