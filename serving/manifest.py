@@ -235,6 +235,19 @@ def withdraw_rankings(output_dir: Path) -> None:
     shutil.rmtree(output_dir / FINGERPRINTS_DIR, ignore_errors=True)
 
 
+def withdraw_job(output_dir: Path, *, remove_dir: bool = False) -> None:
+    """Undo every file of a job refused while it scored (an input error found in a later shard): a refused run
+    leaves nothing behind, so the same command with the input fixed is a new job there, not "another job's
+    rankings". :func:`withdraw_rankings`, then the skipped users' lists, the temporaries and :func:`withdraw_manifest`
+    (the staged input; the directory too with ``remove_dir``, when the run created it and nothing else is in it)."""
+    import shutil
+
+    withdraw_rankings(output_dir)
+    shutil.rmtree(output_dir / SKIPPED_DIR, ignore_errors=True)
+    remove_stale_temporaries(output_dir)
+    withdraw_manifest(output_dir, remove_dir=remove_dir)
+
+
 def done_shards(output_dir: Path, manifest: Manifest) -> set[int]:
     """Indices of shards recorded in ``manifest`` whose part file exists (rule 2)."""
     done = set()

@@ -132,9 +132,11 @@ class _RayScoreJob(_ScoreJob):
                 ShardActor, batch_size=1, compute=ray.data.ActorPoolStrategy(size=actors), num_cpus=cfg.cpus_per_actor,
                 num_gpus=cfg.gpus_per_actor or None, fn_constructor_kwargs=kwargs,
             )  # fmt: skip
-            for row in _native_stderr_to_file(results.iter_rows()):
+            rows = _native_stderr_to_file(results.iter_rows())
+            for row in rows:
                 shard = int(row["shard"])
-                if row["error"]:
+                if row["error"]:  # the pool stopped first (its actors killed): the job withdraws what it wrote
+                    rows.close()
                     raise _USER_ERRORS.get(row["error_type"], ValueError)(row["error"])
                 stats = {key: int(row[key]) for key in SHARD_STATS}
                 self.hook("written", shard)
@@ -188,9 +190,9 @@ def _native_stderr_to_file(rows: Iterator[dict]) -> Iterator[dict]:
     path = Path(tempfile.gettempdir()) / f"recsys-alibi-ray-{os.getpid()}.log"
     sys.stderr.flush()
     saved = os.dup(2)
+    iterator = iter(rows)
     with open(path, "ab") as sink:
         try:
-            iterator = iter(rows)
             while True:
                 os.dup2(sink.fileno(), 2)
                 try:
@@ -203,6 +205,7 @@ def _native_stderr_to_file(rows: Iterator[dict]) -> Iterator[dict]:
         finally:
             os.dup2(saved, 2)
             os.close(saved)
+            getattr(iterator, "close", lambda: None)()  # closed early (an error row): Ray Data stops the pool
 
 
 def score_with_ray(config: JobConfig, model, items: pl.DataFrame, input_path: str | Path, output_dir: str | Path,

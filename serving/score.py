@@ -54,6 +54,7 @@ from serving.manifest import (
     part_name,
     record_shard,
     write_atomic,
+    withdraw_job,
     withdraw_manifest,
     withdraw_rankings,
     write_json_atomic,
@@ -289,6 +290,7 @@ class _ScoreJob:
     """One run of the scoring job in one process (rank) of the group."""
 
     def __init__(self, config, ranker, items, input_path, output_dir, model_ref, world: World, progress, hook) -> None:
+        self.created_dir = False  # this run created output_dir (_open)
         self.config = config
         self.ranker = ranker
         self.items = items
@@ -333,7 +335,7 @@ class _ScoreJob:
         command with the input fixed is a new job there, not "another job's rankings"; the staged
         input goes too, but for the rejects file that an "every row was rejected" message names.
         """
-        new_dir = not self.output_dir.exists()
+        new_dir = self.created_dir = not self.output_dir.exists()
         manifest = open_manifest(self.output_dir, self.identity, overwrite=self.config.score.overwrite)
         if manifest.complete:  # a kill may have come between completing and releasing
             release_staged(self.output_dir / STAGED_INPUT)
@@ -419,8 +421,13 @@ class _ScoreJob:
         todo = [s for s in self.world.shards(self.manifest.n_shards) if s not in done]
         shard_users = self.config.score.shard_users
         my_users = sum(min(shard_users, source.n_users - s * shard_users) for s in todo)
-        with _progress_bar(self.progress, my_users, self.world) as advance:
-            users_scored = self._score_todo(source, todo, advance)
+        try:
+            with _progress_bar(self.progress, my_users, self.world) as advance:
+                users_scored = self._score_todo(source, todo, advance)
+        except DataError:  # an input error found in a shard: the refused job leaves nothing behind (one process:
+            if self.world.size == 1:  # torchrun's other ranks may still be writing)
+                withdraw_job(self.output_dir, remove_dir=self.created_dir)
+            raise
         self.world.barrier()
         self.manifest = self.world.run_on_main(self._finish)
         counts = self.world.all_gather((users_scored, len(todo)))

@@ -87,6 +87,12 @@ def test_ray_job_input_error_raised_in_an_actor_reaches_the_caller_as_one_line(p
                        tmp_path / "out", progress=False)  # fmt: skip
     assert "\n" not in str(err.value) and str(err.value).endswith(
         "timestamps go backwards inside the history of user 'u012' (row 12); sort each history by time first")
+    assert not (tmp_path / "out").exists()  # the refused job withdrew the shards written before it (was: kept)
+    seq.write_parquet(tmp_path / "in" / "sequences.parquet")  # the input fixed: the same command runs
+    fixed = score_with_ray(score_config(ray=ONE_ACTOR), tiny_model(time_gap_buckets=6), vocabulary(), tmp_path / "in",
+                           tmp_path / "out", progress=False)  # fmt: skip
+    assert (fixed.users, fixed.shards, fixed.shards_skipped) == (23, 5, 0)
+    assert sorted(p.name for p in (tmp_path / "out").glob("part-*.parquet")) == [f"part-{i:05d}.parquet" for i in range(5)]
 
 
 def test_score_cli_engine_ray_prints_only_the_summary(prepared, tmp_path, mlflow_store, capfd):

@@ -324,3 +324,24 @@ def test_users_whose_every_event_row_is_rejected_are_listed_and_counted(tmp_path
     ]
     again = _run(tmp_path / "events.parquet", tmp_path / "out")  # complete already: the same counts
     assert (again.users, again.skipped_users) == (4, 2)
+
+
+def test_an_input_error_found_in_a_later_shard_withdraws_what_the_job_wrote(prepared, tmp_path):
+    """Shards of 5 users: user u012's times go backwards, found when shard 2 is read, after shards 0 and 1 are
+    written. The refused run leaves nothing behind, in a new folder or one that was there, and the same command
+    with the input fixed runs (was: refused as 'another job' by the partial folder it left)."""
+    seq = pl.read_parquet(prepared / schema.SEQUENCES_FILE)
+    (tmp_path / "in").mkdir()
+    seq.with_columns(pl.when(pl.col(schema.USER_ID) == "u012").then(pl.col(schema.TIMESTAMP).list.reverse())
+                     .otherwise(pl.col(schema.TIMESTAMP))).write_parquet(tmp_path / "in" / schema.SEQUENCES_FILE)  # fmt: skip
+    vocabulary().write_parquet(tmp_path / "in" / schema.ITEMS_FILE)
+    model = tiny_model(time_gap_buckets=6)
+    (tmp_path / "there").mkdir()
+    (tmp_path / "there" / "notes.txt").write_text("mine")
+    for out in (tmp_path / "out", tmp_path / "there"):
+        with pytest.raises(DataError, match=r"timestamps go backwards inside the history of user 'u012' \(row 12\)"):
+            score_with_model(score_config(), model, vocabulary(), tmp_path / "in", out, progress=False)
+    assert not (tmp_path / "out").exists() and os.listdir(tmp_path / "there") == ["notes.txt"]
+    seq.write_parquet(tmp_path / "in" / schema.SEQUENCES_FILE)  # the input fixed
+    fixed = score_with_model(score_config(), model, vocabulary(), tmp_path / "in", tmp_path / "out", progress=False)
+    assert (fixed.users, fixed.shards, fixed.shards_skipped, fixed.users_ranked) == (23, 5, 0, 23)
