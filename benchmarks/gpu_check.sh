@@ -14,7 +14,8 @@
 # Every step has its own time limit inside one overall deadline (DEADLINE_S, default 470 s);
 # rows are written as they are measured, so a step cut short keeps what it had.
 #
-# Run from the repository root with a python3 that has torch, numpy and pytest:
+# Run from the repository root; the python is $PYTHON, else .venv/bin/python (make install), else python3
+# (it needs torch, numpy and pytest). Exit status 1 when any step failed or no row was measured:
 #     OUT=/tmp/gpu bash benchmarks/gpu_check.sh                # on the GPU machine
 #     OUT=/tmp/gpu bash benchmarks/gpu_check.sh --device cpu   # dry run, tiny sizes, on a CPU
 # Writes env.txt, pytest.txt, attention-*.txt and gpu-attention.json (all rows: keys L, mode,
@@ -28,7 +29,8 @@ if [ "${1:-}" = "--device" ]; then DEVICE=${2:?--device needs cuda or cpu}; fi
 OUT=${OUT:-/tmp/gpu}
 mkdir -p "$OUT"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-PY=${PYTHON:-python3}
+if [ -n "${PYTHON:-}" ]; then PY=$PYTHON; elif [ -x .venv/bin/python ]; then PY=.venv/bin/python; else PY=python3; fi
+FAILED=0
 START=$(date +%s)
 SCALE=1  # step limits x SCALE; the CPU dry run compiles each flex case in ~15 s
 if [ "$DEVICE" = cpu ]; then SCALE=4; fi
@@ -46,7 +48,9 @@ step() {  # step NAME LIMIT_S COMMAND...: run under the smaller of its limit and
   echo "== $name (limit ${limit}s)" | tee -a "$OUT/steps.txt"
   local t0; t0=$(date +%s)
   timeout "$limit" "$@" 2>&1 | tee "$OUT/$name.txt"
-  echo "== $name: rc=${PIPESTATUS[0]} in $(( $(date +%s) - t0 ))s" | tee -a "$OUT/steps.txt"
+  local rc=${PIPESTATUS[0]}
+  echo "== $name: rc=$rc in $(( $(date +%s) - t0 ))s" | tee -a "$OUT/steps.txt"
+  if [ "$rc" -ne 0 ]; then FAILED=$((FAILED + 1)); fi
 }
 
 {
@@ -96,5 +100,11 @@ for name in ("attention-d64", "attention-learnable", "attention-packed", "attent
         formula = data["formula"]
 (out / "gpu-attention.json").write_text(json.dumps({"formula": formula, "rows": rows}, indent=1))
 print(f"gpu-attention.json: {len(rows)} rows")
+sys.exit(0 if rows else 1)
 PYEOF
+ROWS_RC=$?
 echo "total $(( $(date +%s) - START ))s" | tee -a "$OUT/steps.txt"
+if [ "$FAILED" -ne 0 ] || [ "$ROWS_RC" -ne 0 ]; then
+  echo "gpu_check: $FAILED step(s) failed; rows measured: $([ "$ROWS_RC" -eq 0 ] && echo yes || echo none) (see $OUT/steps.txt)" >&2
+  exit 1
+fi

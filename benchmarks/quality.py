@@ -12,11 +12,11 @@ full-catalog ranking, seen items excluded) and fits popularity once. ``--jobs`` 
 once (default 2: the ALiBi model and SASRec side by side, each with cores / jobs torch threads,
 which on 2 cores is faster in total than one 2-thread run after the other). It writes:
 
-* ``--json`` (default ``docs/results/<config stem>.json``): ``NDCG@10``, ``HR@10`` (means over
+* ``--json`` (default ``<workdir>/<config stem>.json``; the committed figures are in docs/results/): ``NDCG@10``, ``HR@10`` (means over
   seeds), ``NDCG@10_std``, ``HR@10_std`` (sample standard deviation, ddof = 1), ``seeds``,
   ``train_seconds`` (per seed), ``command``, ``baseline`` (the same keys for SASRec),
   ``popularity``, ``per_seed`` (every metric of every run) and the validation curves.
-* ``--curve`` (default ``docs/results/<config stem>-curve.png``): validation NDCG@10 per epoch.
+* ``--curve`` (default ``<workdir>/<config stem>-curve.png``): validation NDCG@10 per epoch.
 
 and prints the Markdown table of docs/results.md. Models are not registered; runs go to the
 config's MLflow experiment with ``quality`` in the run name's output path.
@@ -150,8 +150,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="which models to train (default both); one alone re-measures it beside the other's JSON")
     parser.add_argument("--jobs", type=int, default=2, help="runs at once, each with cores / jobs torch threads")
     parser.add_argument("--workdir", type=Path, help="default: runs/quality/<config stem>")
-    parser.add_argument("--json", type=Path, help="default: docs/results/<config stem>.json")
-    parser.add_argument("--curve", type=Path, help="default: docs/results/<config stem>-curve.png")
+    parser.add_argument("--json", type=Path, help="default: <workdir>/<config stem>.json")
+    parser.add_argument("--curve", type=Path, help="default: <workdir>/<config stem>-curve.png")
     args = parser.parse_args(argv)
 
     from pipelines.cli import configure_logging
@@ -165,8 +165,8 @@ def main(argv: list[str] | None = None) -> None:
     configure_logging()
     stem = Path(args.config).stem
     workdir = args.workdir or Path("runs/quality") / stem
-    json_path = args.json or Path("docs/results") / f"{stem}.json"
-    curve_path = args.curve or Path("docs/results") / f"{stem}-curve.png"
+    json_path = args.json or workdir / f"{stem}.json"
+    curve_path = args.curve or workdir / f"{stem}-curve.png"
     base = load_config(args.config, args.overrides)
     prepared = workdir / "prepared"
     input_path = None  # data.input of the config, or the synthetic log when generate.enabled

@@ -170,6 +170,11 @@ def load_warm_start(config: JobConfig, prepared_dir: Path, uri: str) -> WarmStar
             grown = int(now[USERS_TAG]) - parent[0], int(now[EVENTS_TAG]) - parent[1]
             if min(grown) >= 0:  # fewer users or events: not the parent's data grown (another log): no count
                 new_users, new_events = grown
+            else:
+                log.warning("warning: %s trained on %d users and %d events, more than this data holds (%s, %s): it is "
+                            "not an earlier model of this data (another log, or one that saw later days); a daily job "
+                            "wants its own tracking.registered_model (or tracking store)", uri, *parent,
+                            now[USERS_TAG], now[EVENTS_TAG])  # fmt: skip
     return WarmStart(
         uri=uri, parent_run_id=loaded.run_id, kept_items=kept, new_items=unknown,
         dropped_items=loaded.items.height - kept, new_users=new_users, new_events=new_events, state=state,

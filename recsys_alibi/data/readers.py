@@ -21,6 +21,7 @@ from __future__ import annotations
 import csv
 import gzip
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -174,8 +175,10 @@ def _looks_numeric(text: str) -> bool:
 
 
 def _plain_name(name: str) -> str:
-    """A column name compared loosely: case, outer spaces and ' ' / '-' against '_' do not count."""
-    return "_".join(name.strip().lower().replace("-", " ").replace("_", " ").split())
+    """A column name compared loosely: case, outer spaces, ' ' / '-' against '_' and camelCase (``userId``,
+    ``UserID``: MovieLens' and RecBole's spellings) against snake_case do not count."""
+    words = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", " ", name.strip())
+    return "_".join(words.lower().replace("-", " ").replace("_", " ").split())
 
 
 def _check_columns(cfg: DataConfig, fmt: str, columns: dict[str, str], raw: tuple[str, ...],

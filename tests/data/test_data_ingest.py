@@ -397,6 +397,9 @@ def test_a_header_name_with_spaces_is_quoted_and_the_alike_column_suggested(tmp_
                    "'timestamp']; map it with --set 'data.columns.user_id=User ID'")
     mapped = DataConfig(columns=ColumnMap(user_id="User ID", item_id="item id "), min_events_per_user=1, min_events_per_item=1)
     assert _events(mapped, path)["item_id"].to_list() == ["a", "b"]  # the suggested names read the file
+    camel = _write(tmp_path / "c.csv", "userId,movieId,timestamp\n1,10,1\n")  # MovieLens' ratings.csv header
+    assert _one_line_error(prepare, DataConfig(), camel, tmp_path / "out").endswith(
+        "; map it with --set 'data.columns.user_id=userId'")
 
 
 def _two_day_error(tmp_path, first: str, second: str) -> tuple[Path, str]:

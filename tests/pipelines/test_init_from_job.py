@@ -68,9 +68,10 @@ def test_warm_run_records_its_parent_and_what_is_new(tmp_path, mlflow_store, cap
     assert len(_runs()) == 2
 
 
-def test_a_parent_trained_on_more_data_gets_no_negative_counts(tmp_path, mlflow_store, capsys):
+def test_a_parent_trained_on_more_data_gets_no_negative_counts(tmp_path, mlflow_store, capsys, caplog):
     """A champion from another log (42 users) warm-starts a run on 30 users: "-12 new users" would be nonsense,
-    so the line says n/a and no lineage.new_* count is tagged; the item counts are still exact."""
+    so the line says n/a and no lineage.new_* count is tagged; the item counts are still exact. A warning says the
+    parent is no earlier model of this data (the README's daily loop once warm-started from make pipeline's model)."""
     day1, day2 = _walks(tmp_path / "day1", 30, 10), _walks(tmp_path / "day2", 42, 13)
     assert main(_train(day2, tmp_path / "job")) == 0
     (parent,) = _runs()
@@ -79,6 +80,8 @@ def test_a_parent_trained_on_more_data_gets_no_negative_counts(tmp_path, mlflow_
                        "train.warm.max_epochs=1")) == 0  # fmt: skip
     printed = capsys.readouterr().out
     assert "10 items kept, 0 new, 3 dropped; n/a new users, n/a new events" in printed
+    warned = [r.getMessage() for r in caplog.records if "more than this data holds" in r.getMessage()]
+    assert len(warned) == 1 and "trained on 42 users and " in warned[0] and "own tracking.registered_model" in warned[0]
     tags = _runs()[-1].data.tags
     assert "lineage.new_users" not in tags and "lineage.new_events" not in tags and tags["lineage.dropped_items"] == "3"
 

@@ -61,6 +61,14 @@ def test_two_parallel_jobs_on_a_new_tracking_store_write_the_results(tmp_path):
     assert again.returncode == 0, again.stderr[-3000:]
     assert again.stdout.count("reused the finished run") == 2 and "epochs in" not in again.stdout
     assert json.loads((tmp_path / "result.json").read_text())["per_seed"] == result["per_seed"]
+    # --models SASRec: the baseline alone (here its finished run, reused), no ALiBi entry
+    alone = [*args[:args.index("--json")], "--json", "sasrec.json", "--curve", "sasrec.png", *args[args.index("--curve") + 2:],
+             "--models", "SASRec"]  # fmt: skip
+    done = subprocess.run(alone, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    sasrec_only = json.loads((tmp_path / "sasrec.json").read_text())
+    assert list(sasrec_only["per_seed"]) == ["SASRec"] and "NDCG@10" not in sasrec_only
+    assert sasrec_only["baseline"]["HR@10"] == result["baseline"]["HR@10"] and done.stdout.count("reused") == 1
 
 
 def test_run_key_follows_the_resolved_config():
