@@ -22,14 +22,15 @@ def _readme_block() -> str:
 
 
 def test_readme_ways_of_reading_the_rankings_folder_give_the_part_files_rows(tmp_path, monkeypatch):
-    events = pl.DataFrame({  # raw events: one row rejected (_input/ keeps it), one user of unknown items (_skipped/)
+    events = pl.DataFrame({  # raw events: one row rejected (_input/ keeps it; its user d, of no other row, and c, a user
+        # of unknown items, in _skipped/)
         schema.USER_ID: ["a", "a", "b", "b", "c", "d"], schema.ITEM_ID: [1001, 1002, 1003, 1004, 99_999, 1005],
         schema.TIMESTAMP: [1, 2, 1, 2, 1, -1],
     })  # fmt: skip
     events.write_csv(tmp_path / "events.csv")
     result = score_with_model(score_config(k=5), tiny_model(), vocabulary(), tmp_path / "events.csv",
                               tmp_path / "rankings", progress=False)  # fmt: skip
-    assert (result.rows, result.skipped_users, result.rejected_rows) == (10, 1, 1)
+    assert (result.rows, result.skipped_users, result.rejected_rows) == (10, 2, 1)
     assert (tmp_path / "rankings" / "_manifest.json").is_file() and (tmp_path / "rankings" / "_input").is_dir()
     expected = pl.concat([pl.read_parquet(p) for p in sorted((tmp_path / "rankings").glob("part-*.parquet"))])
     key = [schema.USER_ID, schema.RANK]
@@ -40,7 +41,8 @@ def test_readme_ways_of_reading_the_rankings_folder_give_the_part_files_rows(tmp
     assert found["lazy"].collect().sort(key).equals(expected.sort(key))
     assert pl.from_arrow(found["table"]).sort(key).equals(expected.sort(key))
     assert pl.from_pandas(found["frame"]).sort(key).equals(expected.sort(key))
-    assert found["skipped"].select(schema.USER_ID, "reason").rows() == [("c", "no_known_item")]
+    assert sorted(found["skipped"].select(schema.USER_ID, "reason").rows()) == [("c", "no_known_item"),
+                                                                               ("d", "every_event_rejected")]
     try:
         import duckdb
     except ImportError:  # not installed here: the README's query is not run
