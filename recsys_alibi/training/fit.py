@@ -105,6 +105,7 @@ def fit_ranker(
     latest = ModelCheckpoint(dirpath=checkpoint_dir, filename="last", monitor=None, save_top_k=1, enable_version_counter=False)
     stopping = EarlyStopping(monitor=VAL_MONITOR, mode="max", patience=config.train.patience)
     train = config.train
+    clock = TrainClock()
     trainer = L.Trainer(
         max_epochs=train.max_epochs,
         max_time=timedelta(minutes=train.max_minutes) if train.max_minutes else None,
@@ -115,7 +116,7 @@ def fit_ranker(
         precision=resolve_precision(train),
         gradient_clip_val=train.grad_clip,
         limit_train_batches=train.limit_train_batches,
-        callbacks=[checkpoint, latest, stopping, *lines, *(callbacks or [])],
+        callbacks=[checkpoint, latest, stopping, clock, *lines, *(callbacks or [])],
         logger=logger if logger is not None else False,
         enable_progress_bar=bar,
         enable_model_summary=False,
@@ -126,12 +127,11 @@ def fit_ranker(
         # train.context_schedule: each epoch's loader is built with that epoch's window (also after a resume)
         reload_dataloaders_every_n_epochs=1 if train.context_schedule else 0,
     )
-    started = time.perf_counter()
     with _process_group_released(), warnings.catch_warnings():
         if resume_from:  # the run's own checkpoints are there: expected
             warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
         trainer.fit(module, datamodule=datamodule, ckpt_path=str(resume_from) if resume_from else None)
-    seconds = time.perf_counter() - started
+    seconds = clock.total()
     warn_unreached(train.context_schedule, trainer.current_epoch)
     best = checkpoint.best_model_path
     if best and trainer.is_global_zero:
@@ -153,6 +153,29 @@ def fit_ranker(
         world_size=trainer.world_size,
         is_global_zero=trainer.is_global_zero,
     )
+
+
+class TrainClock(L.Callback):
+    """Wall seconds of ``trainer.fit`` summed over a run's resumes: the seconds before the resume are kept in each
+    checkpoint (``state_dict``) and read back with it, so a resumed run reports its whole training time, not only
+    the part after its last kill (the work between the last checkpoint and the kill, done again, counts once)."""
+
+    def __init__(self) -> None:
+        self.before = 0.0  # seconds of the earlier fits of this run (from the checkpoint resumed)
+        self.started: float | None = None
+
+    def on_fit_start(self, trainer, pl_module) -> None:
+        self.started = time.perf_counter()
+
+    def total(self) -> float:
+        """Seconds so far: the earlier fits' plus this one's."""
+        return self.before + (0.0 if self.started is None else time.perf_counter() - self.started)
+
+    def state_dict(self) -> dict:
+        return {"seconds": self.total()}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.before = float(state_dict.get("seconds", 0.0))
 
 
 def catalog_of(config: JobConfig, datamodule: SequenceDataModule):

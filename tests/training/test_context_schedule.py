@@ -121,9 +121,12 @@ def test_resume_continues_with_the_window_of_its_epoch(prepared, uninterrupted, 
     with pytest.raises(Killed):
         _fit(prepared, tmp_path, first, KillAt(kill_at))
     last = tmp_path / "ckpt" / "last.ckpt"
-    assert torch.load(last, map_location="cpu", weights_only=False)["epoch"] == kill_at - 1
+    saved = torch.load(last, map_location="cpu", weights_only=False)
+    assert saved["epoch"] == kill_at - 1
+    (before,) = [state["seconds"] for key, state in saved["callbacks"].items() if "TrainClock" in key]
     resumed_steps = Recorder()
     resumed, _ = _fit(prepared, tmp_path, resumed_steps, resume=last)
+    assert resumed.train_seconds > before > 0  # the seconds before the kill count (were dropped on resume)
     expected = {e: w for e, w in full_steps.widest().items() if e >= kill_at}
     assert resumed_steps.widest() == expected
     # the same steps with the same learning rates as the uninterrupted run, and the same result
@@ -240,3 +243,15 @@ def test_a_whole_window_shorter_than_an_earlier_one_with_learned_positions_is_on
     with pytest.raises(ConfigError) as caught:
         resolve_max_len(config, prepared)
     assert "\n" not in str(caught.value) and "the window 5000 is beyond it" in str(caught.value)
+
+
+def test_the_train_clock_adds_the_seconds_of_the_fits_before_a_resume():
+    """A resumed run's train_seconds counted only the fit after the resume (replay time ratios were understated)."""
+    from recsys_alibi.training.fit import TrainClock
+
+    clock = TrainClock()
+    clock.load_state_dict({"seconds": 100.0})  # what the resumed checkpoint holds
+    assert clock.total() == 100.0
+    clock.on_fit_start(None, None)
+    assert 100.0 <= clock.total() < 110.0 and clock.state_dict()["seconds"] >= 100.0
+    assert TrainClock().total() == 0.0
