@@ -139,7 +139,8 @@ def export_model(config: JobConfig, model, items: pl.DataFrame, input_path: str 
         # messages name the user's input, and rejects they name are kept in <output>/_input (the staging goes)
         source = ranker.for_input(open_input(input_path, items, config.data, staging / "_input",
                                              time_gap_buckets=ranker.time_gap_buckets, report_dir=output_dir / "_input",
-                                             max_unknown_share=config.score.max_unknown_share))  # fmt: skip
+                                             max_unknown_share=config.score.max_unknown_share,
+                                             new_item_ids=ranker.new_item_ids))  # fmt: skip
         prior = config.score.popularity_prior
         if prior.weight:  # score's prior as one more coordinate: item weight * log(1 + count), user 1
             ranker.use_popularity(item_popularity(source.sequences, source.vocabulary(items), prior.half_life_days,

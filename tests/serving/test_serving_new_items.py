@@ -262,6 +262,9 @@ def test_events_on_new_items_count_as_known_and_a_user_with_only_those_is_listed
     assert rankings["user_id"].to_list() == ["a"] * 3 + ["b"] * 3 and rankings.filter(pl.col("item_id") >= 30).height == 0
     skipped = pl.read_parquet(tmp_path / "r" / "_skipped" / "*.parquet")
     assert skipped.rows() == [("c", "no_known_item", 2)]
+    assert main(["export", "--quiet", "--model-uri", uri, "--input", str(tmp_path / "ev.parquet"), "--output",
+                 str(tmp_path / "ex"), "--set", f"score.items={prepared}"]) == 0  # the same input: not another catalog
+    assert pl.read_parquet(tmp_path / "ex" / "users.parquet")["user_id"].to_list() == ["a", "b"]
     only_new = tmp_path / "only_new.parquet"
     pl.DataFrame(rows[-2:], schema=["user_id", "item_id", "timestamp"], orient="row").write_parquet(only_new)
     assert main(["score", "--model-uri", uri, "--input", str(only_new), "--output", str(tmp_path / "r2"), "--k", "3",
