@@ -81,6 +81,17 @@ def test_examples(config: JobConfig, sequences: pl.DataFrame) -> pl.DataFrame:
     return leave_one_out(sequences, "test")
 
 
+def unevaluated_notes(config: JobConfig, sequences: pl.DataFrame, examples: pl.DataFrame) -> tuple[str, ...]:
+    """The report note on the prepared users without a held-out event (not in ``examples``), when there are any:
+    a one-event history under leave-one-out, a history ending before the cutoff under temporal."""
+    missing = sequences.height - examples.height
+    if not missing:
+        return ()
+    why = ("fewer than 2 events: nothing to hold out" if config.evaluate.protocol == "leave_one_out"
+           else "no event at or after the temporal cutoff")  # fmt: skip
+    return (f"{missing:,} of the {sequences.height:,} users of the prepared data are not evaluated ({why})",)
+
+
 def baseline_scorer(name: str, config: JobConfig, sequences: pl.DataFrame, items: pl.DataFrame):
     """A baseline scorer by name (``BASELINES``), fitted on the training information of the protocol.
 
@@ -280,7 +291,8 @@ def run_evaluate(
     if baseline is not None:
         examples = test_examples(config, sequences)
         return evaluate_scorer(config, baseline_scorer(baseline, config, sequences, items), examples, items.height, output_dir,
-                               cutoff=protocol_cutoff(config, sequences))  # fmt: skip
+                               cutoff=protocol_cutoff(config, sequences),
+                               notes=unevaluated_notes(config, sequences, examples))  # fmt: skip
 
     from recsys_alibi.model.scorer import RankerScorer
     from recsys_alibi.tracking import load_ranker, setup_tracking
@@ -306,6 +318,7 @@ def run_evaluate(
     if scorer.uses_time_gaps:
         check_real_timestamps(prepared_dir, prepare_id)
     examples = test_examples(config, sequences_for(loaded.model, sequences))  # with the gaps the model reads
+    notes = (*notes, *unevaluated_notes(config, sequences, examples))
     job = evaluate_scorer(config, scorer, examples, loaded.items.height, output_dir, cutoff=cutoff, notes=notes)
     run_id = log_evaluation_run(config, job, model_uri, loaded.run_id, prepared_dir, prepare_id, cutoff)
     return dataclasses.replace(job, run_id=run_id)

@@ -260,6 +260,9 @@ def test_cli_diagnose_prints_table(capsys):
     assert main(["diagnose", "--heads", "4", "--max-len", "512", "--dtype", "float16"]) == 0
     out = capsys.readouterr().out
     assert "4 heads, max_len 512, float16" in out and "sdpa" in out
+    # a head count that does not divide the default width 64: the diagnosis reads no width (was refused)
+    assert main(["diagnose", "--heads", "6", "--max-len", "512", "--dtype", "bfloat16"]) == 0
+    assert "6 heads, max_len 512, bfloat16" in capsys.readouterr().out
 
 
 def test_model_health_on_tiny_ranker():

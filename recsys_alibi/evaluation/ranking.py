@@ -13,7 +13,9 @@ Protocol choices, stated once:
   (re-consumption) is masked like every other seen item and counts as a **miss**: its rank is
   ``MISS_RANK`` (beyond every K; HR@K, NDCG@K and Recall@K count it as not found, and its
   reciprocal rank for MRR is 0). The candidate set therefore never depends on the answer, and
-  HR@K equals the hit rate of the top-K that ``score`` serves. With ``exclude_seen`` false
+  HR@K equals the hit rate of the top-K that ``score`` serves for the same context (``score``
+  reads at most ``score.max_context`` events, sinks plus the most recent: a longer history is
+  evaluated whole here unless ``evaluate.context_lengths`` cuts it too). With ``exclude_seen`` false
   every item is ranked, seen or not (the setting for data with re-consumption). More
   generally, a target whose score is -inf (masked, or so scored by the scorer) is a miss:
   ``score`` never serves an item at -inf.

@@ -282,3 +282,18 @@ def test_a_model_trained_on_other_data_is_evaluated_with_a_warning_and_a_report_
     other = [n for n in notes["other"] if "trained on other prepared data" in n]
     assert len(other) == 1 and f"data sha256 ffffffffffff, this directory's {here[:12]}" in other[0]
     assert not [n for n in notes["same"] if "other prepared data" in n]
+
+
+def test_users_without_a_held_out_event_are_named_in_the_notes():
+    """Leave-one-out drops a one-event history before the evaluator sees it: n_users shrank without a word."""
+    from pipelines.evaluate import test_examples, unevaluated_notes
+    from recsys_alibi.config import JobConfig
+
+    sequences = pl.DataFrame({"user_id": [1, 2, 3], "item_idx": [[5], [1, 2, 3], [4, 5]], "length": [1, 3, 2]},
+                             schema={"user_id": pl.Int64, "item_idx": pl.List(pl.Int32), "length": pl.Int32})  # fmt: skip
+    config = JobConfig()
+    examples = test_examples(config, sequences)
+    assert examples["user_id"].to_list() == [2, 3]
+    assert unevaluated_notes(config, sequences, examples) == (
+        "1 of the 3 users of the prepared data are not evaluated (fewer than 2 events: nothing to hold out)",)
+    assert unevaluated_notes(config, sequences.filter(pl.col("length") > 1), examples) == ()
