@@ -125,6 +125,7 @@ def new_items(model, items: pl.DataFrame, path: str | Path) -> NewItems:
     device = features.encoder.numeric_mean.device
     with torch.no_grad():
         vectors = features.encoder(encoded.to(device)).float()  # (M, D)
+    _warn_far_numbers(encoded.numeric, features.encoder, decl.numeric, path)
     found = NewItems(fresh.get_column(schema.ITEM_ID), vectors, str(path), 0 if rejects is None else rejects.height,
                      sum(unknown.values()), rejects)  # fmt: skip
     if found.count:  # a table with nothing new says nothing (the summary counts new items where there are any)
@@ -132,6 +133,26 @@ def new_items(model, items: pl.DataFrame, path: str | Path) -> NewItems:
                  "(%d feature values unknown to the model left out); those served are counted at the end",
                  found.count, path, found.unknown_values)  # fmt: skip
     return found
+
+
+FAR_Z = 10.0  # standard deviations of the training items beyond which a new item's number is warned about
+
+
+def _warn_far_numbers(numeric: torch.Tensor, encoder, columns: list[str], path) -> None:
+    """One warning when new items hold numbers more than :data:`FAR_Z` training standard deviations from the
+    training mean (``numeric``: (M, C) float32, NaN = missing): the encoder is linear in them, so one such value
+    can put an item first for every user (a popularity of 1e9 where training saw -2.3 .. 0)."""
+    if numeric.numel() == 0:
+        return
+    z = ((numeric.float() - encoder.numeric_mean.cpu()) / encoder.numeric_std.cpu()).abs().nan_to_num(nan=0.0)  # (M, C)
+    far = z > FAR_Z
+    if not far.any():
+        return
+    worst = int(z.max(dim=0).values.argmax())
+    log.warning("score.items %s: %d new items hold a number more than %g standard deviations from the training "
+                "items' (worst: %s, %.3g sd): their scores are extrapolated beyond anything the model learnt; check "
+                "those values or bound them with data.item_features.ranges", path, int(far.any(dim=1).sum()), FAR_Z,
+                columns[worst], float(z[:, worst].max()))  # fmt: skip
 
 
 def extended_vocabulary(items: pl.DataFrame, extra: NewItems) -> pl.DataFrame:

@@ -9,6 +9,7 @@ import json
 import mlflow
 import numpy as np
 import polars as pl
+import torch
 import pytest
 from engine_fixtures import assert_same_rankings
 from serving_fixtures import dot_product_rankings, score_config, tiny_model, vocabulary, write_prepared
@@ -276,3 +277,21 @@ def test_events_on_new_items_count_as_known_and_a_user_with_only_those_is_listed
     mixed = pyfunc.predict(pl.DataFrame({"user_id": ["c", "a"], "item_id": [[30], [0, 30, 31, 32]]}).to_pandas(),
                            params={"k": 3})  # fmt: skip
     assert pl.from_pandas(mixed).equals(rankings.filter(pl.col("user_id") == "a"))
+
+
+def test_a_number_far_outside_the_training_items_is_warned_about(caplog):
+    """One popularity of 1e9 (training: mean -1, sd 0.5) put a new item first for every user without a word."""
+    from types import SimpleNamespace
+
+    from serving.new_items import _warn_far_numbers
+
+    encoder = SimpleNamespace(numeric_mean=torch.tensor([-1.0, 10.0]), numeric_std=torch.tensor([0.5, 2.0]))
+    numbers = torch.tensor([[1e9, 10.0], [-1.5, float("nan")], [-1.0, 31.0]])  # z: (2e9, 0), (1, -), (0, 10.5)
+    with caplog.at_level("WARNING", logger="serving.new_items"):
+        _warn_far_numbers(numbers, encoder, ["popularity", "price"], "today.csv")
+    (warned,) = [r.getMessage() for r in caplog.records]
+    assert "2 new items hold a number more than 10 standard deviations" in warned and "(worst: popularity, 2e+09 sd)" in warned
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="serving.new_items"):
+        _warn_far_numbers(numbers[1:2], encoder, ["popularity", "price"], "today.csv")
+    assert caplog.records == []
