@@ -479,6 +479,18 @@ def run_probe(output: Path, plan: Sequence[tuple[str, str, int]], json_path: Pat
     return records
 
 
+def configure_logging() -> None:
+    """INFO from this project's loggers with the time, WARNING and up from everything else: the root logger
+    stays at WARNING, since fbgemm_gpu logs one "Successfully loaded: 'fbgemm_gpu_*.so'" line per library on
+    it at INFO as torchrec is imported; Lightning's and torch's notices silenced."""
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s")
+    for name in ("benchmarks", "recsys_alibi", "pipelines"):
+        logging.getLogger(name).setLevel(logging.INFO)
+    for noisy in ("lightning", "lightning.pytorch", "lightning.fabric", "torch.fx", "torch._dynamo"):
+        logging.getLogger(noisy).setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore", message=r".*(LeafSpec|litlogger|is_fx_tracing|noload|distutils).*")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``paths`` or ``probe`` (see the module docstring)."""
     parser = argparse.ArgumentParser(prog="python -m benchmarks.numerics", description=__doc__.splitlines()[0])
@@ -491,10 +503,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, default=None, help="probe: results JSON (default OUTPUT/probe.json)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    for noisy in ("lightning", "lightning.pytorch", "lightning.fabric", "torch.fx", "torch._dynamo"):
-        logging.getLogger(noisy).setLevel(logging.ERROR)
-    warnings.filterwarnings("ignore", message=r".*(LeafSpec|litlogger|is_fx_tracing|noload|distutils).*")
+    configure_logging()
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.section == "paths":

@@ -324,6 +324,9 @@ def configure_logging() -> None:
     """
     os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    # MLflow's "View run ... at: URL" / "View experiment at: URL" lines on stdout as each run ends against a
+    # tracking server (cron logs); the run id and model URI are in the command's own summary
+    os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
     logging.basicConfig(level=logging.WARNING, format="%(message)s", stream=sys.stderr)
     for name in ("recsys_alibi", "pipelines", "serving"):
         logging.getLogger(name).setLevel(logging.INFO)
@@ -337,6 +340,35 @@ def configure_logging() -> None:
                  "lightning_fabric", "mlflow", "alembic"):
         logging.getLogger(name).setLevel(logging.WARNING)
     logging.getLogger("mlflow.pytorch").setLevel(logging.ERROR)  # the pickle notice: we log pickled on purpose
+    # Importing lightning resets the levels of "lightning", "lightning.fabric" and "lightning.pytorch" to INFO
+    # (set above when they are imported already), and "lightning" has a handler of its own ("INFO: ..."): their
+    # INFO lines would come twice. These modules' loggers keep their level: "Initializing distributed:
+    # GLOBAL_RANK ..." per rank, and "Received SIGTERM" (the interrupted command says so itself)
+    for name in ("lightning.fabric.utilities.distributed", "lightning_fabric.utilities.distributed",
+                 "lightning.pytorch.trainer.connectors.signal_connector",
+                 "pytorch_lightning.trainer.connectors.signal_connector"):  # fmt: skip
+        logging.getLogger(name).setLevel(logging.WARNING)
+    # torchrec's planner (model.shard_embeddings), once per rank: notices about its own defaults; the plan is
+    # row-wise on one table and the job goes on ("the job will fail" is its generic text)
+    warnings.filterwarnings("ignore", message=r"HeuristicalStorageReservation is known to cause issues",
+                            category=FutureWarning)  # fmt: skip
+    for name, start in (("torchrec.distributed.planner.types", "The topology was constructed directly"),
+                        ("torchrec.distributed.planner.storage_reservations",
+                         "There is a known issue with TorchRec's dense tensor size")):  # fmt: skip
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _DropStartingWith) and f.start == start for f in logger.filters):
+            logger.addFilter(_DropStartingWith(start))
+
+
+class _DropStartingWith(logging.Filter):
+    """Drops the records whose message starts with ``start`` (one known third-party notice, nothing else)."""
+
+    def __init__(self, start: str) -> None:
+        super().__init__()
+        self.start = start
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(self.start)
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:

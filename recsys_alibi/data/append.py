@@ -100,7 +100,8 @@ def append(cfg: DataConfig, input_path: str | Path, output_dir: str | Path, *, f
                     f"twice; put the new lines in a file of their own, {REDO}"
                 )
         if not fresh:
-            log.info("every file of %s is already prepared into %s: nothing to append", input_path, out)
+            # no INFO line: the command's summary says "nothing to append" (prepare's, and pipeline's at its end)
+            log.debug("every file of %s is already prepared into %s: nothing to append", input_path, out)
             if cfg.items is not None and str(cfg.items) not in base.stats.get(ITEM_TABLE_KEY, {}).get("sources", []):
                 log.warning("item table %s was not read: an append merges a table with new events, and every file of "
                             "%s is already prepared (its rows are not in %s)", cfg.items, input_path, out)  # fmt: skip

@@ -221,7 +221,7 @@ def test_an_append_with_other_settings_or_without_a_prepared_dir_is_one_line(tmp
     assert read_items(out)["item_id"].to_list() == ["x"]  # untouched
 
 
-def test_cli_prepare_append_end_to_end(tmp_path, capsys):
+def test_cli_prepare_append_end_to_end(tmp_path, capsys, caplog):
     from pipelines.cli import main
 
     loose = ["--set", "data.min_events_per_user=1", "--set", "data.min_events_per_item=1"]
@@ -233,8 +233,11 @@ def test_cli_prepare_append_end_to_end(tmp_path, capsys):
     assert ("appended 3 rows: the prepared data gained 2 events, 1 users and 1 items (with any of earlier inputs that "
             "the k-core now keeps)") in capsys.readouterr().out
     assert read_items(out).rows() == [(1, "x", 2), (2, "y", 1), (3, "z", 1)]
+    caplog.clear()
     assert main(["prepare", "--input", str(day2), "--output", str(out), "--append", *loose]) == 0
-    assert "nothing to append" in capsys.readouterr().out
+    out_text, err_text = capsys.readouterr()
+    assert out_text.count("nothing to append") == 1  # said once, by the summary: not logged on stderr as well
+    assert "nothing to append" not in err_text and not [r for r in caplog.records if "nothing to append" in r.getMessage()]
     # a user the k-core cut on day 1 (one event, two needed) comes back with one more: 1 row, 2 events gained
     two = ["--set", "data.min_events_per_user=2", "--set", "data.min_events_per_item=1"]
     day1 = _events(tmp_path / "k1.csv", [("a", "x", 1), ("b", "y", 2), ("b", "x", 3)])
