@@ -65,7 +65,9 @@ scoring it again: after a change of ``train.warm`` only, the scratch arm is the 
 the replay's time. The earlier replay must have scored the same test users at every step (else one line,
 exit 1); a seed it does not hold trains and scores the arm as usual.
 
-Resuming: finished steps are read back from the JSON (and its per-user file), the prepared
+Resuming: stopped by Ctrl-C or ``kill`` (SIGINT, SIGTERM), the replay says ``interrupted; re-run the same
+command to resume from step N`` on stderr and exits with 130 or 143. Finished steps are read back from the
+JSON (and its per-user file), the prepared
 directory is rebuilt up to them, finished arms of the step in progress are kept, and an arm killed
 mid-way continues from its last epoch checkpoint (``train.resume`` in its folder
 ``<workdir>/seed-<S>/step-<k>-<arm>``). Models are not registered; MLflow runs go to
@@ -79,10 +81,12 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import logging
 import os
 import platform
 import shlex
 import shutil
+import signal
 import sys
 from pathlib import Path
 
@@ -213,7 +217,13 @@ def movement(config, prepared: Path, parent_uri: str, child_uri: str) -> dict:
     from recsys_alibi.data.sequences import read_items
 
     parent, child = load_ranker(parent_uri), load_ranker(child_uri)
-    init = load_warm_start(config, prepared, parent_uri).state
+    quiet = logging.getLogger("pipelines.init_from")  # its INFO lines were printed as the arm was trained
+    level = quiet.level
+    quiet.setLevel(max(level, logging.WARNING))
+    try:
+        init = load_warm_start(config, prepared, parent_uri).state
+    finally:
+        quiet.setLevel(level)
     remap, _ = vocabulary_remap(read_items(prepared), parent.items)
     new_rows = np.zeros(0, dtype=np.int64) if remap is None else np.flatnonzero(remap == 0)[1:]
     return row_movement(parent.model.state_dict(), init, child.model.state_dict(), new_rows)
@@ -683,14 +693,56 @@ def main(argv: list[str] | None = None) -> None:
     if doc["runs"] and per_user_path.exists():
         doc["runs"] = json.loads(per_user_path.read_text())  # the steps with their per-user values
     earlier = reused_runs(args.reuse, args.arms, parser)
-    for seed in seeds:
-        state = doc["runs"].setdefault(str(seed), {})
-        # a seed the earlier replay lacks trains the arm (more seeds after a change of train.warm)
-        reused = {arm: runs[str(seed)]["steps"] for arm, runs in earlier.items() if runs.get(str(seed), {}).get("steps")}
-        replay_seed(with_overrides(config, seed=seed), events, bounds, args.workdir / f"seed-{seed}", args.arms, last,
-                    state, save, reused, args.gate)  # fmt: skip
-    save()
+    handlers = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        for seed in seeds:
+            state = doc["runs"].setdefault(str(seed), {})
+            # a seed the earlier replay lacks trains the arm (more seeds after a change of train.warm)
+            reused = {arm: runs[str(seed)]["steps"] for arm, runs in earlier.items() if runs.get(str(seed), {}).get("steps")}
+            replay_seed(with_overrides(config, seed=seed), events, bounds, args.workdir / f"seed-{seed}", args.arms,
+                        last, state, save, reused, args.gate)  # fmt: skip
+        save()
+    except Interrupted as stop:
+        for sig in handlers:  # a second Ctrl-C while the line is written
+            signal.signal(sig, signal.SIG_IGN)
+        print(f"interrupted; re-run the same command to {resume_point(doc['runs'], seeds, last, args.arms)}",
+              file=sys.stderr, flush=True)  # fmt: skip
+        raise SystemExit(stop.exit_code) from None
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
     print(f"wrote {args.output}")
+
+
+class Interrupted(BaseException):
+    """SIGINT (Ctrl-C) or SIGTERM (``kill``) during a replay; ``exit_code`` 128 + the signal (130, 143). Not a
+    ``KeyboardInterrupt``: Lightning's fit turns that into ``sys.exit(1)`` without a word; this passes through
+    it (Lightning calls the SIGTERM handler it found after its own)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.exit_code = 128 + signum
+
+
+def _interrupt(signum, _frame) -> None:
+    raise Interrupted(signum)
+
+
+def resume_point(runs: dict, seeds: list[int], last: int, arms: list[str]) -> str:
+    """Where the same command continues (``resume from step N``, ``of seed S`` with several seeds): the first
+    seed whose first model (step 0) or steps 1..``last`` are not all in the JSON. The arms of an unfinished
+    step that were trained are kept (its ``partial``), and the arm being trained resumes from its last
+    checkpoint."""
+    for seed in seeds:
+        state = runs.get(str(seed), {})
+        if "step0" not in state or ("step0_features" not in state and any(a in FEATURE_ARMS for a in arms)):
+            step = 0
+        elif len(state.get("steps", [])) < last:
+            step = len(state["steps"]) + 1
+        else:
+            continue
+        return f"resume from step {step}" + (f" of seed {seed}" if len(seeds) > 1 else "")
+    return "write the results (every step is done)"
 
 
 if __name__ == "__main__":

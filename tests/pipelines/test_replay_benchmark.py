@@ -690,3 +690,60 @@ def test_the_prior_is_chosen_on_earlier_periods_only():
     # chain[3] (the figure step 3 is read on) never chooses
     assert prior.walk_forward(chain, list(range(g))) == [5, 5, 7]
     assert prior.walk_forward(chain, [1, 2, 3]) == [1, 1, 1]  # among the allowed points only (all 0: the first)
+
+
+def test_ctrl_c_or_kill_during_training_says_how_to_resume_and_exits_130_or_143(replay_dir, monkeypatch, capsys, caplog):
+    """SIGINT and SIGTERM delivered while Lightning trains an arm: one line on stderr naming the step the same
+    command resumes from, exit code 128 + the signal; the same command then finishes the replay. A warm arm's
+    "new items imprinted" line is said once (not again as its row movement rebuilds the initial rows)."""
+    import logging
+    import os
+    import signal
+
+    import lightning as L
+
+    import pipelines.train
+
+    monkeypatch.setitem(sys.modules, "replay_scoring", scoring)
+    kill = {}  # arm folder -> (signal, the epoch (0-based) as which it is sent)
+
+    class Kill(L.Callback):
+        def __init__(self, sig, epoch):
+            self.sig, self.epoch = sig, epoch
+
+        def on_train_epoch_start(self, trainer, pl_module):
+            if trainer.current_epoch == self.epoch:
+                os.kill(os.getpid(), self.sig)
+
+    real = pipelines.train.training_callbacks
+
+    def training_callbacks(config):
+        sig = kill.pop(Path(config.output).name, None)
+        return real(config) + ([Kill(*sig)] if sig else [])
+
+    monkeypatch.setattr(pipelines.train, "training_callbacks", training_callbacks)
+    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    caplog.set_level(logging.INFO, logger="pipelines.init_from")
+    # step 1's new items (the late users' own) chosen early in its period by 10 earlier users as well: contexts
+    # of known items, from which the warm arm imprints their rows (train.warm.new_item_rows: context)
+    log = _log()
+    start = replay.boundaries(log["timestamp"].to_numpy(), 0.5, 14)[0]
+    chosen = pl.DataFrame({"user_id": range(0, 40, 4), "item_id": [101 + u % 10 for u in range(0, 40, 4)],
+                           "timestamp": [start + 3600 + u for u in range(0, 40, 4)]})  # fmt: skip
+    pl.concat([log, chosen.cast(log.schema)]).write_parquet(replay_dir / "log.parquet")
+    args = [*_args(1, ["warm"]), "--set", "train.warm.max_epochs=2"]  # the warm arm killed after its first epoch
+    for folder, sig, epoch, code, step in (("step-000", signal.SIGINT, 0, 130, 0),
+                                           ("step-001-warm", signal.SIGTERM, 1, 143, 1)):  # fmt: skip
+        kill[folder] = sig, epoch
+        with pytest.raises(SystemExit) as exit_:
+            replay.main(args)
+        assert exit_.value.code == code
+        out, err = capsys.readouterr()
+        assert err.splitlines()[-1] == f"interrupted; re-run the same command to resume from step {step}"
+        assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before  # restored
+    replay.main(args)  # the same command: step 1's warm arm resumes from its checkpoint
+    done = json.loads((replay_dir / "replay.json").read_text())["runs"]["42"]
+    assert [s["step"] for s in done["steps"]] == [1] and done["partial"] is None
+    assert done["steps"][0]["arms"]["warm"]["resumed"] is True
+    imprinted = [r for r in caplog.records if "new items imprinted" in r.getMessage()]
+    assert len(imprinted) == 1  # as step 1's warm arm started (before its kill); its resume imprints nothing
