@@ -5,12 +5,16 @@ Run (from the repository root):
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/append.py --events 10000000 --new 100000 --workdir /tmp/recsys-alibi-append
 
 A synthetic time-ordered log (``--users`` users, ``--items`` items with Zipf popularity, integer
-ids, 100 days of timestamps) is split into the earlier events and the newest ``--new`` ones (the
+ids, 100 days of timestamps; by default 50 events a user and 100 an item on average: 200,000 users and
+100,000 items at 10,000,000 events) is split into the earlier events and the newest ``--new`` ones (the
 day, with some new users and items), each written as Parquet and as CSV into ``--workdir``. For
 each format: the earlier events are prepared once (setup), then the day is appended, and a full
 prepare of both files together is run; the counts of both must be equal. Wall and CPU seconds
 (all threads of the process: less sensitive to other jobs on the machine than the wall time).
-Prints one Markdown row per format. Results: docs/benchmarks.md, "Append".
+Prints one Markdown row per format. Results: docs/benchmarks.md, "Append". The logs are kept in
+``--workdir`` under a name of every setting that makes them (``log-<events>-<new>-<users>-<items>-<format>``)
+and reused by the same settings. A log too sparse for the 5-core (too few events for ``--users`` or
+``--items``) is refused with one line.
 """
 
 from __future__ import annotations
@@ -24,11 +28,16 @@ import numpy as np
 import polars as pl
 
 
+EVENTS_PER_USER, EVENTS_PER_ITEM = 50, 100  # the default --users and --items: --events over these
+MIN_EVENTS = 5  # the benchmark's k-core (data.min_events_per_user and _per_item)
+
+
 def write_inputs(events: int, new: int, users: int, items: int, workdir: Path) -> dict[str, tuple[Path, Path]]:
-    """``{format: (earlier events file, the day's file)}``, written once per size (cached)."""
+    """``{format: (earlier events file, the day's file)}``, written once per setting (cached under a folder
+    named by every argument that makes the log)."""
     paths = {}
     for fmt in ("parquet", "csv"):
-        folder = workdir / f"log-{events}-{new}-{fmt}"
+        folder = workdir / f"log-{events}-{new}-{users}-{items}-{fmt}"
         paths[fmt] = (folder / f"1-earlier.{fmt}", folder / f"2-day.{fmt}")
     if all(p.exists() for pair in paths.values() for p in pair):
         return paths
@@ -57,18 +66,25 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=10_000_000)
     parser.add_argument("--new", type=int, default=100_000)
-    parser.add_argument("--users", type=int, default=200_000)
-    parser.add_argument("--items", type=int, default=100_000)
+    parser.add_argument("--users", type=int, default=None,
+                        help=f"users of the log (default: --events / {EVENTS_PER_USER}, at least 1)")
+    parser.add_argument("--items", type=int, default=None,
+                        help=f"items of the log (default: --events / {EVENTS_PER_ITEM}, at least 1)")
     parser.add_argument("--formats", nargs="+", default=["parquet", "csv"])
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/recsys-alibi-append"))
     args = parser.parse_args(argv)
+    if not 0 < args.new < args.events:
+        parser.error(f"--new {args.new}: give 1 to --events - 1 ({args.events - 1}) events for the day")
+    users = args.users if args.users is not None else max(1, args.events // EVENTS_PER_USER)
+    items = args.items if args.items is not None else max(1, args.events // EVENTS_PER_ITEM)
 
     from recsys_alibi.config import DataConfig
     from recsys_alibi.data.append import append
+    from recsys_alibi.data.ingest import DataError
     from recsys_alibi.data.prepare import prepare
 
-    cfg = DataConfig(min_events_per_user=5, min_events_per_item=5)
-    inputs = write_inputs(args.events, args.new, args.users, args.items, args.workdir)
+    cfg = DataConfig(min_events_per_user=MIN_EVENTS, min_events_per_item=MIN_EVENTS)
+    inputs = write_inputs(args.events, args.new, users, items, args.workdir)
     print("| input | events | new events | prepare of the earlier events s | append of the day s | full prepare s | append / full |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     for fmt in args.formats:
@@ -76,7 +92,14 @@ def main(argv: list[str] | None = None) -> None:
         grown, whole = args.workdir / f"grown-{fmt}", args.workdir / f"whole-{fmt}"
         for out in (grown, whole):
             shutil.rmtree(out, ignore_errors=True)
-        (setup, _), _ = timed(prepare, cfg, earlier, grown)
+        try:
+            (setup, _), _ = timed(prepare, cfg, earlier, grown)
+        except DataError as err:  # the k-core left (next to) nothing: one line, not a traceback
+            raise SystemExit(
+                f"error: {args.events - args.new:,} earlier events over {users:,} users and {items:,} items are too "
+                f"sparse for the {MIN_EVENTS}-core ({str(err).split(';')[0]}): give fewer --users/--items, or leave "
+                f"them out (--events / {EVENTS_PER_USER} and --events / {EVENTS_PER_ITEM})"
+            ) from None
         (wall_append, cpu_append), appended = timed(append, cfg, day, grown)
         (wall_full, cpu_full), full = timed(prepare, cfg, earlier.parent, whole)
         assert appended.counts == full.counts, (appended.counts, full.counts)
