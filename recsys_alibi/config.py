@@ -73,15 +73,31 @@ class _Section(BaseModel):
     def _refuse_ignored(self, prefix: str, rules: tuple[tuple[str, bool, str], ...]) -> None:
         """Refuse a key that takes effect only with another setting, given away from its default
         while that setting is off: it would be accepted and ignored. ``rules``: ``(key, in effect,
-        the setting it needs)``. The default value stays accepted (a dumped config repeats every key)."""
+        the setting it needs)``. The default value stays accepted (a dumped config repeats every key),
+        and the refusal names it as the command line's fix of a key a config file gives."""
         for key, in_effect, needs in rules:
-            value = getattr(self, key)
-            if in_effect or value == type(self).model_fields[key].default:
+            value, default = getattr(self, key), type(self).model_fields[key].default
+            if in_effect or value == default:
                 continue
             plain = not isinstance(value, str) or (value.isprintable() and value.strip() == value)
             shown = yaml_word(value) if plain else repr(value)  # a tab as '\t', not a blank
             given = f"{prefix}.{key}" if isinstance(value, _Section) else f"{prefix}.{key}={shown}"
-            raise ValueError(f"{given} takes effect only with {needs}: set {needs}, or drop {prefix}.{key}")
+            fix = _default_override(f"{prefix}.{key}", default)
+            raise ValueError(f"{given} takes effect only with {needs}: set {needs}, or drop {prefix}.{key}"
+                             + (f" (on the command line: --set {fix})" if fix else ""))  # fmt: skip
+
+
+def _default_override(key: str, default: Any) -> str | None:
+    """``key=<default>`` as ``--set`` reads it back (a key of a config file cannot be dropped on the command
+    line: given its default, it is accepted); None where the plain word would read as another value."""
+    if isinstance(default, (_Section, list, dict, tuple)):
+        return None
+    text = f"{key}={yaml_word(default)}"
+    try:
+        parsed = parse_override(text)[1]
+    except ConfigError:
+        return None
+    return text if parsed == default and type(parsed) is type(default) else None
 
 
 class GenerateConfig(_Section):

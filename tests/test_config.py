@@ -275,7 +275,7 @@ DEPENDENT = [  # (the key given, the setting that switches it off, the setting i
 def test_a_refused_tab_is_shown_as_an_escape_not_a_blank(tmp_path):
     message = _error(tmp_path, None, ("data.format=movielens", "data.separator=tab"))
     assert message.endswith("data.separator='\\t' takes effect only with data.format=csv or auto: set data.format=csv "
-                            "or auto, or drop data.separator")
+                            "or auto, or drop data.separator (on the command line: --set data.separator=null)")
 
 
 def test_an_unquoted_bar_as_the_item_feature_separator_gets_the_quoting_hint(tmp_path):
@@ -290,7 +290,10 @@ def test_an_unquoted_bar_as_the_item_feature_separator_gets_the_quoting_hint(tmp
 def test_a_dependent_key_is_refused_while_its_setting_is_off(tmp_path, given, off, needs, on):
     message = _error(tmp_path, None, (off, given))
     key = given.split("=")[0]
-    assert message.endswith(f"{given} takes effect only with {needs}: set {needs}, or drop {key}")
+    head, _, fix = message.partition(" (on the command line: --set ")
+    assert head.endswith(f"{given} takes effect only with {needs}: set {needs}, or drop {key}")
+    assert fix.startswith(f"{key}=") and fix.endswith(")")
+    assert load_config(None, [off, fix[:-1]]) is not None  # the command line's fix loads with the setting off
     assert load_config(None, [on, given]) is not None
     default = load_config(None, []).model_dump()  # its default value with the setting off: accepted
     section, name = key.split(".")
@@ -303,8 +306,11 @@ def test_the_shipped_configs_still_load_and_their_sasrec_baselines_say_what_to_d
     configs = sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.yaml"))
     assert configs and all(load_config(path) is not None for path in configs)
     default = configs[[p.name for p in configs].index("default.yaml")]
-    with pytest.raises(ConfigError, match=r"model.free_heads=1 takes effect only with model.position=alibi"):
+    with pytest.raises(ConfigError) as caught:  # the file's key: the command line gives it its default
         load_config(default, ["model.position=learned"])
+    assert str(caught.value).endswith("model.free_heads=1 takes effect only with model.position=alibi: set "
+                                      "model.position=alibi, or drop model.free_heads (on the command line: --set "
+                                      "model.free_heads=0)")
     assert load_config(default, ["model.position=learned", "model.free_heads=0"]).model.position == "learned"
 
 
