@@ -32,6 +32,7 @@ from pathlib import Path
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
+from lightning.pytorch.trainer.states import TrainerStatus
 
 from recsys_alibi.config import ConfigError, JobConfig
 from recsys_alibi.training.context_schedule import warn_unreached
@@ -130,7 +131,16 @@ def fit_ranker(
     with _process_group_released(), warnings.catch_warnings():
         if resume_from:  # the run's own checkpoints are there: expected
             warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
-        trainer.fit(module, datamodule=datamodule, ckpt_path=str(resume_from) if resume_from else None)
+        try:
+            trainer.fit(module, datamodule=datamodule, ckpt_path=str(resume_from) if resume_from else None)
+        except SystemExit:  # Lightning ends a fit stopped by SIGTERM with exit 0, by Ctrl-C with exit 1, both silent
+            if trainer.state.status != TrainerStatus.INTERRUPTED:
+                raise
+            signal_name, code = ("SIGTERM", 143) if trainer.received_sigterm else ("Ctrl-C (SIGINT)", 130)
+            log.error("error: training stopped by %s in epoch %d: nothing was evaluated, registered or scored; the "
+                      "same command with --resume (train.resume=true) continues from %s", signal_name,
+                      trainer.current_epoch, checkpoint_dir / "last.ckpt")  # fmt: skip
+            raise SystemExit(code) from None
     seconds = clock.total()
     warn_unreached(train.context_schedule, trainer.current_epoch)
     best = checkpoint.best_model_path

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import os
+import signal
 from pathlib import Path
 
 import lightning as L
@@ -255,3 +257,19 @@ def test_the_train_clock_adds_the_seconds_of_the_fits_before_a_resume():
     clock.on_fit_start(None, None)
     assert 100.0 <= clock.total() < 110.0 and clock.state_dict()["seconds"] >= 100.0
     assert TrainClock().total() == 0.0
+
+
+class _TermAfterFirstEpoch(L.Callback):
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        if trainer.current_epoch == 0:
+            os.kill(os.getpid(), signal.SIGTERM)  # as a scheduler's kill: Lightning's handler sets received_sigterm
+
+
+def test_a_fit_stopped_by_sigterm_exits_143_with_one_line(prepared, tmp_path, caplog):
+    """A killed train or daily pipeline exited 0 without a word (Lightning's SIGTERMException is a SystemExit(0)):
+    a scheduler saw success where nothing was registered or scored."""
+    with pytest.raises(SystemExit) as stopped:
+        _fit(prepared, tmp_path, _TermAfterFirstEpoch())
+    assert stopped.value.code == 143
+    (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("error: training stopped")]
+    assert "stopped by SIGTERM" in line and "--resume" in line and str(tmp_path / "ckpt" / "last.ckpt") in line
