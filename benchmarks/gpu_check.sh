@@ -28,6 +28,7 @@ DEVICE=cuda
 if [ "${1:-}" = "--device" ]; then DEVICE=${2:?--device needs cuda or cpu}; fi
 OUT=${OUT:-/tmp/gpu}
 mkdir -p "$OUT"
+rm -f "$OUT"/attention-*.json "$OUT/gpu-attention.json" "$OUT/steps.txt"  # an earlier run's rows are not this run's
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 if [ -n "${PYTHON:-}" ]; then PY=$PYTHON; elif [ -x .venv/bin/python ]; then PY=.venv/bin/python; else PY=python3; fi
 FAILED=0

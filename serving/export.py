@@ -134,7 +134,8 @@ def export_model(config: JobConfig, model, items: pl.DataFrame, input_path: str 
     output_dir = Path(output_dir)
     output_dir.parent.mkdir(parents=True, exist_ok=True)
     config = with_default_items(config, model, input_path)  # the new items score ranks are exported too
-    ranker = ShardRanker(model, items, config.score, 1)
+    # no slots in the ranker: they are no vector operation (export.json states them from config.score)
+    ranker = ShardRanker(model, items, config.score.model_copy(update={"new_item_slots": 0}), 1)
     with staging_dir(output_dir) as staging:  # a killed export's staging removed first, no other's
         # messages name the user's input, and rejects they name are kept in <output>/_input (the staging goes)
         source = ranker.for_input(open_input(input_path, items, config.data, staging / "_input",

@@ -210,13 +210,15 @@ def test_export_never_replaces_an_item_table_in_its_output(prepared, tmp_path, c
     assert pl.read_parquet(out / "items.parquet").equals(table)
 
 
-def test_export_with_new_item_slots_says_how_to_apply_them(tmp_path, mlflow_store, one_torch_thread, capsys):
+def test_export_with_new_item_slots_says_how_to_apply_them(tmp_path, mlflow_store, one_torch_thread, capsys, caplog):
     from test_serving_new_items import _trained
 
     prepared, uri = _trained(tmp_path, capsys)
+    caplog.clear()
     assert main(["export", "--quiet", "--model-uri", uri, "--input", str(prepared), "--output", str(tmp_path / "ex"),
                  "--set", "score.new_item_slots=1"]) == 0  # fmt: skip
     assert "score.new_item_slots=1 is not in the vectors: apply it as export.json's new_item_slots says" in capsys.readouterr().out
     slots = json.loads((tmp_path / "ex" / "export.json").read_text())["new_item_slots"]
     assert (slots["slots"], slots["first_new_row"]) == (1, 30)
+    assert "holds every place" not in caplog.text  # the export's own top-1 ranker holds no slot
     assert pl.read_parquet(tmp_path / "ex" / "items.parquet")["item_id"].to_list()[30:] == [30, 31, 32]  # the new items
