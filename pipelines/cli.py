@@ -190,8 +190,8 @@ def _flag_values(args: argparse.Namespace) -> dict[str, tuple[str, object]]:
              for flag, key in FLAG_KEYS.items() if getattr(args, flag, None) is not None}  # fmt: skip
     if args.command == "pipeline" and args.output is not None:
         found["output"] = ("--output", str(args.output))
-    if args.command == "diagnose" and getattr(args, "heads", None):  # the slopes' diagnosis reads no width: one that
-        found["model.d_model"] = ("--heads", 8 * args.heads)  # any head count divides (d_model=64 refused --heads 6)
+    if args.command == "diagnose" and (getattr(args, "heads", None) or 0) > 0:  # the diagnosis reads no width: one
+        found["model.d_model"] = ("--heads", 8 * args.heads)  # that any head count divides (64 refused --heads 6)
     if getattr(args, "item_table", None) is not None:  # --items: a path here, a count in generate
         found["data.items" if args.command == "prepare" else "score.items"] = ("--items", str(args.item_table))
     if getattr(args, "resume", False):

@@ -263,6 +263,8 @@ def test_cli_diagnose_prints_table(capsys):
     # a head count that does not divide the default width 64: the diagnosis reads no width (was refused)
     assert main(["diagnose", "--heads", "6", "--max-len", "512", "--dtype", "bfloat16"]) == 0
     assert "6 heads, max_len 512, bfloat16" in capsys.readouterr().out
+    assert main(["diagnose", "--heads", "-2"]) == 2  # refused for its head count, not a width it never gave
+    assert "model.n_heads" in capsys.readouterr().err
 
 
 def test_model_health_on_tiny_ranker():
