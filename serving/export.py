@@ -56,7 +56,6 @@ from recsys_alibi.config import ConfigError, ExportConfig, JobConfig, ScoreConfi
 from recsys_alibi.data import schema
 from recsys_alibi.data.ingest import DataError
 from recsys_alibi.staging import staging_dir
-from recsys_alibi.evaluation.popularity_prior import item_popularity
 from serving.changed import model_digest
 from serving.inputs import open_input
 from serving.new_items import with_default_items
@@ -142,10 +141,7 @@ def export_model(config: JobConfig, model, items: pl.DataFrame, input_path: str 
                                              time_gap_buckets=ranker.time_gap_buckets, report_dir=output_dir / "_input",
                                              max_unknown_share=config.score.max_unknown_share,
                                              new_item_ids=ranker.new_item_ids))  # fmt: skip
-        prior = config.score.popularity_prior
-        if prior.weight:  # score's prior as one more coordinate: item weight * log(1 + count), user 1
-            ranker.use_popularity(item_popularity(source.sequences, source.vocabulary(items), prior.half_life_days,
-                                                  name=source.name))  # fmt: skip
+        ranker.use_input_popularity(source, items)  # score's prior as one more coordinate (item bias, user 1)
         served = np.ones(ranker.n_items + 1, dtype=bool)  # items score may serve: not the padding, not the withheld
         served[0] = False
         if source.withheld is not None:

@@ -241,6 +241,16 @@ class ShardRanker:
                          "served to nobody", held.size, of_new)  # fmt: skip
         return replace(source, new_item_remap=remap, withheld=withheld)
 
+    def use_input_popularity(self, source: ScoreInput, items: pl.DataFrame) -> None:
+        """``score.popularity_prior`` from the recent item counts of ``source`` (the staged or prepared input; ``items``
+        the model's vocabulary), when its weight is on; what ``score`` and ``export`` rank with."""
+        from recsys_alibi.evaluation.popularity_prior import item_popularity
+
+        prior = self.cfg.popularity_prior
+        if prior.weight:
+            self.use_popularity(item_popularity(source.sequences, source.vocabulary(items), prior.half_life_days,
+                                                name=source.name))  # fmt: skip
+
     def use_popularity(self, popularity: pl.DataFrame) -> None:
         """Add ``score.popularity_prior.weight * log(1 + popularity)`` to every item's score from now on
         (:func:`recsys_alibi.evaluation.popularity_prior.item_bias`; items without a row, such as new items: 0)."""

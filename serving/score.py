@@ -38,7 +38,6 @@ from recsys_alibi.config import ConfigError, JobConfig
 from recsys_alibi.data import schema
 from recsys_alibi.data.ingest import DataError
 from recsys_alibi.data.item_features import ITEM_REJECTS_FILE
-from recsys_alibi.evaluation.popularity_prior import item_popularity
 from serving.changed import FINGERPRINTS_DIR, CarryOver, history_fingerprints, model_digest
 from serving.distributed import World, scoring_world
 from serving.inputs import REJECTED_USERS_FILE, ScoreInput, fingerprint, input_kind, open_input, rejected_users, release_staged
@@ -390,10 +389,7 @@ class _ScoreJob:
 
     def _use_popularity(self, source: ScoreInput) -> None:
         """``score.popularity_prior``: the item counts of the staged or prepared input (the job fingerprints it)."""
-        prior = self.config.score.popularity_prior
-        if prior.weight:
-            self.ranker.use_popularity(item_popularity(source.sequences, source.vocabulary(self.items),
-                                                       prior.half_life_days, name=source.name))  # fmt: skip
+        self.ranker.use_input_popularity(source, self.items)
 
     def _finish(self) -> Manifest:
         """Rank 0, after every rank is done: complete the manifest, release the staged input."""
