@@ -484,14 +484,19 @@ def stage_events(data: DataConfig, input_path: str | Path, staged_dir: Path, rep
     return stats
 
 
-def rejected_users(source: ScoreInput, rejects: Path) -> pl.DataFrame | None:
+def rejected_users(source: ScoreInput, rejects: Path, user_column: str = schema.USER_ID) -> pl.DataFrame | None:
     """The users of raw events whose every row was rejected (``rejects``: the staged ``rejects.parquet``), so not in
     the staged sequences: ``user_id`` (the sequences' type; an id that is none of that type's ids is no user of
     them either and is typed by :func:`recsys_alibi.data.ids.same_id_in`, so it is left out), ``reason``
-    (``every_event_rejected``), ``input_events`` (their rejected rows), by ``user_id``; None when there is none."""
+    (``every_event_rejected``), ``input_events`` (their rejected rows), by ``user_id``; None when there is none.
+
+    ``user_column``: the input's own user column (``data.columns.user_id``): a rejects file keeps the source's
+    column names (``visitorid``, ``column_1``); the fixed formats' is ``user_id``, the fallback when it is absent."""
     if not rejects.is_file():
         return None
-    rows = pl.read_parquet(rejects, columns=[schema.USER_ID]).drop_nulls()
+    names = pl.read_parquet_schema(rejects)
+    column = user_column if user_column in names else schema.USER_ID
+    rows = pl.read_parquet(rejects, columns=[column]).rename({column: schema.USER_ID}).drop_nulls()
     source_type, user_type = rows.schema[schema.USER_ID], pl.read_parquet_schema(source.sequences)[schema.USER_ID]
     if not rows.height or not (source_type.is_integer() or source_type == pl.String):
         return None

@@ -370,7 +370,8 @@ class _ScoreJob:
         """Raw events: the users whose every row was rejected (none of them in the staged sequences) listed in
         ``_skipped/rejected-users.parquet`` (reason ``every_event_rejected``: every user of the input is ranked or
         listed); returns how many."""
-        rejected = rejected_users(source, self.output_dir / STAGED_INPUT / schema.REJECTS_FILE) if source.kind == "events" else None
+        rejects = self.output_dir / STAGED_INPUT / schema.REJECTS_FILE
+        rejected = rejected_users(source, rejects, self.config.data.columns.user_id) if source.kind == "events" else None
         if rejected is None:
             return 0
         (self.output_dir / SKIPPED_DIR).mkdir(exist_ok=True)

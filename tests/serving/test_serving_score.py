@@ -9,6 +9,7 @@ import polars as pl
 import pytest
 from serving_fixtures import read_rankings, score_config, snapshot, tiny_model, vocabulary, write_prepared
 
+from recsys_alibi.config import with_overrides
 from recsys_alibi.data import schema
 from recsys_alibi.data.ingest import DataError
 from serving import score as score_module
@@ -324,6 +325,18 @@ def test_users_whose_every_event_row_is_rejected_are_listed_and_counted(tmp_path
     ]
     again = _run(tmp_path / "events.parquet", tmp_path / "out")  # complete already: the same counts
     assert (again.users, again.skipped_users) == (4, 2)
+
+
+def test_rejected_users_are_listed_when_the_input_names_its_user_column_otherwise(tmp_path):
+    """A CSV whose user column is ``visitorid`` (``data.columns.user_id``): its rejects file keeps that name. The
+    users whose every row was rejected are still listed (was: ColumnNotFoundError "user_id", exit 1)."""
+    lines = ["visitorid,itemid,ts", "1,1001,10", "1,1002,20", "2,1003,30", "9999,1004,", "9999,1005,-5"]
+    (tmp_path / "events.csv").write_text("\n".join(lines) + "\n")
+    config = with_overrides(score_config(), data={"columns": {"user_id": "visitorid", "item_id": "itemid", "timestamp": "ts"}})
+    result = score_with_model(config, tiny_model(), vocabulary(), tmp_path / "events.csv", tmp_path / "out", progress=False)
+    assert (result.users, result.skipped_users, result.users_ranked, result.rejected_rows) == (3, 1, 2, 2)
+    skipped = pl.read_parquet(tmp_path / "out" / "_skipped" / "*.parquet")
+    assert skipped.to_dicts() == [{schema.USER_ID: 9999, "reason": "every_event_rejected", "input_events": 2}]
 
 
 def test_an_input_error_found_in_a_later_shard_withdraws_what_the_job_wrote(prepared, tmp_path):
