@@ -189,6 +189,8 @@ class DataConfig(_Section):
     columns: ColumnMap = ColumnMap()
     separator: str | None = None  # CSV/TSV delimiter; None: tab for .tsv, else the first of , tab ; | in the header
     has_header: bool = True
+    # CSV/TSV quote: a field that starts with it is quoted (may hold separators, newlines); None: quotes are text
+    quote_char: str | None = '"'
     timestamp_unit: Literal["auto", "s", "ms"] = "auto"
     min_events_per_user: int = Field(5, ge=1)  # k-core threshold on users
     min_events_per_item: int = Field(5, ge=1)  # k-core threshold on items
@@ -215,6 +217,22 @@ class DataConfig(_Section):
                              "'tab'; ',' and '|' quoted for YAML: --set \"data.separator='|'\"")
         return value
 
+    @field_validator("quote_char")
+    @classmethod
+    def _one_quote(cls, value: str | None) -> str | None:
+        """One single-byte character other than a newline; ``None`` (YAML ``null``): no quoting."""
+        if value is not None and (len(value.encode()) != 1 or value in "\n\r"):
+            raise ValueError("the quote character is one single-byte character other than a newline (default '\"'), "
+                             "or null to read quotes as plain text: --set data.quote_char=null")
+        return value
+
+    @model_validator(mode="after")
+    def _quote_not_separator(self) -> "DataConfig":
+        if self.quote_char is not None and self.quote_char == self.separator:
+            raise ValueError(f"data.quote_char and data.separator are both {self.quote_char!r}; set one of them to "
+                             "another character (data.quote_char=null: no quoting)")
+        return self
+
     @model_validator(mode="after")
     def _items_declared(self) -> "DataConfig":
         # an append takes the declaration its directory recorded (recsys_alibi.data.append)
@@ -232,6 +250,7 @@ class DataConfig(_Section):
         self._refuse_ignored("data", (
             ("separator", text, "data.format=csv or auto"),
             ("has_header", text, "data.format=csv or auto"),
+            ("quote_char", text, "data.format=csv or auto"),
             ("timestamp_unit", self.format not in ("sasrec", "s3rec"), "a data.format with timestamps (not sasrec, s3rec)"),
             ("id_type", self.format != "parquet", "a data.format read as text (not parquet)"),
         ))  # fmt: skip

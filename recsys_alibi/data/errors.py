@@ -16,12 +16,15 @@ byte is at fault and what to do:
 
 from __future__ import annotations
 
+import ast
 import codecs
+import csv
 import gzip
 import json
 import os
 import zlib
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import polars as pl
@@ -128,6 +131,7 @@ def bad_ndjson_line(path: Path) -> tuple[int, str] | None:
     A UTF-8 byte-order mark before line 1 is named as such: Python's ``json`` skips it, the
     NDJSON reader does not (a BOM is not allowed in JSON text, RFC 8259 section 8.1).
     """
+    first_content = True
     with open_bytes(path) as fh:
         for number, raw in enumerate(fh, start=1):
             if number == 1 and raw.startswith(codecs.BOM_UTF8):
@@ -137,6 +141,10 @@ def bad_ndjson_line(path: Path) -> tuple[int, str] | None:
                 return number, f"preceded by a UTF-8 byte-order mark (BOM), which NDJSON does not allow; remove it, e.g. {how}"
             if not raw.strip():
                 continue
+            whole = _not_json_lines(path, raw) if first_content else None
+            if whole is not None:
+                return number, whole
+            first_content = False
             try:
                 value = json.loads(raw, parse_int=_json_number, parse_float=_json_number, parse_constant=_json_constant)
             except _OutOfRange as err:
@@ -145,6 +153,47 @@ def bad_ndjson_line(path: Path) -> tuple[int, str] | None:
                 return number, f"not valid JSON ({first_line(err)})"
             if not isinstance(value, dict):
                 return number, f"a JSON {type(value).__name__}, not an object"
+    return None
+
+
+WHOLE_FILE = "; the file as a whole is not JSON lines"  # a problem of every line, not of one: no "remove that line"
+
+
+def _not_json_lines(path: Path, raw: bytes) -> str | None:
+    """Why a file whose first non-blank line is ``raw`` is not JSON lines at all, or None: one JSON array or a
+    document spread over lines (``[`` or ``{`` alone, pretty-printed), or Python literals (``{'a': 1}``, a
+    ``repr`` of dicts: Steam's files) instead of JSON objects. The problem ends with its fix."""
+    text = raw.decode("utf-8", "replace").strip().removeprefix("\ufeff")
+    name = path.name[:-3] if is_gzip(path) else path.name
+    cat = f"zcat '{path}'" if is_gzip(path) else f"cat '{path}'"
+    stem = Path(name).stem
+    if text.startswith("[") or text == "{":
+        try:
+            json.loads(text)
+            return None if text.startswith("{") else (
+                f"one JSON array, not one object per line{WHOLE_FILE} (NDJSON); write each element on a line of its "
+                f"own, e.g. {cat} | jq -c '.[]' > '{stem}.jsonl'")  # fmt: skip
+        except ValueError:
+            pass
+        what = "the start of a JSON array" if text.startswith("[") else "the start of a JSON object"
+        return (f"{what} spread over several lines{WHOLE_FILE} (NDJSON: one object per line); rewrite it, "
+                f"e.g. {cat} | jq -c '{'.[]' if text.startswith('[') else '.'}' > '{stem}.jsonl'")  # fmt: skip
+    if text.startswith("{"):
+        try:
+            json.loads(text)
+            return None
+        except ValueError:
+            pass
+        try:
+            value = ast.literal_eval(text)
+        except (ValueError, SyntaxError, MemoryError, RecursionError):
+            return None
+        if isinstance(value, dict):
+            convert = ("python3 -c \"import ast, json, sys; [print(json.dumps(ast.literal_eval(l), default=str)) "
+                       f"for l in sys.stdin if l.strip()]\" < '{path}'")  # fmt: skip
+            convert = f"{cat} | " + convert.removesuffix(f" < '{path}'")
+            return (f"a Python dict literal (quotes ', True/False/None), not a JSON object{WHOLE_FILE}; convert "
+                    f"every line, e.g. {convert} > '{stem}.jsonl'")  # fmt: skip
     return None
 
 
@@ -213,6 +262,22 @@ def not_text(path: Path, what: str = "") -> DataError | None:
     return None
 
 
+def cr_line_ends(path: Path, what: str = "") -> DataError | None:
+    """The one-line error of a text file whose lines end with CR alone (classic Mac OS exports), or None: read by
+    lines, it is one line, a header and no rows."""
+    try:
+        with open_bytes(path) as fh:
+            head = fh.read(CHUNK)
+    except GZIP_ERRORS:
+        return None
+    if b"\r" not in head.rstrip(b"\r") or b"\n" in head:
+        return None
+    fix = (f"zcat '{path}' | tr '\\r' '\\n' | gzip > '{path.name[:-3]}.lf.gz'" if is_gzip(path)
+           else f"tr '\\r' '\\n' < '{path}' > '{path.stem}.lf{path.suffix}'")  # fmt: skip
+    return DataError(f"{what}'{path}' ends its lines with a carriage return (CR) alone, as classic Mac OS text does, "
+                     f"and only LF or CRLF line ends are read; convert them, e.g. {fix}")  # fmt: skip
+
+
 def not_utf8_error(path: Path, what: str = "") -> DataError | None:
     """The one-line error of a text file (plain or gzip) that is not UTF-8: its line, offset and byte, and the
     ``iconv`` command that converts it, writing beside the file where its folder is writable, else into the
@@ -245,18 +310,174 @@ def not_utf8_error(path: Path, what: str = "") -> DataError | None:
     )
 
 
-def unclosed_quote_line(path: Path, quote: bytes = b'"') -> int | None:
-    """The line (from 1) where a quoted CSV field opens and is never closed, or None.
+@dataclass(frozen=True)
+class QuoteSpan:
+    """A quoted CSV field: the line (from 1) and field (from 1) where its quote opens."""
 
-    A field may span lines inside its quotes; only a quote still open at the end of the file is
-    one that was never closed (``""`` inside a field counts twice and changes nothing).
+    line: int
+    field: int
+
+
+@dataclass
+class QuoteScan:
+    """What one pass over a CSV file finds about its quotes, by the readers' rule (:func:`scan_quotes`).
+
+    Attributes:
+        first: the first quoted field.
+        unclosed: a quoted field still open at the end of the file.
+        stray: the first quoted field with text after its closing quote (``"Weird Al" Yankovic``).
+        spans: the first quoted field that spans lines.
+        swallowed: the first quoted field that spans lines and holds what looks like whole rows (a line
+            inside it with the header's number of fields, or a record of another number of fields
+            than the header's): an unquoted text field that merely starts with a quote (``"Heroes``).
+        loose: the first field with a quote that is text (not where the field starts: ``The 7" Club``).
+        header: the first line's fields.
     """
-    opened = None
+
+    first: QuoteSpan | None = None
+    unclosed: QuoteSpan | None = None
+    stray: QuoteSpan | None = None
+    spans: QuoteSpan | None = None
+    swallowed: QuoteSpan | None = None
+    loose: QuoteSpan | None = None
+    header: list[str] = field(default_factory=list)
+
+
+def scan_quotes(path: Path, separator: str, quote: str = '"') -> QuoteScan:
+    """One pass over a CSV file with the quoting rule of Python's ``csv`` and Polars: a quote is special only
+    where a field starts; inside a quoted field ``""`` is a quote, and the field may span lines.
+
+    Only lines holding a quote are looked at character by character, so a file without quotes is one fast pass.
+    """
+    found = QuoteScan()
+    width = 0
+    open_span: QuoteSpan | None = None
+    record_fields = 0  # fields of the record a multi-line quoted field belongs to
+    row_like = False
     with open_bytes(path) as fh:
         for number, raw in enumerate(fh, start=1):
-            if raw.count(quote) % 2:
-                opened = number if opened is None else None
-    return opened
+            line = raw.decode("utf-8", "replace").rstrip("\n")
+            if number == 1:
+                first = line.removeprefix("\ufeff").rstrip("\r")
+                found.header = next(csv.reader([first], delimiter=separator, quotechar=quote), [""])
+                width = len(found.header)
+            if open_span is None and quote not in line:
+                continue
+            pos, n = 0, len(line)
+            field_no = 1 if open_span is None else record_fields
+            inside = carried = open_span is not None  # the line starts within a field opened on an earlier line
+            while True:
+                if inside:
+                    close = _closing_quote(line, pos, quote)
+                    if close < 0:  # the field goes on to the next line
+                        if carried and line.count(separator) >= width - 1:
+                            row_like = True
+                        if open_span is None:
+                            open_span = QuoteSpan(number, field_no)
+                            found.spans = found.spans or open_span
+                        record_fields = field_no
+                        break
+                    if carried:  # a multi-line field closes here
+                        row_like = row_like or line.count(separator, 0, close) >= width - 1
+                        carried = False
+                    pos = close + 1
+                    inside = False
+                    nxt = line.find(separator, pos)
+                    tail = line[pos:] if nxt < 0 else line[pos:nxt]
+                    if tail.rstrip("\r") and found.stray is None:
+                        found.stray = QuoteSpan(number, field_no)
+                    if nxt < 0:
+                        if open_span is not None:
+                            if row_like or field_no != width:
+                                found.swallowed = found.swallowed or open_span
+                            open_span, row_like = None, False
+                        break
+                    pos, field_no = nxt + 1, field_no + 1
+                    continue
+                if line.startswith(quote, pos):  # a field that starts with the quote: quoted
+                    found.first = found.first or QuoteSpan(number, field_no)
+                    pos += 1
+                    inside = True
+                    continue
+                nxt = line.find(separator, pos)
+                if found.loose is None and quote in (line[pos:] if nxt < 0 else line[pos:nxt]):
+                    found.loose = QuoteSpan(number, field_no)
+                if nxt < 0:
+                    if open_span is not None:  # the record of a multi-line field ends on this line
+                        if row_like or field_no != width:
+                            found.swallowed = found.swallowed or open_span
+                        open_span, row_like = None, False
+                    break
+                pos, field_no = nxt + 1, field_no + 1
+    found.unclosed = open_span
+    return found
+
+
+def _closing_quote(line: str, pos: int, quote: str) -> int:
+    """The position of the quote that closes a quoted field from ``pos`` on (``""`` is a quote inside), or -1."""
+    while True:
+        i = line.find(quote, pos)
+        if i < 0:
+            return -1
+        if line.startswith(quote, i + 1):
+            pos = i + 2
+            continue
+        return i
+
+
+def quote_column(scan: QuoteScan, span: QuoteSpan, has_header: bool) -> str:
+    """A field as the product names it: the header's name, or ``column_N`` without a header."""
+    if has_header and span.field <= len(scan.header):
+        return f"column {span.field} ('{scan.header[span.field - 1].strip(chr(34))}')"
+    return f"column {span.field} ('column_{span.field}')"
+
+
+NO_QUOTING = "--set data.quote_char=null"
+
+
+def quote_error(path: Path, separator: str, quote: str, has_header: bool, what: str = "") -> DataError | None:
+    """The one-line error of a CSV file that Polars cannot read because of its quotes, or None.
+
+    A quote never closed; a quoted field with text after its closing quote (``"Weird Al" Yankovic``,
+    where the quotes are text); else, when the file holds quoted fields at all, Polars' own failure
+    (it splits a file into chunks by its quotes) named as a quote problem. Each names the line and
+    column and the fix: quotes that are plain text (usual in TSV) are read with ``data.quote_char=null``.
+    """
+    scan = scan_quotes(path, separator, quote)
+    fix = f"if its quotes are plain text (usual in TSV), read it with {NO_QUOTING}"
+    if scan.unclosed is not None:
+        return DataError(f"{what}'{path}' line {scan.unclosed.line} opens a quoted field ({quote}) that is never "
+                         f"closed; close or remove that quote; {fix}")  # fmt: skip
+    if scan.stray is not None:
+        return DataError(f"cannot read {what}'{path}': line {scan.stray.line}, {quote_column(scan, scan.stray, has_header)}, "
+                         f"starts with a quote ({quote}) that closes before the field ends, so the field is not one "
+                         f"quoted value; {fix}, or quote the whole field")  # fmt: skip
+    spot = min((s for s in (scan.first, scan.loose) if s is not None), key=lambda s: (s.line, s.field), default=None)
+    if spot is not None:  # Polars splits a file into chunks by its quotes, and may fail on a quote inside a field
+        return DataError(f"cannot read {what}'{path}': its rows cannot be told apart around its quote characters "
+                         f"({quote}; the first at line {spot.line}, {quote_column(scan, spot, has_header)}); "
+                         f"{fix}")  # fmt: skip
+    return None
+
+
+def swallowed_lines_error(path: Path, separator: str, quote: str, has_header: bool) -> DataError | None:
+    """The one-line error of a CSV file whose quote opens a field that swallows lines, or None.
+
+    Read by the quoting rule, such a file has fewer rows than lines. Real multi-line text fields
+    (review text in a comma CSV) are read; refused are a multi-line quoted field in a tab-separated
+    file (TSV is not quoted by convention: Last.fm, Gowalla, MIND titles hold raw quotes) and one that
+    holds what looks like whole rows (a text field that merely starts with a quote, ``"Heroes``).
+    """
+    scan = scan_quotes(path, separator, quote)
+    span = scan.spans if separator == "\t" else scan.swallowed
+    if span is None:
+        return None
+    kind = "tab-separated file" if separator == "\t" else "file"
+    return DataError(
+        f"'{path}' line {span.line}, {quote_column(scan, span, has_header)}, opens a quoted field ({quote}) that "
+        f"takes in the lines after it, so this {kind} would have fewer rows than lines; if its quotes are plain "
+        f"text, read it with {NO_QUOTING}, else close that quote"
+    )
 
 
 COMPRESSED_MAGIC = {  # the first bytes of the compressed formats that are not read (only gzip is), and their unpacker
@@ -283,14 +504,35 @@ def unread_compression(path: Path) -> DataError | None:
             name = path.name[: -len(suffix)] if path.name.lower().endswith(suffix) else f"{path.stem}.plain{path.suffix}"
             return DataError(f"cannot read '{path}': it is {kind}-compressed and only gzip (.gz) is read; "
                              f"decompress it first ({unpack} '{path}' > '{name}') or recompress it with gzip")  # fmt: skip
-    return None
+    return tar_archive(path, gzipped=head.startswith(b"\x1f\x8b"))
 
 
-def read_error(paths: list[Path] | tuple[Path, ...], fmt: str, err: BaseException, fix: str,
-               what: str = "") -> DataError:  # fmt: skip
+TAR_MAGIC = b"ustar"  # at offset 257 of a tar header (POSIX and GNU tar)
+TAR_MAGIC_AT = 257
+
+
+def tar_archive(path: Path, gzipped: bool) -> DataError | None:
+    """The one-line error of a tar archive (plain, or gzip-compressed under any name: a ``.tar.gz`` renamed
+    ``.csv.gz``), told by ``ustar`` at offset 257, or None. Read as text, its headers would be glued to the first
+    column name and its members' lines read as rows of one file."""
+    try:
+        with gzip.open(path, "rb") if gzipped else open(path, "rb") as fh:
+            head = fh.read(TAR_MAGIC_AT + len(TAR_MAGIC))
+    except GZIP_ERRORS:
+        return None
+    if head[TAR_MAGIC_AT:] != TAR_MAGIC:
+        return None
+    kind, flags = ("a gzip-compressed tar archive", "xzf") if gzipped else ("a tar archive", "xf")
+    return DataError(f"cannot read '{path}': it is {kind}, not one data file; extract it first (tar {flags} '{path}') "
+                     "and read the extracted file or folder instead")  # fmt: skip
+
+
+def read_error(paths: list[Path] | tuple[Path, ...], fmt: str, err: BaseException, fix: str, what: str = "", *,
+               separator: str | None = None, quote: str | None = '"', has_header: bool = True) -> DataError:  # fmt: skip
     """A one-line DataError for a reader failure, naming the file (and line or byte) at fault.
 
     Args:
+        separator, quote, has_header: how a CSV was read (its quotes are looked at by the same rule).
         paths: the input files, in reading order.
         fmt: the format they were read as.
         err: what the reader raised.
@@ -311,15 +553,15 @@ def read_error(paths: list[Path] | tuple[Path, ...], fmt: str, err: BaseExceptio
         encoding = not_utf8_error(path, what)
         if encoding is not None:
             return encoding
-    if fmt == "csv":
+    if fmt == "csv" and quote is not None:
         for path in paths:
-            quoted = unclosed_quote_line(path)
+            quoted = quote_error(path, separator or ",", quote, has_header, what)
             if quoted is not None:
-                return DataError(f"{what}'{path}' line {quoted} opens a quoted field (\") that is never closed; "
-                                 "close or remove that quote")  # fmt: skip
+                return quoted
     if fmt == "ndjson":
         for path in paths:
             found_line = bad_ndjson_line(path)
             if found_line is not None:
-                return DataError(f"{what}'{path}' line {found_line[0]} is {found_line[1]}; fix or remove that line")
+                fix = "" if WHOLE_FILE in found_line[1] else "; fix or remove that line"
+                return DataError(f"{what}'{path}' line {found_line[0]} is {found_line[1]}{fix}")
     return DataError(f"cannot read {what}'{paths[0]}' as {fmt}: {first_line(err)}; {fix}")

@@ -1,7 +1,8 @@
 """Which files an input names and which format they are in (read from names and first lines only).
 
 * :func:`resolve_paths`: a file, a directory (every file below it, hidden ones and ``_``-prefixed
-  ones skipped: a Spark folder's ``_SUCCESS`` and ``.part-*.crc``) or a glob (only when nothing has
+  ones skipped: a Spark folder's ``_SUCCESS`` and ``.part-*.crc``; so is a dataset's documentation,
+  ``README.txt``, ``LICENSE``, ``*.md``, ``*.pdf``: :func:`is_documentation`) or a glob (only when nothing has
   that exact name, :func:`is_glob`) -> files in natural
   name order (``day9`` before ``day10``), the order their lines are read in. The one rule of every
   reader of a user-given file or folder (events, ``score.allow`` / ``score.deny``): a path that is
@@ -15,12 +16,15 @@ from __future__ import annotations
 
 import glob
 import gzip
+import logging
 import os
 import re
 from pathlib import Path
 
 from recsys_alibi.atomic import describe_path, path_kind
 from recsys_alibi.data.errors import GZIP_ERRORS, DataError, first_line, gzip_error
+
+log = logging.getLogger(__name__)
 
 FORMATS = ("parquet", "csv", "ndjson", "movielens", "sasrec", "s3rec")
 SNIFF_LINES = 200  # lines read to infer a text format
@@ -107,12 +111,27 @@ def resolve_paths(input_path: str | Path, what: str = "input", flag: str = "--in
     if path.is_dir():
         visible = [p for p in path.rglob("*") if not any(part.startswith((".", "_")) for part in p.relative_to(path).parts)]
         paths = sorted(_regular(visible, what, flag), key=natural_key)
+        docs = [p for p in paths if is_documentation(p)]
+        if docs and len(docs) < len(paths):  # a dataset folder's README.txt is no data (nor its format)
+            log.info("%s: skipping %d documentation file(s) (%s)", path, len(docs), ", ".join(p.name for p in docs[:3]))
+            paths = [p for p in paths if not is_documentation(p)]
         if not paths:
             raise DataError(f"empty {what}: directory '{path}' holds no files; point {flag} at its files")
         return paths
     if not path.is_file():
         raise not_a_file(path, what, flag)
     return [path]
+
+
+DOC_NAMES = ("readme", "license", "licence", "copying", "notice", "changelog", "citation")  # name starts, any case
+DOC_SUFFIXES = (".md", ".rst", ".pdf", ".html", ".htm")
+
+
+def is_documentation(path: Path) -> bool:
+    """Whether a file found in an input folder is a dataset's documentation (``README.txt``, ``LICENSE``,
+    ``*.md``, ``*.pdf``), not data: skipped there, so neither read as events nor used to infer the format."""
+    name = path.name.lower()
+    return name.startswith(DOC_NAMES) or name.endswith(DOC_SUFFIXES)
 
 
 def stem_suffix(path: Path) -> tuple[str, bool]:
@@ -130,6 +149,18 @@ def head_bytes(path: Path, n: int = 1 << 16) -> bytes:
         if stem_suffix(path)[1]:
             raise gzip_error(path, first_line(err)) from None
         raise DataError(f"cannot read '{path}': {first_line(err)}; check the file") from None
+
+
+def format_reason(path: Path, fmt: str) -> str:
+    """How :func:`infer_format` chose ``fmt`` for ``path``: from its name (naming the suffix) or its first lines."""
+    name, _ = stem_suffix(path)
+    suffix = next((s for s in NAMED_SUFFIXES if name.endswith(s)), None)
+    if name == "u.data":
+        return "from its name (u.data)"
+    return f"from its name ({suffix})" if suffix is not None else "from its first lines"
+
+
+NAMED_SUFFIXES = (".parquet", ".pq", ".csv", ".tsv", ".ndjson", ".jsonl", ".json", ".dat")  # formats told by name
 
 
 def infer_format(paths: list[Path]) -> str:
@@ -164,10 +195,49 @@ def infer_format(paths: list[Path]) -> str:
     if numeric and widths == {2}:
         return "sasrec"
     if numeric and min(widths) >= 2 and "," not in lines[0]:
+        table = table_refusal(path, lines, widths)
+        if table is not None:
+            raise table
         return "s3rec"
     if header_separator(lines[0]) is not None:
         return "csv"
+    table = table_refusal(path, lines, widths) if len(widths) == 1 else None  # spaces, with decimals ("3.5") or text
+    if table is not None:
+        raise table
     raise DataError(f"cannot infer the format of '{path}'; {FORMAT_HELP}")
+
+
+def table_refusal(path: Path, lines: list[str], widths: set[int]) -> DataError | None:
+    """The refusal of a whitespace-separated table that the sniffing rule would read as S3-Rec, or None.
+
+    S3-Rec lines (``user item item ...``) vary in length and are space-separated; a file whose
+    sniffed lines all have the same number (>= 3) of fields, or any tab-separated one (4 tab
+    fields are ``u.data``, read before), is a table (``user item rating [timestamp]``: Epinions,
+    FilmTrust, Douban, Yahoo R3): read as S3-Rec, its ratings and timestamps would become items.
+    """
+    tabbed = any("\t" in ln for ln in lines)
+    if not tabbed and (len(widths) != 1 or min(widths) < 3):
+        return None
+    width = max(widths)
+    setting = "data.separator=tab" if tabbed else "\"data.separator=' '\""
+    header = " --set data.has_header=false" if all(is_number(tok) for tok in lines[0].split()) else header
+    shape = f"{width} fields on every line" if len(widths) == 1 else "tab-separated fields"
+    return DataError(
+        f"cannot infer the format of '{path}': it looks like a table ({shape}, e.g. {lines[0][:60]!r}), not S3-Rec "
+        "(one sequence of varying length per line), so it is not read as one; read it as a table with --format csv "
+        f"--set {setting}{header} and map the columns by position (--set data.columns.user_id=column_1 --set "
+        "data.columns.item_id=column_2 --set data.columns.timestamp=column_N, or =null for line order), or pass "
+        "--format s3rec if each line really is one user's item sequence"
+    )
+
+
+def is_number(text: str) -> bool:
+    """Whether ``text`` reads as a number (``float``): a value, not a name, in a header line."""
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def header_separator(line: str) -> str | None:

@@ -153,7 +153,9 @@ def _read_file(path: Path, fmt: str) -> pl.DataFrame:
         else:
             frame = _read_ndjson(path)
     except (pl.exceptions.PolarsError, OSError, ValueError) as err:
-        raise read_error([path], fmt, err, CSV_LAYOUT if fmt == "csv" else "check the file", what="item table ") from None
+        separator = "\t" if stem_suffix(path)[0].endswith(".tsv") else ","  # as _read_csv reads it
+        raise read_error([path], fmt, err, CSV_LAYOUT if fmt == "csv" else "check the file", what="item table ",
+                         separator=separator) from None  # fmt: skip
     frame = frame.rename({c: f"{c}_" for c in frame.columns if c in (ROW, FILE)})  # never the columns added here
     return frame.with_row_index(ROW).with_columns(pl.col(ROW).cast(pl.Int64), pl.lit(str(path)).alias(FILE))
 

@@ -67,6 +67,7 @@ from recsys_alibi.atomic import json_text
 from recsys_alibi.config import DataConfig
 from recsys_alibi.data.cleaning import k_core_mask
 from recsys_alibi.data.ingest import DataError, QuotedLinesError, Source, integer_id_columns, scan_source
+from recsys_alibi.data.rejected_hints import all_rejected_hint
 from recsys_alibi.data.item_features import STATS_KEY as ITEM_TABLE_KEY
 from recsys_alibi.data.item_features import item_table_line, write_item_features
 from recsys_alibi.data.item_table import check_declaration, read_item_table
@@ -303,7 +304,10 @@ def _ingest(cfg: DataConfig, source: Source, out: Path, work: Path, tag: dict[st
         rejects_path.unlink(missing_ok=True)  # an empty file: published as "no rejects" (an older one is removed)
     if n_all == 0:
         reasons = ", ".join(f"{k}: {v}" for k, v in by_reason.items())
+        hint = all_rejected_hint(source, by_reason, rejects_path)
         kept_at = keep_failed_rejects(rejects_path, out)
+        if hint is not None:
+            raise DataError(f"all {n_rejected:,} rows were rejected ({reasons}): {hint}; see {kept_at}")
         raise DataError(f"all {n_rejected:,} rows were rejected ({reasons}); see {kept_at} and check --format and data.columns")
     return _Ingested(parts, n_parts, n_all, new_rows, text_ids, int_ids, by_reason)
 

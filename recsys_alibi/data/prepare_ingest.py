@@ -15,7 +15,7 @@ from pathlib import Path
 import polars as pl
 
 from recsys_alibi.config import DataConfig
-from recsys_alibi.data.errors import is_gzip, read_error
+from recsys_alibi.data.errors import is_gzip, read_error, swallowed_lines_error
 from recsys_alibi.data.ids import cast_integer_ids, round_trips
 from recsys_alibi.data.ingest import QuotedLinesError, Source, rejected_rows, tag_rows, valid_events
 from recsys_alibi.data.schema import SUBSECOND, USER_ID
@@ -112,10 +112,15 @@ def stream(source: Source, sink: pl.LazyFrame) -> pl.DataFrame:
         return sink.collect(engine="streaming")
     except pl.exceptions.ShapeError as err:  # the CSV rows and the lines counted beside them differ
         if source.fmt == "csv":
+            read = source.csv_read
+            for path in source.paths if read.get("quote") is not None else ():  # a quote that swallows rows: refused
+                swallowed = swallowed_lines_error(path, read["separator"], read["quote"], read["has_header"])
+                if swallowed is not None:
+                    raise swallowed from None
             raise QuotedLinesError(f"rows of '{source.paths[0]}' span lines") from None
-        raise read_error(source.paths, source.fmt, err, "check the file or --format") from None
+        raise read_error(source.paths, source.fmt, err, "check the file or --format", **source.csv_read) from None
     except (pl.exceptions.PolarsError, OSError) as err:
-        raise read_error(source.paths, source.fmt, err, "check the file or --format") from None
+        raise read_error(source.paths, source.fmt, err, "check the file or --format", **source.csv_read) from None
 
 
 def round_trip_ids(cfg: DataConfig, source: Source, columns: list[str]) -> list[str]:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import csv
 import gzip
 import json
+import logging
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,20 +29,24 @@ from pathlib import Path
 import polars as pl
 
 from recsys_alibi.config import DataConfig
-from recsys_alibi.data.errors import GZIP_ERRORS, DataError, not_text, open_bytes, read_error, unread_compression
+from recsys_alibi.data.errors import GZIP_ERRORS, DataError, cr_line_ends, not_text, open_bytes, read_error, unread_compression
 from recsys_alibi.data.formats import (
     FORMAT_HELP,
     FORMATS,
     MOVIELENS_CSV_HEADER,
+    format_reason,
     head_bytes,
     header_separator,
     infer_format,
     is_movielens_csv,
+    is_number,
     literal,
     resolve_paths,
     stem_suffix,
 )
 from recsys_alibi.data.schema import EVENT_TYPE, ITEM_ID, REJECT_REASON, SOURCE_ROW, TIMESTAMP, USER_ID, VALUE
+
+log = logging.getLogger(__name__)
 
 FIELDS_OK = "_fields_ok"  # internal: False for a line/row with the wrong number of fields
 INFER_ROWS = 1000  # NDJSON lines read to infer the column types (mapped columns are then read as text)
@@ -69,6 +74,8 @@ class Source:
         raw_columns: the source's own columns (what a rejects file keeps).
         text_ids: canonical id columns read as text whose type ``data.id_type: auto`` decides
             after reading (:func:`integer_id_columns`): Int64 when every value round-trips.
+        inferred: how ``format: auto`` chose ``fmt`` (``"from its name (.dat)"``), for messages; None when given.
+        csv_read: a CSV's ``separator``, ``quote`` and ``has_header`` (how its failures are explained).
     """
 
     frame: pl.LazyFrame
@@ -78,6 +85,8 @@ class Source:
     text: bool
     raw_columns: tuple[str, ...] = field(default=())
     text_ids: tuple[str, ...] = field(default=())
+    inferred: str | None = None  # how the format was inferred ("from its name (.dat)"); None: given
+    csv_read: dict = field(default_factory=dict)  # a CSV's separator, quote and has_header (read_error's arguments)
 
 
 class QuotedLinesError(DataError):
@@ -110,15 +119,17 @@ def scan_source(
         compressed = unread_compression(path)
         if compressed is not None:
             raise compressed
+    inferred = None
     if fmt == "auto":
         fmt = infer_format(paths)
+        inferred = format_reason(paths[0], fmt)
         if cfg.separator is not None and fmt != "csv":  # never a setting silently ignored
             raise DataError(f"data.separator is set but '{paths[0]}' reads as {fmt}, whose fields are fixed; drop the "
                             "setting, or read the file with --format csv")  # fmt: skip
     if fmt not in FORMATS:
         raise DataError(f"unknown format '{fmt}'; {FORMAT_HELP} (or auto)")
     for path in paths if fmt != "parquet" else ():  # a Parquet or gzip file read as text: its bytes would be rows
-        binary = not_text(path)
+        binary = not_text(path) or cr_line_ends(path)
         if binary is not None:
             raise binary
     try:
@@ -134,22 +145,30 @@ def scan_source(
             empty = next((p for p in paths if not head_bytes(p, 1)), paths[0])
             fix = "point --input at the event log" if len(paths) == 1 else "remove it from the input"
             raise DataError(f"empty input: '{empty}' has no rows; {fix}") from None
+        csv_read = _csv_reading(cfg, paths) if fmt == "csv" else {}
         if fmt == "csv" and cfg.has_header and len(paths) > 1:
-            _check_same_header(paths, _separator(cfg, paths))
-        raise read_error(paths, fmt, err, f"check the file or {FORMAT_HELP}") from None
+            _check_same_header(paths, csv_read["separator"], cfg.quote_char)
+        raise read_error(paths, fmt, err, f"check the file or {FORMAT_HELP}", **csv_read) from None
     raw = tuple(name for name in schema.names() if name not in INTERNAL)
     if text and any("\ufffd" in name for name in raw):  # polars replaced bytes of a non-UTF-8 header
         raise read_error(paths, fmt, ValueError("the header is not UTF-8"), "convert the file to UTF-8")
     if fmt == "csv" and any("\n" in name for name in raw):  # a quote opened in the header took the lines after it
-        raise read_error(paths, fmt, ValueError("a header name spans lines"), "close the quote in the header")
+        raise read_error(paths, fmt, ValueError("a header name spans lines"), "close the quote in the header",
+                         **_csv_reading(cfg, paths))  # fmt: skip
     header = raw
     if fmt == "csv" and cfg.has_header:  # the names as written: Polars renames a repeated one ('1_duplicated_0')
-        header = tuple(_csv_header(paths[0], _separator(cfg, paths)))
+        header = tuple(_csv_header(paths[0], _separator(cfg, paths), cfg.quote_char))
         header = (header[0].removeprefix("\ufeff"), *header[1:]) if header else raw
     _check_columns(cfg, fmt, columns, raw, header)
     if text and cfg.id_type != "auto":
         text_ids = ()
-    return Source(frame=frame, fmt=fmt, columns=columns, paths=tuple(paths), text=text, raw_columns=raw, text_ids=text_ids)
+    return Source(frame=frame, fmt=fmt, columns=columns, paths=tuple(paths), text=text, raw_columns=raw,
+                  text_ids=text_ids, inferred=inferred, csv_read=_csv_reading(cfg, paths) if fmt == "csv" else {})  # fmt: skip
+
+
+def _csv_reading(cfg: DataConfig, paths: list[Path]) -> dict:
+    """How a CSV input is read, as :func:`recsys_alibi.data.errors.read_error` takes it."""
+    return {"separator": _separator(cfg, paths), "quote": cfg.quote_char, "has_header": cfg.has_header}
 
 
 def _with_row(lf: pl.LazyFrame) -> pl.LazyFrame:
@@ -165,13 +184,14 @@ def _mapped(cfg: DataConfig) -> dict[str, str]:
     return mapping
 
 
-def _looks_numeric(text: str) -> bool:
-    """Whether a header cell is a number (a header of data: the file has no header line)."""
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return True
+ISO_DATE = re.compile(r"\d{4}-\d{2}-\d{2}([ T]\d{2}:\d{2}.*)?")  # 2009-04-19, 2009-04-19T00:01:13Z
+
+
+def looks_like_value(cell: str) -> bool:
+    """Whether a header cell reads as a value, not a name: a number (``2.0``, ``1415322420``) or a timestamp
+    (``2009-04-19T00:01:13Z``). A header with one such cell is likely the first event (no header line)."""
+    text = cell.strip().strip('"')
+    return is_number(text) or ISO_DATE.fullmatch(text) is not None
 
 
 def _plain_name(name: str) -> str:
@@ -209,11 +229,16 @@ def _check_columns(cfg: DataConfig, fmt: str, columns: dict[str, str], raw: tupl
                 named, setting = (("tab", "data.separator=tab") if other == "\t"  # ',' and '|' need YAML's quotes
                                   else (f"'{other}'", f"\"data.separator='{other}'\""))  # fmt: skip
                 fix = f"the header looks {named}-separated: set --set {setting}, or {fix}"
-            elif fmt == "csv" and all(_looks_numeric(col) for col in header):  # the first line is an event, not names
+            elif fmt == "csv" and any(looks_like_value(col) for col in header):  # the first line is an event, not names
                 fix = ("its first line looks like data, not a header: set --set data.has_header=false and map the "
                        "columns by position (e.g. --set data.columns.user_id=column_1), or --format movielens for "
                        f"MovieLens' u.data / ratings.dat; else {fix}")  # fmt: skip
             raise DataError(f"column '{name}' (data.columns.{canon}) is not in the {fmt} input columns [{shown}]; {fix}")
+    valued = [name for name in columns.values() if fmt == "csv" and cfg.has_header and looks_like_value(name)]
+    if valued:  # mapped to a header "name" that is a value: the first line is likely an event read as the header
+        log.warning("the csv header's column '%s' is mapped but reads as a value, not a name: if the first line is an "
+                    "event, it is not read as one; set data.has_header=false and map columns as column_1, column_2, "
+                    "...", valued[0])  # fmt: skip
     if cfg.min_value is not None and VALUE not in columns:
         raise DataError("data.min_value is set but the input has no value column; map one with --set data.columns.value=NAME")
 
@@ -264,19 +289,37 @@ def _separator(cfg: DataConfig, paths: list[Path]) -> str:
     return header_separator(_first_line(paths[0])) or ","
 
 
-def _field_counts(paths: list[Path], separator: str, skip_header: bool) -> pl.LazyFrame:
-    """(rows,) Int64 ``_fields``: fields per line of the files (quoted separators not counted)."""
+def _byte(char: str) -> str:
+    """A one-byte character as a regex escape (``\\x{09}``): any separator or quote, never a regex operator."""
+    return f"\\x{{{ord(char):02X}}}"
+
+
+def quoted_fields_pattern(separator: str, quote: str) -> str:
+    """A regex of each quoted field with the separator or line start before it (group 1).
+
+    By the rule of Python's ``csv`` and Polars: a quote is special only where a field starts (so
+    ``The 7" Club`` is plain text); inside, ``""`` is a quote.
+    """
+    q = _byte(quote)
+    return f"(^\\x{{FEFF}}?|{_byte(separator)}){q}(?:[^{q}]|{q}{q})*{q}"
+
+
+def _field_counts(paths: list[Path], separator: str, skip_header: bool, quote: str | None = '"') -> pl.LazyFrame:
+    """(rows,) Int64 ``_fields``: fields per line of the files (separators inside quoted fields not counted)."""
     frames = [pl.scan_lines(p, glob=False).slice(1) if skip_header else pl.scan_lines(p, glob=False) for p in paths]
-    line = pl.col("line").str.replace_all(r'"[^"]*"', "")
+    line = pl.col("line")
+    if quote is not None:  # each quoted field removed, the separator before it kept
+        line = line.str.replace_all(quoted_fields_pattern(separator, quote), "${1}")
     return pl.concat(frames, how="vertical").select(line.str.count_matches(separator, literal=True).alias("_fields") + 1)
 
 
-def with_field_check(lf: pl.LazyFrame, paths: list[Path], separator: str, skip_header: bool, width: int) -> pl.LazyFrame:
+def with_field_check(lf: pl.LazyFrame, paths: list[Path], separator: str, skip_header: bool, width: int,
+                     quote: str | None = '"') -> pl.LazyFrame:  # fmt: skip
     """``lf`` (the rows of CSV ``paths``) with ``_fields_ok``: whether the row's line has ``width`` fields.
 
     Collecting it raises ``pl.exceptions.ShapeError`` when the rows are not the lines (a quoted field spans lines).
     """
-    counts = _field_counts(paths, separator, skip_header)
+    counts = _field_counts(paths, separator, skip_header, quote)
     return pl.concat([lf, counts], how="horizontal").select(pl.exclude("_fields"), (pl.col("_fields") == width).alias(FIELDS_OK))
 
 
@@ -286,20 +329,21 @@ def _first_line(path: Path) -> str:
     return lines[0] if lines else ""
 
 
-def _csv_header(path: Path, separator: str) -> list[str]:
-    """The fields of a CSV file's first line (quotes honoured)."""
-    return next(csv.reader([_first_line(path)], delimiter=separator), [])
+def _csv_header(path: Path, separator: str, quote: str | None = '"') -> list[str]:
+    """The fields of a CSV file's first line (quotes honoured, unless ``quote`` is None)."""
+    quoting = {"quotechar": quote} if quote is not None else {"quoting": csv.QUOTE_NONE}
+    return next(csv.reader([_first_line(path)], delimiter=separator, **quoting), [])
 
 
-def _check_same_header(paths: list[Path], separator: str) -> None:
+def _check_same_header(paths: list[Path], separator: str, quote: str | None = '"') -> None:
     """Name the first CSV file whose header differs from the first file's (Polars' error names the first file).
 
     Raises:
         DataError: naming both files and both headers.
     """
-    first = _csv_header(paths[0], separator)
+    first = _csv_header(paths[0], separator, quote)
     for path in paths[1:]:
-        other = _csv_header(path, separator)
+        other = _csv_header(path, separator, quote)
         if any("\ufffd" in name for name in (*first, *other)):  # not UTF-8 text (a Parquet file): read_error says so
             return
         if other != first:
@@ -316,7 +360,7 @@ def _check_header_unique(cfg: DataConfig, path: Path, separator: str) -> None:
     Raises:
         DataError: naming the column and its ``data.columns`` key.
     """
-    header = _csv_header(path, separator)
+    header = _csv_header(path, separator, cfg.quote_char)
     for canon, raw in _mapped(cfg).items():
         if header.count(raw) > 1:
             raise DataError(
@@ -341,6 +385,7 @@ def _read_csv(cfg: DataConfig, paths: list[Path], count_fields: bool = True) -> 
         glob=False,  # resolved paths: 'we[1].csv' is that file
         truncate_ragged_lines=True,
         raise_if_empty=True,
+        quote_char=cfg.quote_char,
     )
     names = lf.collect_schema().names()
     if cfg.has_header:
@@ -349,7 +394,7 @@ def _read_csv(cfg: DataConfig, paths: list[Path], count_fields: bool = True) -> 
     if not cfg.has_header:  # name columns column_1, column_2, ... whatever the polars version
         lf = lf.rename({old: f"column_{i}" for i, old in enumerate(names, start=1)})
     if count_fields:
-        lf = with_field_check(lf, paths, separator, cfg.has_header, len(names))
+        lf = with_field_check(lf, paths, separator, cfg.has_header, len(names), cfg.quote_char)
     return _with_row(lf), _mapped(cfg), True, (USER_ID, ITEM_ID)
 
 
@@ -494,7 +539,7 @@ def _check_grouplens_headers(paths: list[Path]) -> None:
     for path in paths:
         first = _first_line(path).strip()
         field = first.split(",", 1)[0].strip().strip('"')
-        if first and not is_movielens_csv(first) and not _looks_numeric(field):
+        if first and not is_movielens_csv(first) and not is_number(field):
             raise DataError(
                 f"'{path}' starts with the header {first[:80]!r}, not GroupLens' {MOVIELENS_CSV_HEADER!r}: a MovieLens "
                 "file's fields are read by position; fix the header, or read the files with --format csv and "

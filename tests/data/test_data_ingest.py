@@ -433,14 +433,16 @@ def test_header_names_with_outer_spaces_are_suggested_in_yaml_quotes_and_an_open
         "map it with --set 'data.columns.user_id=\" user_id \"'")
     quoted = _write(tmp_path / "q.csv", 'user_id,"item_id,timestamp\nu1,a,1\nu1,b,2\n')
     assert _one_line_error(prepare, DataConfig(), quoted, tmp_path / "out") == (
-        f"'{quoted}' line 1 opens a quoted field (\") that is never closed; close or remove that quote")
+        f"'{quoted}' line 1 opens a quoted field (\") that is never closed; close or remove that quote; if its quotes are plain text (usual in TSV), "
+        "read it with --set data.quote_char=null")
 
 
 def test_an_unclosed_quote_names_its_line(tmp_path):
     # a quoted field may span lines (line 2 opens, line 3 closes); line 4's quote is never closed
     path = _write(tmp_path / "q.csv", 'user_id,item_id,timestamp\nu1,"a\nb",1\nu1,"c,2\nu2,d,3\n')
     assert _one_line_error(prepare, DataConfig(), path, tmp_path / "out") == (
-        f"'{path}' line 4 opens a quoted field (\") that is never closed; close or remove that quote")
+        f"'{path}' line 4 opens a quoted field (\") that is never closed; close or remove that quote; if its quotes are plain text (usual in TSV), "
+        "read it with --set data.quote_char=null")
 
 
 def test_ndjson_types_are_read_from_every_line(tmp_path):
