@@ -281,9 +281,12 @@ def ray_instance(cfg: RayConfig) -> Iterator[None]:
     try:
         if cfg.address:
             address = checked_address(cfg.address)
+            # auto joins by Ray's own discovery: it reads what `ray start` left (its node address, its auth token),
+            # which the resolved host:port alone loses (a cluster started with --node-ip-address refused it)
+            target = "auto" if cfg.address == "auto" else address
             try:
-                with _loopback_kept() if _is_loopback(address) else nullcontext():
-                    ray.init(address=address, **quiet)
+                with _loopback_kept() if target != "auto" and _is_loopback(address) else nullcontext():
+                    ray.init(address=target, **quiet)
             except (ConnectionError, RuntimeError) as err:  # e.g. not a Ray GCS, or another auth token
                 raise ConfigError(f"score.ray.address={cfg.address}: Ray could not join the cluster at {address} "
                                   f"({str(err).strip().splitlines()[0]})") from None  # fmt: skip

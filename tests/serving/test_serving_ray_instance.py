@@ -124,6 +124,29 @@ def test_ray_address_on_loopback_stays_loopback_for_auto_and_host_port(monkeypat
         assert checked_address(address) == address
 
 
+def test_auto_joins_by_rays_own_discovery_not_by_the_resolved_address(monkeypatch):
+    """break-dist-s66 finding 1: a cluster from `ray start --head --node-ip-address 127.0.0.1` (token auth on by
+    default) refused ``ray.init(address=<resolved host:port>)`` while ``ray.init(address="auto")`` joined it:
+    ``score.ray.address=auto`` is checked to answer, then joined as ``auto``; a host:port is joined as given."""
+    import ray
+
+    from recsys_alibi.config import RayConfig
+    from serving.ray_instance import ray_instance
+
+    joined: list[str] = []
+    monkeypatch.setattr(ray, "init", lambda address, **kwargs: joined.append(address))
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    with socket.socket() as listener:  # stands for a GCS on 127.0.0.1
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(4)
+        address = f"127.0.0.1:{listener.getsockname()[1]}"
+        monkeypatch.setenv("RAY_ADDRESS", address)
+        for given in ("auto", address):
+            with ray_instance(RayConfig(address=given)):
+                pass
+    assert joined == ["auto", address]
+
+
 LONG_TMPDIR_DRIVER = """
 import sys
 from pathlib import Path
