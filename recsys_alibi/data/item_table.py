@@ -49,7 +49,8 @@ import numpy as np
 import polars as pl
 
 from recsys_alibi.config import ItemFeaturesConfig
-from recsys_alibi.data.errors import DataError, bad_ndjson_line, first_line, open_bytes, read_error, unread_compression
+from recsys_alibi.data.errors import DataError, bad_ndjson_line, first_line, open_bytes, unread_compression
+from recsys_alibi.data.read_errors import read_error
 from recsys_alibi.data.formats import literal, resolve_paths, stem_suffix
 from recsys_alibi.data.ids import round_trips
 from recsys_alibi.data.readers import FIELDS_OK, JSON_BLANK, with_field_check

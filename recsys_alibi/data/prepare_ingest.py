@@ -15,7 +15,9 @@ from pathlib import Path
 import polars as pl
 
 from recsys_alibi.config import DataConfig
-from recsys_alibi.data.errors import is_gzip, read_error, swallowed_lines_error
+from recsys_alibi.data.errors import is_gzip
+from recsys_alibi.data.quotes import swallowed_lines_error
+from recsys_alibi.data.read_errors import read_error
 from recsys_alibi.data.ids import cast_integer_ids, round_trips
 from recsys_alibi.data.ingest import QuotedLinesError, Source, rejected_rows, tag_rows, valid_events
 from recsys_alibi.data.schema import SUBSECOND, USER_ID

@@ -29,7 +29,8 @@ from pathlib import Path
 import polars as pl
 
 from recsys_alibi.config import DataConfig
-from recsys_alibi.data.errors import GZIP_ERRORS, DataError, cr_line_ends, not_text, open_bytes, read_error, unread_compression
+from recsys_alibi.data.errors import GZIP_ERRORS, DataError, cr_line_ends, not_text, open_bytes, unread_compression
+from recsys_alibi.data.read_errors import read_error
 from recsys_alibi.data.formats import (
     FORMAT_HELP,
     FORMATS,
@@ -167,7 +168,7 @@ def scan_source(
 
 
 def _csv_reading(cfg: DataConfig, paths: list[Path]) -> dict:
-    """How a CSV input is read, as :func:`recsys_alibi.data.errors.read_error` takes it."""
+    """How a CSV input is read, as :func:`recsys_alibi.data.read_errors.read_error` takes it."""
     return {"separator": _separator(cfg, paths), "quote": cfg.quote_char, "has_header": cfg.has_header}
 
 

@@ -15,7 +15,8 @@ import pytest
 
 from pipelines.cli import main
 from recsys_alibi.config import ColumnMap, DataConfig
-from recsys_alibi.data.errors import DataError, scan_quotes
+from recsys_alibi.data.errors import DataError
+from recsys_alibi.data.quotes import scan_quotes
 from recsys_alibi.data.formats import infer_format, resolve_paths
 from recsys_alibi.data.prepare import prepare
 from recsys_alibi.data.readers import _field_counts
