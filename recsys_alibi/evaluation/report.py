@@ -1,15 +1,22 @@
 """Evaluation report files: report.json (CONTRACT shape), report.md and PNG plots.
 
-The report changes as a whole: every file is first written into a hidden staging folder inside
-the output directory, and only when all of them are written are they moved into place with
-``os.replace`` (renames, which a full disk cannot stop); a plot the new report does not have
-(no context sweep this time, say) is removed, so an old plot never sits beside a new report.
-A failed write leaves the previous report as it was. Other files in the directory are left alone.
+The report changes as a whole: the new output directory is built in a hidden staging folder beside
+it (``.NAME.<token>.tmp/NAME``: every report file, plus the directory's other entries, hard-linked or
+copied, e.g. the pipeline's ``popularity/`` report), and takes the old directory's place in one swap
+(:func:`recsys_alibi.atomic.replace_dir`, as ``score`` swaps its rankings). A reader, or a run killed at
+any moment, sees the old report or the new one, never a new ``report.md`` beside an old ``report.json``;
+a plot the new report does not have (no context sweep this time, say) is not in the new directory. A
+failed write leaves the previous report as it was.
+
+A directory that cannot be swapped (the working directory or a folder holding it, or one whose parent
+is not writable) is written file by file instead: staged inside it, then renamed into place with
+``report.json`` last.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -19,9 +26,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (backend chosen first)
 from matplotlib.figure import Figure  # noqa: E402
 
-from recsys_alibi.atomic import atomic_path, json_text, publish_files
+from recsys_alibi.atomic import atomic_path, check_replaceable, json_text, publish_files, replace_dir
 from recsys_alibi.evaluation.evaluator import FULL, EvaluationResult  # noqa: E402
-from recsys_alibi.staging import staging_dir  # noqa: E402
+from recsys_alibi.staging import staging_dir, target_of  # noqa: E402
 
 __all__ = ["format_metrics_table", "headline_k", "write_report"]
 
@@ -29,6 +36,7 @@ REPORT_JSON = "report.json"
 REPORT_MD = "report.md"
 CONTEXT_PLOT = "context_length.png"
 HISTORY_PLOT = "history_length.png"
+REPORT_FILES = (REPORT_JSON, REPORT_MD, CONTEXT_PLOT, HISTORY_PLOT)
 
 
 def _atomic_write(path: Path, write: Callable[[str], None]) -> Path:
@@ -223,21 +231,74 @@ def write_report(
         results[name if name not in results else f"{name} (baseline)"] = r
     metric = f"NDCG@{headline_k(_ks(result))}"
 
-    with staging_dir(out_dir / REPORT_JSON) as staging:  # a killed run's staging removed first, no other's
-        staged = {
-            "json": _write_text(staging / REPORT_JSON, json_text(result.to_json(), sort_keys=False)),
-            "markdown": _write_text(staging / REPORT_MD, _markdown(results, title)),
-        }
-        fig = _context_figure(results, metric)
-        if fig is not None:
-            staged["context_plot"] = _write_figure(staging / CONTEXT_PLOT, fig)
-        fig = _history_figure(results, metric)
-        if fig is not None:
-            staged["history_plot"] = _write_figure(staging / HISTORY_PLOT, fig)
-        # report.json last; a plot of an earlier report that this one does not have is removed
-        publish_files(staging, out_dir, (REPORT_JSON, REPORT_MD, CONTEXT_PLOT, HISTORY_PLOT), last=REPORT_JSON)
-        paths = {key: out_dir / path.name for key, path in staged.items()}
-    return paths
+    target = Path(os.path.realpath(out_dir))  # a link to a folder: the folder is swapped, the link kept
+    if not _swappable(target):
+        with staging_dir(out_dir / REPORT_JSON) as staging:  # a killed run's staging removed first, no other's
+            staged = _stage(staging, results, result, title, metric)
+            publish_files(staging, out_dir, REPORT_FILES, last=REPORT_JSON)  # report.json last
+        return {key: out_dir / path.name for key, path in staged.items()}
+    for name in REPORT_FILES:  # a report name held by a folder or a device: refused, never dropped with the swap
+        check_replaceable(target / name)
+    with staging_dir(target) as staging:  # .NAME.<token>.tmp beside it; a killed run's removed first, no other's
+        new = staging / target.name
+        new.mkdir()
+        os.chmod(new, os.stat(target).st_mode & 0o7777)  # the folder keeps its permissions
+        staged = _stage(new, results, result, title, metric)
+        carry_over(target, new, REPORT_FILES)
+        replace_dir(new, target)  # one swap: the old directory ends in the staging folder, removed with it
+    return {key: out_dir / path.name for key, path in staged.items()}
+
+
+def _stage(folder: Path, results: dict[str, EvaluationResult], result: EvaluationResult, title: str,
+           metric: str) -> dict[str, Path]:  # fmt: skip
+    """Write the report's files into ``folder``; returns them by key (a plot with nothing to draw left out)."""
+    staged = {
+        "json": _write_text(folder / REPORT_JSON, json_text(result.to_json(), sort_keys=False)),
+        "markdown": _write_text(folder / REPORT_MD, _markdown(results, title)),
+    }
+    fig = _context_figure(results, metric)
+    if fig is not None:
+        staged["context_plot"] = _write_figure(folder / CONTEXT_PLOT, fig)
+    fig = _history_figure(results, metric)
+    if fig is not None:
+        staged["history_plot"] = _write_figure(folder / HISTORY_PLOT, fig)
+    return staged
+
+
+def _swappable(target: Path) -> bool:
+    """Whether ``target`` can be swapped as a whole: not the working directory nor a folder holding it (the
+    process would stand in the old one), and its parent writable (the staging folder goes there)."""
+    cwd = Path.cwd().resolve()
+    if target == cwd or target in cwd.parents:
+        return False
+    return os.access(target.parent, os.W_OK | os.X_OK)
+
+
+def carry_over(old: Path, new: Path, owned: Sequence[str]) -> list[str]:
+    """Put every entry of the directory ``old`` except the ``owned`` names and temporaries (``.NAME.<token>.tmp``
+    of a writer, killed or running) into ``new``: files hard-linked (copied where the file system cannot link),
+    folders rebuilt the same way, links kept as links. Returns the names carried."""
+    carried = []
+    if not old.is_dir():
+        return carried
+    for entry in sorted(os.scandir(old), key=lambda e: e.name):
+        if entry.name in owned or target_of(entry.name) is not None:
+            continue
+        if entry.is_symlink():
+            os.symlink(os.readlink(entry.path), new / entry.name)
+        elif entry.is_dir():
+            shutil.copytree(entry.path, new / entry.name, symlinks=True, copy_function=_link_or_copy)
+        else:
+            _link_or_copy(entry.path, new / entry.name)
+        carried.append(entry.name)
+    return carried
+
+
+def _link_or_copy(source: str, destination: str) -> None:
+    try:
+        os.link(source, destination)
+    except OSError:  # another file system, or one without hard links
+        shutil.copy2(source, destination)
 
 
 def format_metrics_table(results: dict[str, EvaluationResult], ks: Sequence[int] | None = None) -> str:
