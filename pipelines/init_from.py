@@ -103,12 +103,15 @@ def data_counts(prepared_dir: Path) -> dict[str, str]:
     return {USERS_TAG: str(lengths.size), EVENTS_TAG: str(int(lengths.sum()))}
 
 
-def resolve_warm_start(config: JobConfig, prepared_dir: Path, resume: Path | None) -> tuple[JobConfig, WarmStart | None]:
+def resolve_warm_start(config: JobConfig, prepared_dir: Path, resume: Path | None,
+                       champion=None) -> tuple[JobConfig, WarmStart | None]:  # fmt: skip
     """The config to train with (the warm schedule applied) and the run's warm start, or None (cold).
 
     Args:
         resume: the ``last.ckpt`` being resumed, or None for a new run. A resumed warm run keeps
             the warm schedule and loads no weights (its checkpoint holds them).
+        champion: ``train.init_from=champion``: the version the pipeline pinned when it started
+            (:class:`pipelines.promotion.Champion`); None: the alias read now (``train`` alone).
 
     Raises:
         ModelUriError: ``train.init_from`` names no loadable model.
@@ -126,15 +129,15 @@ def resolve_warm_start(config: JobConfig, prepared_dir: Path, resume: Path | Non
 
     mlflow.set_tracking_uri(tracking_uri(config.tracking))
     if source == "champion":
-        from pipelines.promotion import current_champion
+        from pipelines.promotion import pin_champion
 
         name, alias = config.tracking.registered_model, config.tracking.champion_alias
-        held = current_champion(name, alias)
-        if held is None:
+        champion = pin_champion(config) if champion is None else champion
+        if champion.uri is None:
             reason = f"train.init_from=champion and models:/{name}@{alias} does not exist yet"
             log.info("%s: training from scratch", reason)
             return config, WarmStart(uri=None, reason=reason)
-        source = f"models:/{name}/{held.version}"
+        source = champion.uri
     warm = load_warm_start(config, prepared_dir, source)
     log.info(warm.line())
     return warm_schedule(config), warm

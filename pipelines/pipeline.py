@@ -5,9 +5,15 @@ Everything lands under ``config.output``: ``events.parquet`` (generated), ``prep
 it) and ``rankings/`` (top-K part files). The model is logged and registered in MLflow by
 ``train``; the training run gets ``lineage.*`` tags; the promotion gate (:mod:`pipelines.promotion`)
 compares the new version with the ``tracking.champion_alias`` version on validation examples and
-moves the alias or tags the new version ``rejected``; rankings come from ``models:/NAME@ALIAS``,
-i.e. from whichever model holds the alias after the gate. Made to run as a scheduled job
-(docs/scheduling.md).
+moves the alias or tags the new version ``rejected``; rankings come from ``models:/NAME/VERSION`` of the
+version that held the alias when the gate released its lock (read under the lock, never the alias read
+again: another pipeline may move it meanwhile). The champion the prior choice and a warm start use is
+resolved once, before any data work (:func:`pipelines.preflight.check_before_data`).
+
+The new version is tagged ``promotion.decision=pending`` as soon as it is registered; a run killed (or
+failed) before its gate leaves it so, and the next run on the same data with the same config gates that
+version instead of training and registering another (:func:`pipelines.promotion.pending_version`). Made to
+run as a scheduled job (docs/scheduling.md).
 """
 
 from __future__ import annotations
@@ -33,7 +39,10 @@ from pipelines.promotion import (
     check_promotion_metric,
     lineage_tags,
     log_gate_to_run,
+    pending_tags,
+    pending_version,
     run_gate,
+    tag_incomplete,
     tag_lineage,
 )
 from pipelines.preflight import check_before_data
@@ -42,7 +51,7 @@ from pipelines.train import TrainJobResult, run_train
 from recsys_alibi.config import ConfigError, JobConfig, with_overrides
 from recsys_alibi.data.append import check_appendable
 from recsys_alibi.data.formats import resolve_paths
-from recsys_alibi.data.prepared import prepare_lock
+from recsys_alibi.data.prepared import check_prepared, data_sha256, prepare_lock
 from recsys_alibi.data.sequences import read_items, read_sequences
 from recsys_alibi.data.time_gaps import has_real_timestamps, sequences_for
 from recsys_alibi.evaluation.report import format_metrics_table
@@ -134,14 +143,17 @@ def run_pipeline(config: JobConfig, *, progress: bool = True) -> PipelineResult:
     check_promotion_metric(config)
     check_pipeline_launch(config)
     engine_scorer(config)  # score.engine=ray (used by the scoring step): Ray and its cluster checked before training
-    check_before_data(config)  # every training check that needs no data: before a day is appended
+    champion = check_before_data(config)  # every training check that needs no data: before a day is appended
     check_pipeline_paths(config)  # outputs apart from every input and other output, before any work
     with prepare_lock(Path(config.output), command="pipeline"):  # a second run on this output: refused, not mixed
-        return _run_steps(config, progress)
+        return _run_steps(config, progress, champion)
 
 
-def _run_steps(config: JobConfig, progress: bool) -> PipelineResult:
-    """generate -> prepare -> train -> evaluate -> gate -> score, under the output's lock (:func:`run_pipeline`)."""
+def _run_steps(config: JobConfig, progress: bool, champion=None) -> PipelineResult:
+    """generate -> prepare -> train -> evaluate -> gate -> score, under the output's lock (:func:`run_pipeline`).
+
+    ``champion``: the champion pinned by the preflight (:class:`pipelines.promotion.Champion`), used by the prior
+    choice and a warm start from ``champion``; None: each reads the alias itself."""
     started = time.perf_counter()
     out = Path(config.output)
     input_path = config.data.input
@@ -168,12 +180,66 @@ def _run_steps(config: JobConfig, progress: bool) -> PipelineResult:
     boundary = append_boundary(config, prepared_dir)  # score.popularity_prior.choose: where this append begins
     prepared = run_prepare(config, input_path, prepared_dir)
     check_prior_data(config, prepared_dir, out / PRIOR_FILE)  # a first prepare of line-order data: before training
-    record_newest_period(config, prepared_dir, boundary, out / PRIOR_FILE)  # the champion on the appended events
+    record_newest_period(config, prepared_dir, boundary, out / PRIOR_FILE, champion)  # the champion on the appended events
 
-    if prepared.appended is False:  # a re-run of a day already appended (a retry after a failure, a doubled cron)
-        log.warning("pipeline: nothing new was appended (every input file is already prepared): training again on "
-                    "data the directory already held; the gate keeps the champion unless the new version beats it")  # fmt: skip
-    trained = run_train(config, prepared_dir, progress=progress)
+    from recsys_alibi.tracking import setup_tracking
+
+    setup_tracking(config.tracking)
+    data_sha = data_sha256(prepared_dir)
+    pending = pending_version(config, data_sha)  # an earlier run's version of this data and config, never gated
+    if pending is not None:
+        log.warning("pipeline: version %s of '%s' (run %s) was registered by an earlier run on this data with this "
+                    "config and never gated (killed or failed before its gate): gating it now instead of training "
+                    "another", pending.version, config.tracking.registered_model, pending.run_id)  # fmt: skip
+        trained = ungated_train_result(pending, check_prepared(prepared_dir))
+    else:
+        if prepared.appended is False:  # a re-run of a day already appended (a retry after a failure, a doubled cron)
+            log.warning("pipeline: nothing new was appended (every input file is already prepared): training again on "
+                        "data the directory already held; the gate keeps the champion unless the new version beats it")  # fmt: skip
+        trained = run_train(config, prepared_dir, progress=progress, champion=champion,
+                            version_tags=pending_tags(config, data_sha))  # fmt: skip
+    try:
+        gated = _evaluate_and_gate(config, trained)
+    except BaseException as err:  # the version stays pending, with the reason: the next run on this data gates it
+        if trained.model is not None and trained.model.version is not None:
+            tag_incomplete(config, str(trained.model.version), err)
+        raise
+    prior, prior_line = chosen_prior(config, prepared_dir, out / PRIOR_FILE)
+    rescore = with_overrides(config, score={"popularity_prior": prior})
+    # the version the gate settled on (models:/NAME/V), never the alias read again: another pipeline may move it
+    scored = score_into_place(rescore, gated.gate.champion_uri, prepared_dir, out / "rankings", progress=progress)
+    return PipelineResult(
+        output_dir=out,
+        prepare_summary=prepared.summary(),
+        train=trained,
+        model_eval=gated.model_eval,
+        baseline_eval=gated.popularity,
+        score=scored,
+        seconds=time.perf_counter() - started,
+        ks=tuple(config.evaluate.ks),
+        gate=gated.gate,
+        lineage=gated.lineage,
+        same_lineage_runs=tuple(gated.same_lineage),
+        prior_line=prior_line,
+    )
+
+
+@dataclass(frozen=True)
+class _Gated:
+    """What :func:`_evaluate_and_gate` produced."""
+
+    lineage: dict[str, str]
+    same_lineage: list[str]
+    popularity: EvaluateJobResult
+    model_eval: EvaluateJobResult
+    gate: GateResult
+
+
+def _evaluate_and_gate(config: JobConfig, trained: TrainJobResult) -> _Gated:
+    """Lineage tags, the test reports (the model and the popularity baseline) and the gate, on the prepare the
+    model was trained on: everything between a version's registration and its decision."""
+    out = Path(config.output)
+    prepared_dir = out / "prepared"
     prepare_id = trained.prepare_id  # evaluation and the gate read the prepare the model was trained on
     lineage = lineage_tags(config, prepared_dir, prepare_id)
     same_lineage = tag_lineage(trained.run_id, lineage)
@@ -197,22 +263,26 @@ def _run_steps(config: JobConfig, progress: bool) -> PipelineResult:
     gate = run_gate(config, model, str(trained.model.version), items, sequences,
                     has_real_timestamps(prepared_dir, prepare_id))  # fmt: skip
     log_gate_to_run(trained.run_id, gate)
-    prior, prior_line = chosen_prior(config, prepared_dir, out / PRIOR_FILE)
-    rescore = with_overrides(config, score={"popularity_prior": prior})
-    scored = score_into_place(rescore, gate.champion_uri, prepared_dir, out / "rankings", progress=progress)
-    return PipelineResult(
-        output_dir=out,
-        prepare_summary=prepared.summary(),
-        train=trained,
-        model_eval=model_eval,
-        baseline_eval=popularity,
-        score=scored,
-        seconds=time.perf_counter() - started,
-        ks=tuple(config.evaluate.ks),
-        gate=gate,
-        lineage=lineage,
-        same_lineage_runs=tuple(same_lineage),
-        prior_line=prior_line,
+    return _Gated(lineage, same_lineage, popularity, model_eval, gate)
+
+
+def ungated_train_result(version, prepare_id: str | None) -> TrainJobResult:
+    """A :class:`TrainJobResult` for a registered version an earlier run trained and never gated
+    (:func:`pipelines.promotion.pending_version`), read from its MLflow run: nothing is trained again."""
+    import mlflow
+
+    from recsys_alibi.tracking import LoggedModel
+
+    metrics = mlflow.MlflowClient().get_run(version.run_id).data.metrics
+    return TrainJobResult(
+        run_id=version.run_id,
+        model=LoggedModel(uri=f"runs:/{version.run_id}/model", run_id=version.run_id, version=str(version.version)),
+        best_val_ndcg_at_10=float(metrics.get("best_val_ndcg_at_10", float("nan"))),
+        epochs=0,
+        train_seconds=float(metrics.get("train_seconds", 0.0)),
+        checkpoint="",
+        prepare_id=prepare_id,
+        ungated=True,
     )
 
 

@@ -7,7 +7,9 @@ is checked here first, so a refused run leaves the data as it was: the warm sche
 lacks, a tracking URI MLflow cannot use, the item-feature encoder with no table to prepare, and
 ``train.init_from`` (the model must exist, its run must not be deleted, it must read item features exactly
 when the new model does and have the same architecture, from its run's logged config; ``champion``
-with no champion yet is a cold start, as in ``train``). What needs the data (``model.max_len:
+with no champion yet is a cold start, as in ``train``), and the champion the gate will compare with
+(:func:`check_champion`: resolved once for the whole run, its run not deleted, its model's files
+present). What needs the data (``model.max_len:
 auto``, the architecture of a warm start against the data's vocabulary, the time protocol) is
 checked by ``train`` after the prepare.
 """
@@ -17,14 +19,20 @@ from __future__ import annotations
 from recsys_alibi.config import ConfigError, JobConfig, check_warm_schedule
 
 
-def check_before_data(config: JobConfig) -> None:
+def check_before_data(config: JobConfig):
     """Every pipeline check that needs no data, run before generate/prepare write anything.
+
+    Returns:
+        The champion of this run (:class:`pipelines.promotion.Champion`, resolved once: the prior choice and a
+        warm start from ``champion`` use that version).
 
     Raises:
         ConfigError: a tracking URI MLflow cannot use, the warm schedule never reaches the context schedule's last switch, the feature encoder
             with no item table to prepare, a warm start across item features and none, a sharded
             table with the full softmax, an accelerator this machine lacks.
-        ModelUriError: ``train.init_from`` names no model in the tracking store, or a deleted run.
+        ModelUriError: ``train.init_from`` names no model in the tracking store, or a deleted run; the champion's
+            run is deleted, or its model's files are missing (:func:`check_champion`).
+        ChampionLookupError: the store failed to say which version holds the champion alias.
     """
     from recsys_alibi.tracking import check_tracking_uri, tracking_uri, tracking_uri_origin
     from recsys_alibi.training.fit import check_sharding
@@ -37,9 +45,57 @@ def check_before_data(config: JobConfig) -> None:
     check_accelerator(config.train)
     if config.train.init_from not in (None, "champion"):
         check_model_uri(config, config.train.init_from)
-    parent = parent_run(config)  # looked up once for both checks
+    champion = check_champion(config)
+    parent = parent_run(config, champion)  # looked up once for both checks
     check_warm_features(config, parent)
     check_warm_shape(config, parent)
+    return champion
+
+
+def check_champion(config: JobConfig):
+    """The version holding ``tracking.champion_alias`` now (:func:`pipelines.promotion.pin_champion`), refused
+    before any data work when the gate could not use it: its MLflow run is deleted, or its model's files are gone
+    (only the small ``MLmodel`` file is read). A SQLite store that does not exist yet has no champion (and is not
+    created here).
+
+    Raises:
+        ModelUriError: one line naming the version and the fix (exit 2).
+        ChampionLookupError: the store failed to answer (exit 2).
+    """
+    import tempfile
+
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    from pipelines.promotion import Champion, champion_run_deleted, pin_champion
+    from recsys_alibi.tracking import ModelUriError, local_store_path, quiet_artifacts, tracking_uri
+
+    tracking = config.tracking
+    uri = tracking_uri(tracking)
+    store = local_store_path(uri) if uri.startswith("sqlite:") else None
+    if store is not None and not store.exists():
+        return Champion(tracking.registered_model, tracking.champion_alias, None)
+    mlflow.set_tracking_uri(uri)
+    champion = pin_champion(config)
+    if champion.version is None:
+        return champion
+    client = mlflow.MlflowClient()
+    try:
+        deleted = champion.run_id is not None and client.get_run(champion.run_id).info.lifecycle_stage == "deleted"
+    except MlflowException:  # a run gone for good: its model is checked below
+        deleted = False
+    if deleted:
+        raise ModelUriError(champion_run_deleted(champion.name, champion.alias, champion.version, champion.run_id))
+    try:
+        with tempfile.TemporaryDirectory() as scratch, quiet_artifacts():
+            mlflow.artifacts.download_artifacts(artifact_uri=f"{champion.uri}/MLmodel", dst_path=scratch)
+    except (MlflowException, OSError) as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ModelUriError(
+            f"{champion.label()} cannot be loaded: its artifacts are missing or unreadable at {champion.source} "
+            f"({first}); restore them, or point the alias '{champion.alias}' at a version that loads, then run again"
+        ) from None
+    return champion
 
 
 def check_feature_table(config: JobConfig) -> None:
@@ -108,9 +164,10 @@ def check_warm_shape(config: JobConfig, parent: tuple | None) -> None:
     check_same_shape(old, config.model.model_copy(update={"max_len": now_len}), source)
 
 
-def parent_run(config: JobConfig):
-    """``(URI, MLflow run)`` of ``train.init_from`` (``champion``: the alias's model), or None: no warm start, or
-    no champion yet (a cold start)."""
+def parent_run(config: JobConfig, champion=None):
+    """``(URI, MLflow run)`` of ``train.init_from`` (``champion``: the alias's model; ``champion`` given, a
+    :class:`pipelines.promotion.Champion`: that pinned version), or None: no warm start, or no champion yet (a cold
+    start)."""
     import mlflow
     from mlflow.exceptions import MlflowException
 
@@ -120,7 +177,11 @@ def parent_run(config: JobConfig):
     if source is None:
         return None
     setup_tracking(config.tracking)
-    if source == "champion":
+    if source == "champion" and champion is not None:
+        if champion.uri is None:
+            return None
+        source = champion.uri
+    elif source == "champion":
         source = f"models:/{config.tracking.registered_model}@{config.tracking.champion_alias}"
     try:
         return source, mlflow.MlflowClient().get_run(model_run_id(source))

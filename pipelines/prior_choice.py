@@ -152,18 +152,25 @@ def newest_period_sums(loaded, prepared_dir: Path, boundary: int) -> tuple[int, 
     return examples.height, example_grid_metrics(loaded, examples, logprior)[:, :, 0].sum(0)
 
 
-def record_newest_period(config: JobConfig, prepared_dir: Path, boundary: int | None, record: Path) -> None:
+def record_newest_period(config: JobConfig, prepared_dir: Path, boundary: int | None, record: Path,
+                         champion=None) -> None:  # fmt: skip
     """Rank the appended events with the champion under every grid point and record the day in ``record``
-    (atomically, replacing an entry of the same boundary); nothing without a boundary or a champion."""
-    from pipelines.promotion import current_champion
+    (atomically, replacing an entry of the same boundary); nothing without a boundary or a champion.
+
+    ``champion``: the run's pinned champion (:class:`pipelines.promotion.Champion`); None: the alias read now. The
+    champion is loaded by its version (``models:/NAME/V``), never by the alias read a second time.
+    """
+    from pipelines.promotion import pin_champion
     from recsys_alibi.atomic import write_json_atomic
     from recsys_alibi.tracking import ModelUriError, load_ranker
 
-    tracking = config.tracking
-    if boundary is None or current_champion(tracking.registered_model, tracking.champion_alias) is None:
+    if boundary is None:
+        return
+    champion = pin_champion(config) if champion is None else champion
+    if champion.uri is None:
         return
     try:
-        loaded = load_ranker(f"models:/{tracking.registered_model}@{tracking.champion_alias}")
+        loaded = load_ranker(champion.uri)
     except ModelUriError as err:
         log.warning("popularity prior: the champion cannot be loaded (%s); this day is not recorded", err)
         return

@@ -5,7 +5,10 @@ evaluated on the same prepared data with the same protocol (the "valid" examples
 ``evaluate.protocol``, full catalog) and compared on ``tracking.promotion_metric``. The alias moves to the new version only
 when ``new - champion > tracking.promotion_margin`` (a tie keeps the champion); otherwise the new
 version is tagged ``rejected`` with the reason. The champion is read again under a lock just before
-the alias moves, and the decision made again if it changed (overlapping pipelines). No champion yet: the new version is promoted. A
+the alias moves, and the decision made again if it changed (overlapping pipelines); the pipeline scores with the
+version the alias held when the lock was released (``GateResult.champion_uri``, ``models:/NAME/VERSION``). No
+champion yet (no such alias or registered model; any other error of the store is an error) promotes the new
+version; a champion whose MLflow run is deleted is refused with the fix named. A
 champion trained on another item vocabulary that can serve none of the validation examples, or no more
 than ``score.max_unknown_share`` of them (integer ids of two catalogs overlap by chance), is not compared: the
 reason is logged and tagged, and the new version is promoted.
@@ -40,6 +43,8 @@ log = logging.getLogger(__name__)
 VALID_PREFIX = "valid"  # version tags ``valid.NDCG_at_10`` ...; run metrics ``valid/NDCG_at_10``
 REJECTED_TAG = "rejected"
 DECISION_TAG = "promotion.decision"
+PENDING = "pending"  # DECISION_TAG of a version a pipeline registered and has not gated yet
+INCOMPLETE_TAG = "promotion.incomplete"  # why a pending version's gate did not finish (a failure the run saw)
 DATA_HASH_TAG = "lineage.data.sha256"
 CONFIG_HASH_TAG = "lineage.config_sha256"
 
@@ -157,7 +162,7 @@ class GateResult:
     version: str
     champion_version: str | None  # the version that held the alias before the gate
     champion_value: float | None  # None: no champion, or not comparable
-    champion_uri: str  # models:/NAME@ALIAS after the gate
+    champion_uri: str  # models:/NAME/VERSION: the version holding the alias when the gate released the lock
 
     def line(self) -> str:
         """``promoted``/``rejected`` with both metric values and the reason."""
@@ -215,15 +220,123 @@ def check_promotion_metric(config: JobConfig) -> None:
     )
 
 
+class ChampionLookupError(ValueError):
+    """The tracking store failed to answer which version holds the champion alias (not "there is none")."""
+
+
 def current_champion(name: str, alias: str):
-    """The model version holding ``alias`` of registered model ``name``, or None."""
+    """The model version holding ``alias`` of registered model ``name``, or None when there is no such alias or
+    registered model (no champion yet).
+
+    Raises:
+        ChampionLookupError: any other failure of the store (a transient database or server error, a name MLflow
+            refuses): one line; never read as "no champion", which would promote without a comparison.
+    """
     import mlflow
     from mlflow.exceptions import MlflowException
 
     try:
         return mlflow.MlflowClient().get_model_version_by_alias(name, alias)
-    except MlflowException:
+    except MlflowException as err:
+        if _no_such_alias(err):
+            return None
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ChampionLookupError(
+            f"cannot read the champion models:/{name}@{alias} from the tracking store {mlflow.get_tracking_uri()} "
+            f"({first}); nothing was promoted: run again when the store answers"
+        ) from None
+
+
+def _no_such_alias(err) -> bool:
+    """Whether an MLflow error of ``get_model_version_by_alias`` says the alias or the registered model does not
+    exist (MLflow: ``RESOURCE_DOES_NOT_EXIST`` for the name, ``INVALID_PARAMETER_VALUE`` "... alias X not found.")."""
+    code, text = getattr(err, "error_code", ""), str(err)
+    return code == "RESOURCE_DOES_NOT_EXIST" or (code == "INVALID_PARAMETER_VALUE" and "alias" in text
+                                                   and "not found" in text)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Champion:
+    """The version holding the champion alias when a pipeline run started, resolved once (:func:`pin_champion`):
+    the prior choice and a warm start from ``champion`` use this version, never the alias read again later
+    (another pipeline may move it meanwhile). The gate reads the alias itself, under its lock (compare-and-set)."""
+
+    name: str
+    alias: str
+    version: str | None  # None: no champion yet
+    run_id: str | None = None
+    source: str | None = None
+
+    @property
+    def uri(self) -> str | None:
+        """``models:/NAME/VERSION`` of the pinned version (None: no champion)."""
+        return None if self.version is None else f"models:/{self.name}/{self.version}"
+
+    def label(self) -> str:
+        """``the champion (version 3 of 'NAME', alias 'champion')`` for messages."""
+        return f"the champion (version {self.version} of '{self.name}', alias '{self.alias}')"
+
+
+def pin_champion(config: JobConfig) -> Champion:
+    """:class:`Champion` of ``tracking.registered_model`` / ``tracking.champion_alias`` now (MLflow's tracking URI set).
+
+    Raises:
+        ChampionLookupError: the store failed to answer (:func:`current_champion`).
+    """
+    name, alias = config.tracking.registered_model, config.tracking.champion_alias
+    held = current_champion(name, alias)
+    if held is None:
+        return Champion(name, alias, None)
+    return Champion(name, alias, _version(held), getattr(held, "run_id", None), getattr(held, "source", None))
+
+
+def pending_version(config: JobConfig, data_sha: str):
+    """The newest version of ``tracking.registered_model`` that an earlier pipeline registered on the same data
+    (``lineage.data.sha256`` ``data_sha``) with the same config (``lineage.config_sha256``) and never gated
+    (``promotion.decision=pending``: killed, or failed, between registration and the gate), or None.
+
+    A version whose run is deleted is not taken (the gate would refuse it as a champion later).
+    """
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    name = config.tracking.registered_model
+    client = mlflow.MlflowClient()
+    query = f"name='{name}' and tags.`{DECISION_TAG}` = '{PENDING}'"
+    try:
+        found = client.search_model_versions(query)
+    except MlflowException:  # a name the filter cannot quote: nothing to finish
         return None
+    want = {DATA_HASH_TAG: data_sha, CONFIG_HASH_TAG: config_sha256(config)}
+    for version in sorted(found, key=lambda v: int(v.version), reverse=True):
+        if version.status != "READY" or any(version.tags.get(k) != v for k, v in want.items()):
+            continue
+        try:
+            if version.run_id and client.get_run(version.run_id).info.lifecycle_stage == "deleted":
+                continue
+        except MlflowException:
+            continue
+        return version
+    return None
+
+
+def pending_tags(config: JobConfig, data_sha: str) -> dict[str, str]:
+    """Tags a pipeline puts on its new version as soon as it is registered: ``promotion.decision=pending`` and
+    the lineage hashes :func:`pending_version` looks for (the gate replaces the decision)."""
+    return {DECISION_TAG: PENDING, DATA_HASH_TAG: data_sha, CONFIG_HASH_TAG: config_sha256(config)}
+
+
+def tag_incomplete(config: JobConfig, version: str, err: BaseException) -> None:
+    """Tag a pending version with why its gate did not finish (best effort: the store may be what failed)."""
+    import mlflow
+
+    first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+    reason = (f"the gate did not finish ({type(err).__name__}: {first})"[:4900] + "; a pipeline run again with the "
+              "same data and config gates this version instead of training another")  # fmt: skip
+    try:
+        mlflow.MlflowClient().set_model_version_tag(config.tracking.registered_model, version, INCOMPLETE_TAG, reason)
+    except Exception:  # noqa: BLE001 - the failure being reported may be the store's
+        log.warning("promotion: could not tag version %s as incomplete (%s)", version, reason)
 
 
 def run_gate(
@@ -252,8 +365,14 @@ def run_gate(
     decision is made again against the champion now holding it. Tags and the alias move happen
     under the lock, so overlapping pipelines leave the alias on the best of them.
 
+    The result's ``champion_uri`` is ``models:/NAME/VERSION`` of the version holding the alias when the lock is
+    released (the new one when promoted, the kept champion otherwise): the pipeline scores with that version,
+    never with the alias read again (another gate may move it after this one).
+
     Raises:
         ValueError: the promotion metric is not among the evaluated metrics (check ``evaluate.ks``).
+        ChampionLookupError: the store failed to say which version holds the alias (:func:`current_champion`).
+        ModelUriError: the champion's MLflow run is deleted (:func:`champion_run_deleted`): refused, not compared.
         ChampionUnavailable: the champion's model cannot be loaded (its artifacts are gone).
         PromotionLockTimeout: another gate held the lock for too long (the alias is untouched).
     """
@@ -280,6 +399,7 @@ def run_gate(
             decision, champion_value = _against(config, held, new_metrics[metric], items, sequences, real_timestamps)
         held_version = _version(held)
         _record(client, config, new_version, new_metrics, held_version, champion_value, decision)
+        settled = new_version if decision.promote else held_version  # the alias's version as the lock is released
     return GateResult(
         decision=decision,
         metric=metric,
@@ -288,7 +408,7 @@ def run_gate(
         version=new_version,
         champion_version=held_version,
         champion_value=champion_value,
-        champion_uri=f"models:/{name}@{alias}",
+        champion_uri=f"models:/{name}/{settled}",
     )
 
 
@@ -300,14 +420,20 @@ def _version(model_version) -> str | None:
 def _against(config: JobConfig, held, new_value: float, items: pl.DataFrame, sequences: pl.DataFrame,
              real_timestamps: bool) -> tuple[Decision, float | None]:  # fmt: skip
     """The decision against the champion ``held`` (a model version or None) and its metric value."""
-    from recsys_alibi.tracking import ModelUriError, load_ranker
+    from recsys_alibi.tracking import ModelUriError, check_live_run, load_ranker
 
     tracking = config.tracking
     held_version = _version(held)
     if held is None:
         return Decision(True, "no champion yet"), None
+    uri = f"models:/{tracking.registered_model}/{held_version}"
     try:
-        champion = load_ranker(f"models:/{tracking.registered_model}/{held_version}")
+        check_live_run(uri)
+    except ModelUriError:  # a retired champion (its run deleted) is refused, never compared nor replaced
+        raise ModelUriError(champion_run_deleted(tracking.registered_model, tracking.champion_alias, held_version,
+                                                 getattr(held, "run_id", None))) from None  # fmt: skip
+    try:
+        champion = load_ranker(uri)
     except ModelUriError:
         raise ChampionUnavailable(
             f"the champion (version {held_version} of '{tracking.registered_model}', alias '{tracking.champion_alias}') "
@@ -324,6 +450,14 @@ def _against(config: JobConfig, held, new_value: float, items: pl.DataFrame, seq
         log.warning("promotion: %s", decision.reason)
         return decision, None
     return against_loaded(config, champion, f"v{held_version}", new_value, items, sequences)
+
+
+def champion_run_deleted(name: str, alias: str, version: str | None, run_id: str | None) -> str:
+    """The one line that refuses a champion whose MLflow run is deleted, naming every fix (the gate and the
+    pipeline's preflight: a retired champion is never compared, replaced or served)."""
+    return (f"the champion (version {version} of '{name}', alias '{alias}'): MLflow run {run_id} is deleted; restore it "
+            f"(`mlflow runs restore --run-id {run_id}`), point the alias '{alias}' at another version, or delete the "
+            "alias (the next version is then promoted without a comparison), then run again")
 
 
 def against_loaded(config: JobConfig, champion, label: str, new_value: float, items: pl.DataFrame,
@@ -443,6 +577,8 @@ def _record(client, config: JobConfig, new_version: str, new_metrics: dict[str, 
     tags[DECISION_TAG] = "promoted" if decision.promote else "rejected"
     for key, value in tags.items():
         client.set_model_version_tag(name, new_version, key, value)
+    if INCOMPLETE_TAG in client.get_model_version(name, new_version).tags:  # an earlier run's gate failed: now done
+        client.delete_model_version_tag(name, new_version, INCOMPLETE_TAG)
     if decision.promote:
         client.set_registered_model_alias(name, alias, new_version)
     else:

@@ -68,10 +68,15 @@ class TrainJobResult:
     resumed_from: str | None = None  # the last.ckpt this run continued
     prepare_id: str | None = None  # the prepare of the directory it trained on (None: no manifest)
     warm_start: WarmStart | None = None  # what train.init_from started from (None: from scratch, not asked)
+    ungated: bool = False  # not trained now: an earlier pipeline's version of this data and config, never gated
 
     def summary(self) -> str:
         if self.rank != 0 or self.model is None:
             return ""
+        if self.ungated:
+            return (f"not trained again: version {self.model.version} (model runs:/{self.run_id}/model) was trained "
+                    "and registered by an earlier pipeline run on this data with this config, which stopped before "
+                    f"its gate; best validation NDCG@10 {self.best_val_ndcg_at_10:.4f}; gating it now")  # fmt: skip
         version = f", version {self.model.version}" if self.model.version else ""
         where = f" on {self.world_size} processes" if self.world_size > 1 else ""
         resumed = f" (resumed from {self.resumed_from})" if self.resumed_from else ""
@@ -105,8 +110,13 @@ def training_callbacks(config: JobConfig) -> list:
     return []
 
 
-def run_train(config: JobConfig, prepared_dir: str | Path, *, progress: bool = True, register: bool = True) -> TrainJobResult:
+def run_train(config: JobConfig, prepared_dir: str | Path, *, progress: bool = True, register: bool = True,
+              champion=None, version_tags: dict[str, str] | None = None) -> TrainJobResult:  # fmt: skip
     """Train on ``prepared_dir`` and log everything to a new (or the resumed) MLflow run.
+
+    ``champion``: the pipeline's pinned champion for ``train.init_from=champion``
+    (:func:`pipelines.init_from.resolve_warm_start`). ``version_tags``: set on the registered version as soon as
+    it is registered (the pipeline's ``promotion.decision=pending``, :func:`pipelines.promotion.pending_tags`).
 
     Call it on every training process; rank 0 does the tracking. ``model.max_len: auto`` is
     resolved from the data first (:func:`recsys_alibi.training.data_rules.resolve_max_len`).
@@ -132,7 +142,7 @@ def run_train(config: JobConfig, prepared_dir: str | Path, *, progress: bool = T
     checkpoints = Path(config.output) / "checkpoints"
     rank = launch_rank(config.train.devices)
     resume = _resumable(config, checkpoints, datamodule, prepared_dir, rank) if config.train.resume else None
-    config, warm = resolve_warm_start(config, prepared_dir, resume)  # train.init_from, refused before training
+    config, warm = resolve_warm_start(config, prepared_dir, resume, champion)  # train.init_from, refused before training
     callbacks = training_callbacks(config) + (warm.callbacks() if warm else [])
     if rank != 0:  # the checkpoint directory is rank 0's (ModelCheckpoint broadcasts it)
         for name in ("recsys_alibi", "pipelines", "serving"):  # INFO lines come from rank 0 only
@@ -154,7 +164,7 @@ def run_train(config: JobConfig, prepared_dir: str | Path, *, progress: bool = T
                  "continues it when it trained on this data; this run starts a new one", unfinished.parent)  # fmt: skip
     setup_tracking(config.tracking)
     return _train_and_track(config, prepared_dir, datamodule, checkpoints, resume, callbacks, warm, progress=progress,
-                            register=register)  # fmt: skip
+                            register=register, version_tags=version_tags)  # fmt: skip
 
 
 def _check_rank(launch: int, is_global_zero: bool) -> None:
@@ -178,6 +188,7 @@ def _train_and_track(
     *,
     progress: bool,
     register: bool,
+    version_tags: dict[str, str] | None = None,
 ) -> TrainJobResult:
     """Rank 0's part of ``run_train``: the MLflow run around ``fit_ranker``, then the model."""
     import mlflow
@@ -226,6 +237,10 @@ def _train_and_track(
         registered = config.tracking.registered_model if register else None
         pyfunc = pyfunc_flavour(fit.module.model, items, k=config.score.k, exclude_seen=config.score.exclude_seen)
         logged = log_ranker(fit.module.model, items, registered, Path(config.output) / "model" / run_id, pyfunc=pyfunc)
+        if logged.version is not None and version_tags:  # at once: a run killed before its gate leaves it pending
+            client = mlflow.MlflowClient()
+            for key, value in version_tags.items():
+                client.set_model_version_tag(registered, logged.version, key, value)
     return TrainJobResult(
         run_id=run_id,
         model=logged,

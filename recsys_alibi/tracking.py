@@ -219,6 +219,8 @@ def local_store_path(uri: str) -> Path | None:
     """
     parsed = urlparse(uri)
     if parsed.scheme == "sqlite":
+        if "://" not in uri:  # sqlite:/x.db: no store MLflow reads (check_tracking_uri names the fix)
+            return None
         path = unquote(uri.split("://", 1)[1].split("?", 1)[0])[1:]  # drop the '/' that ends the empty host
         return None if path in ("", ":memory:") else Path(path)
     if parsed.scheme in ("file", ""):
@@ -430,26 +432,40 @@ def load_ranker_dir(local: Path) -> LoadedRanker:
 
 
 def check_live_run(model_uri: str) -> None:
-    """Refuse ``runs:/ID/...`` when run ID is deleted in the tracking store.
+    """Refuse a model URI whose MLflow run is deleted in the tracking store: ``runs:/ID/...``, and the registry's
+    ``models:/NAME/VERSION`` and ``models:/NAME@ALIAS`` (the run of that version).
 
     MLflow deletes runs softly: the model still loads until ``mlflow gc`` removes it, but the run is
-    gone from the UI and from searches, so a job (a warm start, a scoring) that used it would build
-    on a model nobody can inspect any more. Registry URIs (``models:/``) are not checked: a
-    registered version stays until it is deleted from the registry.
+    gone from the UI and from searches, so a job (a warm start, a scoring, the gate's champion) that used it
+    would build on a model nobody can inspect any more. A registered version outlives its run in the
+    registry, so a ``models:/`` URI is refused the same way as the ``runs:/`` form (one line, the same fix).
 
     Raises:
         ModelUriError: the run is deleted (one line naming it and how to restore it).
-        MlflowException: the run is not in the store.
+        MlflowException: a ``runs:/`` run that is not in the store. A ``models:/`` URI that does not
+            resolve is left to the loader (its own message names what is missing).
     """
     import mlflow
+    from mlflow.exceptions import MlflowException
 
-    if not model_uri.startswith("runs:/"):
+    if model_uri.startswith("runs:/"):
+        run_id = model_uri[len("runs:/") :].split("/")[0]
+        stage = mlflow.MlflowClient().get_run(run_id).info.lifecycle_stage
+    elif model_uri.startswith("models:/"):
+        try:
+            run_id = model_run_id(model_uri)
+            stage = mlflow.MlflowClient().get_run(run_id).info.lifecycle_stage if run_id else None
+        except MlflowException:  # no such name, version or alias (or a run gone for good): the loader says which
+            return
+    else:
         return
-    run_id = model_uri[len("runs:/") :].split("/")[0]
-    if mlflow.MlflowClient().get_run(run_id).info.lifecycle_stage == "deleted":
-        raise ModelUriError(
-            f"MLflow run {run_id} is deleted; restore it (`mlflow runs restore --run-id {run_id}`) or use another model"
-        )
+    if stage == "deleted":
+        raise ModelUriError(deleted_run_message(run_id))
+
+
+def deleted_run_message(run_id: str) -> str:
+    """The one line that refuses a model of a deleted MLflow run (every URI form, the gate's champion too)."""
+    return f"MLflow run {run_id} is deleted; restore it (`mlflow runs restore --run-id {run_id}`) or use another model"
 
 
 @contextlib.contextmanager
