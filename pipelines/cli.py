@@ -9,14 +9,16 @@ them, so ``--help`` and ``prepare`` start fast.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
+import signal
 import sys
+import threading
 import warnings
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
-from pipelines.collisions import Output, check_apart, local_model_path
 from pipelines.outputs import (
     EXIT_FAILURE,
     EXIT_USER_ERROR,
@@ -31,9 +33,13 @@ from pipelines.outputs import (
     forget_new_folders,
     remove_new_empty_folders,
 )
-from recsys_alibi.config import ConfigError, JobConfig, load_config
+
+if TYPE_CHECKING:
+    from recsys_alibi.config import JobConfig
 
 log = logging.getLogger("recsys_alibi")
+
+EXIT_SIGINT, EXIT_SIGTERM = 128 + signal.SIGINT, 128 + signal.SIGTERM  # what a shell reports for a process they ended
 
 
 RESUME_HELP = (
@@ -67,17 +73,6 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str):  # noqa: D102 - argparse's hook
         self.exit(EXIT_USER_ERROR, f"error: {message} (see {self.prog} --help)\n")
-
-
-def _say_replaced_overrides(overrides: list[str]) -> None:
-    """Say which ``--set`` replaces an earlier one of the same key: the later one wins (a base command with
-    overrides laid over it), and it no longer does so without a word."""
-    earlier: dict[str, str] = {}
-    for text in overrides:
-        key = text.split("=", 1)[0].strip()
-        if key in earlier and earlier[key] != text:
-            log.warning("--set %s given twice: %r replaces %r", key, text, earlier[key])
-        earlier[key] = text
 
 
 EMPTY_PATH = "an empty path (an unset variable?); give a path"
@@ -209,11 +204,16 @@ def _check_given_paths(args: argparse.Namespace) -> None:
         check_given_path(getattr(args, dest, None), flag)
 
 
+CONFIG_INPUT = ("data.input (from the config, or --input PATH; a relative path is read from the working directory, "
+                "not from the config's folder)")
+
+
 def _default_prepared(config: JobConfig, given: Path | None) -> Path:
     return given or Path(config.output) / "prepared"
 
 
 def _cmd_generate(config: JobConfig, args) -> str:
+    from pipelines.collisions import Output, check_apart
     from pipelines.data_steps import run_generate, run_generate_days
 
     if config.generate.days is not None:
@@ -227,11 +227,16 @@ def _cmd_generate(config: JobConfig, args) -> str:
 
 def _cmd_prepare(config: JobConfig, args) -> str:
     from pipelines.data_steps import run_prepare
+    from recsys_alibi.data.formats import resolve_paths
 
+    given = config.data.input if args.input is None else None
+    if given is not None and not os.path.lexists(given):  # missing (or a glob): named as the config gave it
+        resolve_paths(given, "input", CONFIG_INPUT)
     return run_prepare(config, args.input, check_output_dir(_default_prepared(config, args.output))).summary()
 
 
 def _cmd_train(config: JobConfig, args) -> str:
+    from pipelines.collisions import Output, check_apart
     from pipelines.train import run_train
 
     check_output_dir(config.output, "output (checkpoints)")
@@ -244,6 +249,7 @@ def _cmd_train(config: JobConfig, args) -> str:
 
 
 def _cmd_evaluate(config: JobConfig, args) -> str:
+    from pipelines.collisions import Output, check_apart, local_model_path
     from pipelines.evaluate import run_evaluate
     from recsys_alibi.evaluation.report import format_metrics_table
 
@@ -255,6 +261,7 @@ def _cmd_evaluate(config: JobConfig, args) -> str:
 
 
 def _cmd_score(config: JobConfig, args) -> str:
+    from pipelines.collisions import Output, check_apart, local_model_path
     from serving.engines import run_score  # score.engine's engine; an overwrite replaces the rankings as a whole
 
     output = check_output_dir(args.output or Path(config.output) / "rankings")
@@ -268,6 +275,7 @@ def _cmd_score(config: JobConfig, args) -> str:
 
 
 def _cmd_export(config: JobConfig, args) -> str:
+    from pipelines.collisions import Output, check_apart, local_model_path
     from serving.export import run_export
 
     output = check_output_dir(args.output or Path(config.output) / "export")
@@ -294,7 +302,9 @@ def _cmd_pipeline(config: JobConfig, args) -> str:
 
 
 def _cmd_diagnose(config: JobConfig, args) -> str:
+    from pipelines.collisions import Output, check_apart, local_model_path
     from pipelines.diagnose import run_diagnose
+    from recsys_alibi.config import ConfigError
 
     if args.model_uri is not None and args.heads is not None:  # it was dropped without a word
         raise ConfigError(f"--heads {args.heads}: with --model-uri the heads are the model's own; drop --heads (--max-len "
@@ -371,7 +381,90 @@ class _DropStartingWith(logging.Filter):
         return not record.getMessage().startswith(self.start)
 
 
+def _check_model_uri_form(uri: str | None) -> None:
+    """A ``runs:/`` or ``models:/`` URI that MLflow would refuse with its own internals (``Not a proper runs:/
+    URI``, ``No such artifact: 'MLmodel'``): a run without the model's path, or a trailing ``/``; named with the fix.
+
+    Raises:
+        ValueError: one line with the URI to give instead.
+    """
+    if uri is None or not uri.startswith(("runs:/", "models:/")):
+        return
+    fixed = uri.rstrip("/")
+    scheme, _, rest = fixed.partition(":/")
+    if scheme == "runs" and rest and "/" not in rest:  # runs:/ID: the run, not the model logged in it
+        raise ValueError(f"cannot load model '{uri}': runs:/RUN_ID names a run, not a model; give {fixed}/model "
+                         "(the path `recsys-alibi train` logs the model at)")  # fmt: skip
+    if fixed != uri and rest:
+        raise ValueError(f"cannot load model '{uri}': a model URI has no trailing '/'; give {fixed}")
+
+
+REGISTERING = ("train", "pipeline")  # the commands that register tracking.registered_model
+
+
+def _check_tracking_names(config: JobConfig, args: argparse.Namespace) -> None:
+    """Before any work: a registered model name whose promotion lock file cannot exist beside the local store
+    (:func:`pipelines.registry_lock.check_lock_name`), in the commands that register it."""
+    if args.command not in REGISTERING:
+        return
+    from pipelines.registry_lock import check_lock_name
+    from recsys_alibi.tracking import tracking_uri
+
+    check_lock_name(tracking_uri(config.tracking), config.tracking.registered_model)
+
+
+def _changed(section) -> list[str]:
+    """The keys of a config section that are away from their defaults."""
+    default = type(section)()
+    return [key for key in type(section).model_fields if getattr(section, key) != getattr(default, key)]
+
+
+def _say_unused(config: JobConfig, args: argparse.Namespace) -> None:
+    """One warning line for each setting this command will not use, so that no run logs a value it never used
+    without saying so: ``tracking.uri`` under ``MLFLOW_TRACKING_URI``, ``score.ray.*`` with the local engine,
+    ``generate.*`` in a pipeline that reads ``data.input``."""
+    command = args.command
+    env_uri = os.environ.get("MLFLOW_TRACKING_URI")
+    tracked = command not in ("generate", "prepare") and (command != "diagnose" or args.model_uri is not None)
+    if tracked and env_uri and config.tracking.uri is not None and env_uri != config.tracking.uri:
+        log.warning("MLFLOW_TRACKING_URI=%s overrides tracking.uri=%s: the runs go to %s; unset MLFLOW_TRACKING_URI "
+                    "to use tracking.uri", env_uri, config.tracking.uri, env_uri)  # fmt: skip
+    ray = _changed(config.score.ray)
+    if command in ("score", "pipeline") and config.score.engine == "local" and ray:
+        log.warning("%s: not used with score.engine=local (they set up --engine ray)",
+                    ", ".join(f"score.ray.{key}" for key in ray))  # fmt: skip
+    generate = [key for key in _changed(config.generate) if key != "enabled"]
+    if command == "pipeline" and not config.generate.enabled and generate:
+        log.warning("%s: not used with generate.enabled=false (the pipeline reads data.input)",
+                    ", ".join(f"generate.{key}" for key in generate))  # fmt: skip
+
+
+class _Terminated(BaseException):
+    """SIGTERM outside a fit: ends the command as Ctrl-C does (a BaseException, so no ``except Exception`` keeps it)."""
+
+
+def _on_sigterm(signum, frame) -> None:  # noqa: ARG001 - the signal module's signature
+    if signal.getsignal(signal.SIGTERM) is not _on_sigterm:  # called by a handler set over it: Lightning's, which
+        return  # stops a fit at the end of its batch (recsys_alibi.training.fit says so)
+    raise _Terminated
+
+
+@contextlib.contextmanager
+def _sigterm_ends_the_command() -> Iterator[None]:
+    """SIGTERM raises :class:`_Terminated` in the block (it ended the process without a word: exit 143, no line);
+    a SIGTERM the process ignores stays ignored."""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) == signal.SIG_IGN:
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def _user_errors() -> tuple[type[BaseException], ...]:
+    from recsys_alibi.config import ConfigError
     from recsys_alibi.data.ingest import DataError
     from recsys_alibi.tracking import ModelUriError
 
@@ -393,7 +486,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     run would have created are removed again when empty; a full disk is one line and
     code 1 (:func:`pipelines.outputs.describe_os_error`). ``pipeline`` is a scheduled job: 0 when the
     new model was promoted or the champion kept, 2 on a user error, 1 on any other failure (logged
-    with its traceback) instead of raising.
+    with its traceback) instead of raising. Ctrl-C and SIGTERM, at any step, are one line and codes 130 / 143
+    (in training, :func:`recsys_alibi.training.fit.fit_ranker` says so with the checkpoint to resume from).
     """
     parser = build_parser()
     args, unknown = parser.parse_known_args(argv)
@@ -402,9 +496,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     configure_logging()
     forget_new_folders()
     try:
+        with _sigterm_ends_the_command():
+            return _run(args)
+    except (KeyboardInterrupt, _Terminated) as stop:  # anywhere: imports, prepare, evaluate, score, ...
+        remove_new_empty_folders()
+        name, code = ("SIGTERM", EXIT_SIGTERM) if isinstance(stop, _Terminated) else ("Ctrl-C (SIGINT)", EXIT_SIGINT)
+        print(f"error: {args.command} stopped by {name} before it finished", file=sys.stderr)
+        return code
+
+
+def _run(args: argparse.Namespace) -> int:
+    """:func:`main` after parsing: load the config, run the command, turn errors into one line and a code."""
+    from recsys_alibi.config import load_config  # here, not at import: Ctrl-C while pydantic loads is one line too
+
+    try:
         _check_given_paths(args)
-        _say_replaced_overrides(args.overrides)
-        config = load_config(args.config, args.overrides, _flag_values(args))
+        _check_model_uri_form(getattr(args, "model_uri", None))
+        config = load_config(args.config, args.overrides, _flag_values(args))  # says which setting replaced which
+        _check_tracking_names(config, args)
+        _say_unused(config, args)
         summary = COMMANDS[args.command](config, args)
     except _user_errors() as err:
         remove_new_empty_folders()  # a refused run leaves no empty output folder behind

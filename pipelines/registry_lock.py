@@ -35,6 +35,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+from recsys_alibi.config import ConfigError
 from recsys_alibi.tracking import local_store_path
 
 log = logging.getLogger(__name__)
@@ -53,6 +54,30 @@ def lock_file(store: Path, model_name: str) -> Path:
     """``<store>.promotion-<model>.lock`` beside the store (the name made file-safe)."""
     safe = re.sub(r"[^A-Za-z0-9_.-]", "_", model_name)
     return store.with_name(f"{store.name}.promotion-{safe}.lock")
+
+
+NAME_MAX = 255  # bytes in one file name (ext4, xfs, APFS, NTFS)
+
+
+def check_lock_name(uri: str, model_name: str) -> None:
+    """Refuse a registered model name whose promotion lock file (:func:`lock_file`) could not be created beside the
+    local store at ``uri``: the pipeline would find out after registering the version, before its gate.
+
+    Raises:
+        ConfigError: one line naming ``tracking.registered_model`` and the longest name that fits.
+    """
+    store = local_store_path(uri)
+    if store is None:  # a tracking server: a lease tag, no file
+        return
+    name = lock_file(store, model_name).name
+    length = len(name.encode())
+    if length > NAME_MAX:
+        longest = NAME_MAX - (length - len(model_name))  # file-safe names have one byte per character
+        raise ConfigError(
+            f"invalid config at 'tracking.registered_model': a name of {len(model_name)} characters makes the "
+            f"promotion lock file beside {store.name} {length} bytes long, over the {NAME_MAX} bytes a file name "
+            f"may have; use a name of at most {max(longest, 0)} characters"
+        )
 
 
 @contextlib.contextmanager

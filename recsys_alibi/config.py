@@ -19,13 +19,17 @@ from __future__ import annotations
 
 import difflib
 import errno
+import logging
 import re
+import typing
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from recsys_alibi.config_reader import ConfigError, read_yaml
+
+log = logging.getLogger(__name__)
 
 ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps")  # Lightning's, less tpu (needs torch_xla, not installed)
 STRATEGIES = (
@@ -369,7 +373,7 @@ class WarmConfig(_Section):
     new_item_rows: Literal["context", "noise"] = "context"
 
 
-INIT_FROM = re.compile(r"champion|runs:/[^/\s]+/.+|models:/[^/@\s]+(/\d+|@[A-Za-z0-9_\-]+)")
+INIT_FROM = re.compile(r"champion|runs:/[^/\s]+/.*[^/]|models:/[^/@\s]+(/\d+|@[A-Za-z0-9_\-]+)")  # no trailing /
 
 
 class TrainConfig(_Section):
@@ -418,7 +422,8 @@ class TrainConfig(_Section):
     def _model_uri(cls, value: str | None) -> str | None:
         if value is None or INIT_FROM.fullmatch(value):
             return value
-        raise ValueError("must be runs:/RUN_ID/model, models:/NAME/VERSION, models:/NAME@ALIAS or champion")
+        fix = f" (without the trailing '/': {value.rstrip('/')})" if value.endswith("/") else ""
+        raise ValueError(f"must be runs:/RUN_ID/model, models:/NAME/VERSION, models:/NAME@ALIAS or champion{fix}")
 
     @field_validator("limit_train_batches")
     @classmethod
@@ -570,6 +575,13 @@ class PopularityPriorConfig(_Section):
     # and a pipeline that does not append use the two above
     choose: bool = True
 
+    @model_validator(mode="after")
+    def _half_life_needs_weight(self) -> "PopularityPriorConfig":
+        """Weight 0 and no choice: no prior is ever added, so a half-life would be logged and never used."""
+        needs = "score.popularity_prior.weight > 0 or score.popularity_prior.choose=true"
+        self._refuse_ignored("score.popularity_prior", (("half_life_days", self.weight > 0 or self.choose, needs),))
+        return self
+
     @field_validator("weight", mode="before")
     @classmethod
     def _inf_weight(cls, value: Any) -> Any:
@@ -632,6 +644,13 @@ class ExportConfig(_Section):
     recall_queries: int = Field(1_000, ge=0)  # user vectors used as queries for that measurement
 
 
+MAX_EXPERIMENT_NAME = 500  # MLflow's limits (mlflow.utils.validation), checked at load, not after training
+MAX_ALIAS = 255
+# the registry's name column (String(256)); on a local store the promotion lock file's name is shorter still
+# (pipelines.registry_lock.check_lock_name)
+MAX_REGISTERED_NAME = 256
+
+
 class TrackingConfig(_Section):
     """MLflow; ``MLFLOW_TRACKING_URI`` overrides ``uri``; None means sqlite under the working dir."""
 
@@ -640,13 +659,44 @@ class TrackingConfig(_Section):
     registered_model: str = "recsys-alibi-ranker"
     champion_alias: str = "champion"  # registry alias the pipeline moves to a better model; scoring loads it
     promotion_metric: str = "NDCG@10"  # compared on leave-one-out validation examples (a name in evaluate.ks)
-    promotion_margin: float = 0.0  # promote only when new - champion > margin (a tie keeps the champion)
+    # promote only when new - champion > margin (a tie keeps the champion); below 0 a worse model would be promoted
+    promotion_margin: float = Field(0.0, ge=0.0)
+
+    @field_validator("experiment")
+    @classmethod
+    def _experiment_name(cls, name: str) -> str:
+        if not name.strip():
+            raise ValueError("the experiment name must not be empty or only whitespace")
+        if len(name) > MAX_EXPERIMENT_NAME:
+            raise ValueError(f"the experiment name has {len(name)} characters; MLflow takes at most "
+                             f"{MAX_EXPERIMENT_NAME}")
+        return name
+
+    @field_validator("registered_model")
+    @classmethod
+    def _registry_name(cls, name: str) -> str:
+        """What MLflow's registry refuses (after training, with a traceback), and ``@``, which would end the name in
+        the ``models:/NAME@ALIAS`` URI the pipeline scores with."""
+        if not name.strip():
+            raise ValueError("the registered model name must not be empty or only whitespace")
+        bad = next((c for c in "/:@" if c in name), None)
+        if bad is not None:
+            raise ValueError(f"a registered model name cannot hold '{bad}' (MLflow refuses '/' and ':', and '@' would "
+                             "end the name in models:/NAME@ALIAS); choose another name")  # fmt: skip
+        if name in (".", ".."):
+            raise ValueError(f"'{name}' is no registered model name MLflow takes; choose another name")
+        if len(name) > MAX_REGISTERED_NAME:
+            raise ValueError(f"the registered model name has {len(name)} characters; the registry takes at most "
+                             f"{MAX_REGISTERED_NAME}")  # fmt: skip
+        return name
 
     @field_validator("champion_alias")
     @classmethod
     def _alias_not_reserved(cls, alias: str) -> str:
         if not re.fullmatch(r"[A-Za-z0-9_\-]+", alias):
             raise ValueError("a registry alias has only letters, digits, '_' and '-'")
+        if len(alias) > MAX_ALIAS:
+            raise ValueError(f"the alias has {len(alias)} characters; MLflow takes at most {MAX_ALIAS}")
         if alias.lower() == "latest" or (alias[:1] in "vV" and alias[1:].isdigit()):
             raise ValueError(f"'{alias}' is reserved by the MLflow registry (latest, v1, v2 ...); choose another name")
         return alias
@@ -786,12 +836,52 @@ def check_warm_schedule(config: JobConfig) -> None:
         )
 
 
+def check_given_model_keys(config: JobConfig) -> None:
+    """Refuse model keys that act only with another, given without it: ``model.sinks`` (first events kept visible
+    outside ``model.window``) and ``model.max_len_quantile`` / ``model.max_len_cap`` (the rule of ``model.max_len:
+    auto``). Checked on the config as given, not in :class:`ModelConfig`: ``train`` replaces ``auto`` by the
+    number it resolves to (:func:`recsys_alibi.training.data_rules.resolve_max_len`) and keeps the rule's keys.
+
+    Raises:
+        ConfigError: one line naming the key, the setting it needs and the command line's fix.
+    """
+    model = config.model
+    auto = model.max_len == "auto"
+    try:
+        model._refuse_ignored("model", (
+            ("sinks", model.window is not None, "model.window"),
+            ("max_len_quantile", auto, "model.max_len=auto"),
+            ("max_len_cap", auto, "model.max_len=auto"),
+        ))  # fmt: skip
+    except ValueError as err:
+        raise ConfigError(f"invalid config at 'model': {err}") from None
+
+
+def _holds_keys(keys: list[str]) -> bool:
+    """Whether the config key ``keys`` may hold sub-keys: a section, a mapping (``data.item_features.ranges``)
+    or a key the config does not have (refused by name when validated); False for a single value."""
+    model: type[BaseModel] = JobConfig
+    for key in keys:
+        field = model.model_fields.get(key)
+        if field is None:
+            return True
+        section = _section_type(model, key)
+        if section is None:
+            return typing.get_origin(field.annotation) is dict
+        model = section
+    return True
+
+
 def _set_dotted(tree: dict[str, Any], dotted: str, value: Any, origin: str) -> None:
     keys = dotted.split(".")
     if not all(k.strip() for k in keys):
         raise ConfigError(f"{origin}: '{dotted}' is not a dotted key (e.g. model.n_layers)")
     node = tree
     for depth, key in enumerate(keys[:-1]):
+        if not _holds_keys(keys[: depth + 1]):  # model.d_model.x: it read "Input should be a valid integer"
+            where = ".".join(keys[: depth + 1])
+            raise ConfigError(f"{origin}: cannot set {dotted}: a sub-key was set on a single value ('{where}' is "
+                              f"one value, not a section of keys); set it as {where}=VALUE")  # fmt: skip
         child = node.get(key)
         if child is None:  # absent, or a section written with no keys (YAML null): its defaults
             child = node[key] = {}
@@ -803,6 +893,54 @@ def _set_dotted(tree: dict[str, Any], dotted: str, value: Any, origin: str) -> N
             )
         node = child
     node[keys[-1]] = value
+
+
+def _leaves(value: Any, key: str = "") -> list[str]:
+    """The dotted keys a value gives: a mapping's keys at any depth (none for an empty one), else ``key`` itself."""
+    if isinstance(value, dict):
+        return [leaf for sub, v in value.items() for leaf in _leaves(v, f"{key}.{sub}" if key else str(sub))]
+    return [key] if key else []
+
+
+class _Givers:
+    """Who gave each dotted key (the config file, a ``--set``, a flag), so that a later one that replaces it says so
+    in one warning line: a ``--set`` or flag over an earlier ``--set`` of the key (also a section's mapping over
+    ``--set section.key``, or the reverse), and a mapping that replaces a section as a whole, sending the keys
+    the file or an earlier ``--set`` gave it back to their defaults (``{}`` or null clears it: said only for
+    ``--set`` keys). A flag over the file's value is what flags are for: not said."""
+
+    def __init__(self, tree: dict[str, Any], path: Path | None) -> None:
+        self.by: dict[str, tuple[str, str]] = {leaf: ("file", str(path)) for leaf in _leaves(tree)}
+
+    def give(self, key: str, value: Any, giver: tuple[str, str]) -> None:
+        """Record that ``giver`` (``("set", TEXT)`` or ``("flag", TEXT)``) set ``key`` to ``value``; warn as above."""
+        under = {leaf: by for leaf, by in self.by.items() if leaf == key or leaf.startswith(key + ".")}
+        new = set(_leaves(value, key))
+        for leaf in under:
+            del self.by[leaf]
+        self.by.update(dict.fromkeys(new, giver))
+        clears = value is None or value == {}
+        replaced: dict[str, list[str]] = {}
+        dropped: dict[tuple[str, str], list[str]] = {}
+        for leaf, by in under.items():
+            if leaf in new or leaf == key:
+                if by[0] == "set" and by != giver:
+                    replaced.setdefault(by[1], []).append(leaf)
+            elif by[0] == "set" or not clears:
+                dropped.setdefault(by, []).append(leaf)
+        kind, text = giver
+        for old, leaves in replaced.items():
+            if kind == "flag":
+                log.warning("%s over --set %s: a flag wins over a --set of its key; give one of them", text, old)
+            else:
+                log.warning("--set %s given twice: %r replaces %r", ", ".join(leaves), text, old)
+        if dropped:
+            named = " and ".join(f"{', '.join(leaves)} (from {'--set ' if by[0] == 'set' else ''}{by[1]})"
+                                 for by, leaves in dropped.items())  # fmt: skip
+            one = sum(map(len, dropped.values())) == 1
+            log.warning("--set %s gives %s as a whole: %s %s back to %s; give %s in the mapping too, or set single "
+                        "keys with --set %s.KEY=VALUE", text, key, named, "goes" if one else "go",
+                        "its default" if one else "their defaults", "it" if one else "them", key)  # fmt: skip
 
 
 def parse_override(text: str) -> tuple[str, Any]:
@@ -899,6 +1037,12 @@ def _validate(tree: dict[str, Any]) -> JobConfig:
         value = errors[0]["input"]
         shown = errors[0]["type"] in {"missing", "extra_forbidden"} or isinstance(value, dict)  # a section: named above
         given = "" if shown else f" (got {value!r:.80})"
+        if errors[0]["type"] == "string_type" and isinstance(value, (bool, int, float)):  # YAML made text a number
+            read_as = "true, false, yes, no, on and off as booleans" if isinstance(value, bool) else "it as a number"
+            example = "..." if isinstance(value, bool) else value
+            in_list = any(isinstance(part, int) for part in errors[0]["loc"])  # an item of a list: no one-key example
+            given = (f" (got {yaml_word(value)}: YAML reads {read_as}; quote the value to give text"
+                     + ("" if in_list else f", e.g. --set \"{where}='{example}'\"") + ")")  # fmt: skip
         raise ConfigError(f"invalid config at '{where}': {message}{given}") from None
 
 
@@ -922,12 +1066,17 @@ def load_config(
             last switch: :func:`check_warm_schedule`); one line naming the key (or file, line, column) and the fix.
     """
     tree = _read_file(Path(path)) if path is not None else {}
+    givers = _Givers(tree, path)
     for text in overrides:
-        _set_dotted(tree, *parse_override(text), origin=f"--set {text}")
+        key, value = parse_override(text)
+        _set_dotted(tree, key, value, origin=f"--set {text}")
+        givers.give(key, value, ("set", text))
     for key, (flag, value) in (flags or {}).items():
         _set_dotted(tree, key, value, origin=f"{flag} (sets {key})")
+        givers.give(key, value, ("flag", f"{flag} sets {key}={yaml_word(value)}"))
     try:
         config = _validate(tree)
+        check_given_model_keys(config)
         check_warm_schedule(config)
         return config
     except ConfigError as err:

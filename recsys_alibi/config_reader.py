@@ -36,6 +36,11 @@ class _StrictLoader(yaml.SafeLoader):
             if key_node.tag == "tag:yaml.org,2002:merge":  # flattened by the safe loader's own construct_mapping
                 continue
             key = self.construct_object(key_node, deep=True)
+            if isinstance(key, (list, dict)):  # `? [a]` / `? {a: 1}`: a key YAML allows, no config key can be
+                kind = "list" if isinstance(key, list) else "mapping"
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"a mapping key must be a plain value (a name), not a {kind}", key_node.start_mark
+                )
             if key in seen:
                 raise yaml.constructor.ConstructorError(
                     None, None, f"key '{key}' is given twice in one mapping", key_node.start_mark

@@ -224,6 +224,12 @@ IGNORED_UNLESS = [  # (the key given, shown as, the setting it needs, that setti
      "evaluate.protocol=temporal", "evaluate.temporal_cutoff=null"),
     ("generate.distance=10", "generate.distance=10", "generate.task=long-range", "generate.task=long-range",
      "generate.distance=64"),
+    # break-config-s66 finding 3: accepted, ignored, and logged as run params
+    ("model.sinks=4", "model.sinks=4", "model.window", "model.window=16", "model.sinks=0"),
+    ("model.max_len_cap=60", "model.max_len_cap=60", "model.max_len=auto", "model.max_len=auto",
+     "model.max_len_cap=200"),
+    ("model.max_len_quantile=0.1", "model.max_len_quantile=0.1", "model.max_len=auto", "model.max_len=auto",
+     "model.max_len_quantile=0.75"),
 ]  # fmt: skip
 PARENT_OFF = ("train.attention_health=false", "model.learnable_slopes=false")  # the others are off by default
 
@@ -371,3 +377,149 @@ def test_a_temporal_cutoff_that_is_no_time_is_refused_in_one_line():
         load_config(None, ["evaluate.protocol=temporal", "evaluate.temporal_cutoff=soon"])
     assert str(err.value) == ("invalid config at 'evaluate.temporal_cutoff': expected seconds since the epoch or an "
                               "ISO-8601 date or time (got 'soon')")
+
+
+# break-config-s66 (findings 2, 3, 5, 6, 9, 10, 11)
+def test_a_non_scalar_mapping_key_is_invalid_yaml_not_a_type_error(tmp_path):
+    # `? [a]` gave a TypeError traceback (unhashable type: 'list'), exit 1
+    assert _error(tmp_path, "? [a]\n: 1\n") == (f"{tmp_path / 'job.yaml'}: invalid YAML at line 1, column 3: a mapping "
+                                                "key must be a plain value (a name), not a list")
+    assert _error(tmp_path, "model:\n  ? {a: 1}\n  : 2\n").endswith("line 2, column 5: a mapping key must be a plain "
+                                                                  "value (a name), not a mapping")
+    assert _error(tmp_path, None, ("model={[a]: 1}",)) == (
+        "--set model={[a]: 1}: invalid YAML at line 1, column 2: a mapping key must be a plain value (a name), not a list")
+
+
+def test_a_section_given_as_a_mapping_says_which_keys_go_back_to_their_defaults(tmp_path, caplog):
+    path = tmp_path / "job.yaml"
+    path.write_text("model: {d_model: 16, n_heads: 2, max_len: 50}\n")
+    config = load_config(path, ["model={dropout: 0.1}"])
+    assert (config.model.d_model, config.model.max_len, config.model.dropout) == (64, 200, 0.1)  # as given: replaced
+    assert caplog.messages == [
+        f"--set model={{dropout: 0.1}} gives model as a whole: model.d_model, model.n_heads, model.max_len (from {path}) "
+        "go back to their defaults; give them in the mapping too, or set single keys with --set model.KEY=VALUE"]
+    caplog.clear()
+    load_config(path, ["model.n_layers=3", "model={d_model: 16, n_heads: 2, max_len: 60}"])
+    assert caplog.messages == [
+        "--set model={d_model: 16, n_heads: 2, max_len: 60} gives model as a whole: model.n_layers (from --set "
+        "model.n_layers=3) goes back to its default; give it in the mapping too, or set single keys with --set "
+        "model.KEY=VALUE"]
+
+
+def test_a_set_of_a_key_inside_a_mapping_warns_as_a_key_given_twice(tmp_path, caplog):
+    config = load_config(None, ["model.n_heads=4", "model={n_heads: 8}"])
+    assert config.model.n_heads == 8
+    assert caplog.messages == ["--set model.n_heads given twice: 'model={n_heads: 8}' replaces 'model.n_heads=4'"]
+    caplog.clear()
+    assert load_config(None, ["model={n_heads: 8}", "model.n_heads=4"]).model.n_heads == 4
+    assert caplog.messages == ["--set model.n_heads given twice: 'model.n_heads=4' replaces 'model={n_heads: 8}'"]
+    caplog.clear()
+    load_config(None, ["model.n_heads=4", "model.n_heads=4", "model.n_layers=3"])  # the same text again: no news
+    assert caplog.messages == []
+
+
+def test_an_empty_mapping_still_clears_a_section_without_a_warning(tmp_path, caplog):
+    path = tmp_path / "job.yaml"
+    path.write_text("data:\n  items: t.parquet\n  item_features: {categorical: [topic]}\n")
+    config = load_config(path, ["data.item_features={}", "data.items=null"])
+    assert config.data.item_features.columns == [] and caplog.messages == []
+    load_config(path, ["data.item_features.numeric=[year]", "data.item_features={}", "data.items=null"])
+    assert caplog.messages == [  # an earlier --set it drops is still said
+        "--set data.item_features={} gives data.item_features as a whole: data.item_features.numeric (from --set "
+        "data.item_features.numeric=[year]) goes back to its default; give it in the mapping too, or set single keys "
+        "with --set data.item_features.KEY=VALUE"]
+
+
+def test_a_flag_over_a_set_of_its_key_says_so(caplog):
+    config = load_config(None, ["generate.users=7"], {"generate.users": ("--users", 5)})
+    assert config.generate.users == 5
+    assert caplog.messages == ["--users sets generate.users=5 over --set generate.users=7: a flag wins over a --set of "
+                               "its key; give one of them"]
+    caplog.clear()
+    load_config(None, [], {"generate.users": ("--users", 5)})  # over the file or a default: what flags are for
+    assert caplog.messages == []
+
+
+def test_prior_half_life_without_weight_or_choice_is_refused(tmp_path):
+    message = _error(tmp_path, None, ("score.popularity_prior.choose=false", "score.popularity_prior.half_life_days=3"))
+    assert message == (
+        "invalid config at 'score.popularity_prior': score.popularity_prior.half_life_days=3.0 takes effect only with "
+        "score.popularity_prior.weight > 0 or score.popularity_prior.choose=true: set score.popularity_prior.weight > "
+        "0 or score.popularity_prior.choose=true, or drop score.popularity_prior.half_life_days (on the command line: "
+        "--set score.popularity_prior.half_life_days=7.0)")
+    for on in ("score.popularity_prior.weight=0.5", "score.popularity_prior.choose=true"):
+        load_config(None, ["score.popularity_prior.choose=false", on, "score.popularity_prior.half_life_days=3"])
+
+
+def test_the_max_len_rule_keys_stay_with_the_number_train_resolves_auto_to():
+    from recsys_alibi.config import with_overrides
+
+    given = load_config(None, ["model.max_len=auto", "model.max_len_cap=1000", "model.max_len_quantile=0.9"])
+    assert with_overrides(given, model={"max_len": 300}).model.max_len_cap == 1000  # resolve_max_len's copy
+
+
+@pytest.mark.parametrize(("override", "message"), [
+    ("tracking.registered_model=a/b", "invalid config at 'tracking.registered_model': a registered model name cannot "
+     "hold '/' (MLflow refuses '/' and ':', and '@' would end the name in models:/NAME@ALIAS); choose another name "
+     "(got 'a/b')"),
+    ("tracking.registered_model=a:b", "invalid config at 'tracking.registered_model': a registered model name cannot "
+     "hold ':' (MLflow"),
+    ("tracking.registered_model=a@b", "invalid config at 'tracking.registered_model': a registered model name cannot "
+     "hold '@' (MLflow"),
+    ("tracking.registered_model=' '", "invalid config at 'tracking.registered_model': the registered model name must "
+     "not be empty or only whitespace (got ' ')"),
+    ("tracking.registered_model=''", "invalid config at 'tracking.registered_model': the registered model name must "
+     "not be empty"),
+    ("tracking.registered_model=..", "invalid config at 'tracking.registered_model': '..' is no registered model name "
+     "MLflow takes; choose another name"),
+    (f"tracking.registered_model={'m' * 257}", "invalid config at 'tracking.registered_model': the registered model "
+     "name has 257 characters; the registry takes at most 256"),
+    (f"tracking.champion_alias={'a' * 256}", "invalid config at 'tracking.champion_alias': the alias has 256 "
+     "characters; MLflow takes at most 255"),
+    ("tracking.experiment=''", "invalid config at 'tracking.experiment': the experiment name must not be empty or "
+     "only whitespace (got '')"),
+    ("tracking.experiment='  '", "invalid config at 'tracking.experiment': the experiment name must not be empty"),
+    (f"tracking.experiment={'e' * 501}", "invalid config at 'tracking.experiment': the experiment name has 501 "
+     "characters; MLflow takes at most 500"),
+    ("tracking.promotion_margin=-0.01", "invalid config at 'tracking.promotion_margin': Input should be greater than "
+     "or equal to 0 (got -0.01)"),
+])  # fmt: skip
+def test_tracking_names_mlflow_would_refuse_after_training_are_refused_at_load(tmp_path, override, message):
+    assert _error(tmp_path, None, (override,)).startswith(message)
+
+
+def test_tracking_names_mlflow_takes_still_load():
+    config = load_config(None, ["tracking.registered_model=ranker-v2.daily_1", f"tracking.champion_alias={'a' * 255}",
+                                "tracking.experiment=my runs", "tracking.promotion_margin=0.001"])  # fmt: skip
+    assert config.tracking.registered_model == "ranker-v2.daily_1"
+
+
+@pytest.mark.parametrize(("override", "message"), [
+    ("tracking.experiment=2024", "invalid config at 'tracking.experiment': Input should be a valid string (got 2024: "
+     "YAML reads it as a number; quote the value to give text, e.g. --set \"tracking.experiment='2024'\")"),
+    ("tracking.registered_model=on", "invalid config at 'tracking.registered_model': Input should be a valid string "
+     "(got true: YAML reads true, false, yes, no, on and off as booleans; quote the value to give text, e.g. --set "
+     "\"tracking.registered_model='...'\")"),
+    ("data.item_features.categorical=[1]", "invalid config at 'data.item_features.categorical': Input should be a "
+     "valid string (got 1: YAML reads it as a number; quote the value to give text)"),
+])  # fmt: skip
+def test_a_text_key_given_a_yaml_number_or_boolean_says_to_quote_it(tmp_path, override, message):
+    assert _error(tmp_path, None, (override,)) == message
+    assert load_config(None, ["tracking.experiment='2024'"]).tracking.experiment == "2024"
+
+
+def test_a_sub_key_of_a_single_value_says_so(tmp_path):
+    # it read "invalid config at 'model.d_model': Input should be a valid integer", with no value shown
+    expected = ("--set model.d_model.x=3: cannot set model.d_model.x: a sub-key was set on a single value "
+                "('model.d_model' is one value, not a section of keys); set it as model.d_model=VALUE")
+    assert _error(tmp_path, None, ("model.d_model.x=3",)) == expected
+    assert _error(tmp_path, "model: {d_model: 8}\n", ("model.d_model.x=3",)) == expected
+    ranges = load_config(None, ["data.items=t.parquet", "data.item_features.numeric=[year]",
+                                "data.item_features.ranges.year=[1900, 2030]"])  # a mapping key: sub-keys are its own
+    assert ranges.data.item_features.ranges == {"year": [1900.0, 2030.0]}
+
+
+def test_a_warm_start_uri_with_a_trailing_slash_names_the_fix(tmp_path):
+    assert _error(tmp_path, None, ("train.init_from=runs:/abc/model/",)) == (
+        "invalid config at 'train.init_from': must be runs:/RUN_ID/model, models:/NAME/VERSION, models:/NAME@ALIAS or "
+        "champion (without the trailing '/': runs:/abc/model) (got 'runs:/abc/model/')")

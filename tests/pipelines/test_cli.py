@@ -276,3 +276,120 @@ def test_a_pipeline_appending_to_no_prepared_data_is_refused_before_it_generates
         "error: cannot append to out/prepared: it is not a prepared directory (no manifest.json); run the first "
         "day's pipeline without data.append (docs/scheduling.md)")
     assert not (tmp_path / "out").exists()
+
+
+# break-config-s66 (findings 5, 6, 9, 10): one line, the right code, before any work
+def test_a_non_scalar_yaml_key_is_a_user_error_in_the_pipeline(tmp_path, monkeypatch, capsys):
+    # it was `error: pipeline failed: TypeError: unhashable type: 'list'`, exit 1
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "y11.yaml").write_text("? [a]\n: 1\n")
+    assert main(["pipeline", "--config", "y11.yaml"]) == 2
+    assert _one_error_line(capsys) == ("error: y11.yaml: invalid YAML at line 1, column 3: a mapping key must be a "
+                                       "plain value (a name), not a list")
+    assert os.listdir(tmp_path) == ["y11.yaml"]
+
+
+@pytest.mark.parametrize(("uri", "line"), [
+    ("runs:/0123456789abcdef0123456789abcdef", "error: cannot load model 'runs:/0123456789abcdef0123456789abcdef': "
+     "runs:/RUN_ID names a run, not a model; give runs:/0123456789abcdef0123456789abcdef/model (the path "
+     "`recsys-alibi train` logs the model at)"),
+    ("runs:/0123456789abcdef0123456789abcdef/model/", "error: cannot load model "
+     "'runs:/0123456789abcdef0123456789abcdef/model/': a model URI has no trailing '/'; give "
+     "runs:/0123456789abcdef0123456789abcdef/model"),
+    ("models:/ranker/3/", "error: cannot load model 'models:/ranker/3/': a model URI has no trailing '/'; give "
+     "models:/ranker/3"),
+])  # fmt: skip
+def test_a_model_uri_without_the_model_path_or_with_a_trailing_slash_names_the_fix(tmp_path, monkeypatch, capsys, uri,
+                                                                                   line):  # fmt: skip
+    # MLflow's own text: "Not a proper runs:/ URI: runs:/." and "No such artifact: 'MLmodel'"
+    monkeypatch.chdir(tmp_path)
+    assert main(["evaluate", "--prepared", "p", "--model-uri", uri, "--output", "ev"]) == 2
+    assert _one_error_line(capsys) == line
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_registered_name_too_long_for_its_lock_file_is_refused_before_any_work(tmp_path, monkeypatch, capsys):
+    # the version was registered, then `File name too long: ...mlflow.db.promotion-mmm....lock`
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    assert main(["pipeline", "--output", "out", "--set", f"tracking.registered_model={'m' * 231}"]) == 2
+    assert _one_error_line(capsys) == (
+        "error: invalid config at 'tracking.registered_model': a name of 231 characters makes the promotion lock file "
+        "beside mlflow.db 256 bytes long, over the 255 bytes a file name may have; use a name of at most 230 characters")
+    assert os.listdir(tmp_path) == []
+
+
+def test_the_tracking_uri_set_and_overridden_by_the_environment_is_said(tmp_path, monkeypatch, capsys, caplog):
+    # the --set lost without a word, and other.db was never created
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "sqlite:///env.db")
+    argv = ["evaluate", "--prepared", "none", "--baseline", "popularity", "--set", "tracking.uri=sqlite:///other.db"]
+    assert main(argv) == 2
+    capsys.readouterr()
+    assert "MLFLOW_TRACKING_URI=sqlite:///env.db overrides tracking.uri=sqlite:///other.db: the runs go to " \
+           "sqlite:///env.db; unset MLFLOW_TRACKING_URI to use tracking.uri" in caplog.messages
+
+
+def test_settings_a_command_does_not_use_are_said(tmp_path, monkeypatch, capsys, caplog):
+    monkeypatch.chdir(tmp_path)
+    assert main(["pipeline", "--output", "out", "--set", "generate.users=50", "--set", "score.ray.actors=4"]) == 2
+    capsys.readouterr()  # no data.input: refused; the settings it would not have used were said first
+    assert caplog.messages[:2] == ["score.ray.actors: not used with score.engine=local (they set up --engine ray)",
+                                   "generate.users: not used with generate.enabled=false (the pipeline reads data.input)"]
+
+
+def test_prepare_names_the_config_key_its_missing_input_came_from(tmp_path, monkeypatch, capsys):
+    # it said "pass ... as --input", though no --input was given
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "rel.yaml").write_text("data: {input: gone.csv}\n")
+    assert main(["prepare", "--config", "sub/rel.yaml", "--output", "p"]) == 2
+    assert _one_error_line(capsys) == (
+        "error: input not found: 'gone.csv'; pass an existing file, directory or glob as data.input (from the config, "
+        "or --input PATH; a relative path is read from the working directory, not from the config's folder)")
+
+
+@pytest.mark.parametrize(("stop", "code", "line"), [
+    (KeyboardInterrupt, 130, "error: generate stopped by Ctrl-C (SIGINT) before it finished"),
+    ("SIGTERM", 143, "error: generate stopped by SIGTERM before it finished"),
+])  # fmt: skip
+def test_ctrl_c_or_sigterm_outside_training_is_one_line_and_its_code(tmp_path, monkeypatch, capsys, stop, code, line):
+    # Ctrl-C printed a KeyboardInterrupt traceback; SIGTERM ended the process with no line at all
+    import signal
+
+    from pipelines import cli
+
+    def interrupted(config, args):
+        if stop == "SIGTERM":
+            os.kill(os.getpid(), signal.SIGTERM)
+        raise stop()
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setitem(cli.COMMANDS, "generate", interrupted)
+    before = signal.getsignal(signal.SIGTERM)
+    assert main(["generate", "--output", "e.parquet"]) == code
+    assert _one_error_line(capsys) == line
+    assert signal.getsignal(signal.SIGTERM) is before  # the process's own handler again after the command
+
+
+def test_a_sigterm_handler_set_over_the_command_s_keeps_it_from_raising(tmp_path, monkeypatch, capsys):
+    # Lightning sets its own during a fit and calls the one it found: it stops the fit at a batch's end itself
+    import signal
+
+    from pipelines import cli
+
+    calls = []
+
+    def fitting(config, args):
+        found = signal.getsignal(signal.SIGTERM)
+        signal.signal(signal.SIGTERM, lambda signum, frame: (calls.append(signum), found(signum, frame)))
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+        finally:
+            signal.signal(signal.SIGTERM, found)
+        return "fit stopped"
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setitem(cli.COMMANDS, "generate", fitting)
+    assert main(["generate", "--output", "e.parquet"]) == 0
+    assert calls == [signal.SIGTERM] and capsys.readouterr().out == "fit stopped\n"

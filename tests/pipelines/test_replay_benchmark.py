@@ -615,7 +615,7 @@ def test_a_reused_arm_is_taken_from_the_earlier_replay_without_training(replay_d
 def test_the_gated_chain_serves_and_warm_starts_from_the_model_the_gate_keeps(replay_dir, monkeypatch):
     """``--gate``: the warm chain is the daily pipeline's. With a margin no model beats, every warm model is
     rejected: the served model stays the step-0 champion (warm and stale rank alike), and step 2 warm-starts
-    from it, not from step 1's rejected model; with a margin every model beats, the chain is the ungated one."""
+    from it, not from step 1's rejected model; with every model promoted, the chain is the ungated one."""
     calls, _ = _stop_at(monkeypatch, "never")
     inits, patched = {}, replay.train_arm
 
@@ -658,13 +658,15 @@ def test_the_gated_chain_serves_and_warm_starts_from_the_model_the_gate_keeps(re
     gated = json.loads((replay_dir / "kept.prior.json").read_text())["prior_minus_stale_with_prior"]["NDCG@10"]
     assert (gated["difference"], gated["ci95"]) == (0.0, [0.0, 0.0])
 
-    replay.main([*_args(2, ["warm", "stale"], output="moved.json"), "--gate", "--set", "tracking.promotion_margin=-1",
-                 "--workdir", "work-moved"])  # fmt: skip
+    # every model promoted (the margin no longer goes below 0, where a worse model was promoted): the gate, told so
+    gate = replay.gate_record
+    monkeypatch.setattr(replay, "gate_record", lambda *args: {**gate(*args), "promoted": True})
+    replay.main([*_args(2, ["warm", "stale"], output="moved.json"), "--gate", "--workdir", "work-moved"])
     run = json.loads((replay_dir / "moved.per_user.json").read_text())["42"]
     for step in run["steps"]:
         assert step["arms"]["warm"]["gate"]["promoted"] is True
         assert step["arms"]["warm"]["uri"] == step["arms"]["warm"]["candidate_uri"]
-    assert inits[(-1.0, "step-002-warm")] == run["steps"][0]["arms"]["warm"]["uri"] == run["steps"][1]["arms"]["stale"]["uri"]
+    assert inits[(0.0, "step-002-warm")] == run["steps"][0]["arms"]["warm"]["uri"] == run["steps"][1]["arms"]["stale"]["uri"]
 
 
 def test_feature_arms_keep_the_configured_feature_settings_and_id_only_arms_drop_them(tmp_path):
