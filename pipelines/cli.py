@@ -15,6 +15,7 @@ import os
 import signal
 import sys
 import threading
+import traceback
 import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator, Sequence
@@ -278,6 +279,8 @@ def _cmd_export(config: JobConfig, args) -> str:
     from pipelines.collisions import Output, check_apart, local_model_path
     from serving.export import run_export
 
+    if _rank() != 0:  # under torchrun one process exports: the others would write the same files again
+        return ""
     output = check_output_dir(args.output or Path(config.output) / "export")
     input_path = args.input or _default_prepared(config, None)
     check_apart([Output("--output", output, "export")], {
@@ -533,17 +536,28 @@ def _run(args: argparse.Namespace) -> int:
             line = f"pipeline failed: {line}"
         print(f"error: {line}", file=sys.stderr)
         return code
-    if summary:  # training processes other than rank 0 have nothing to say
+    if summary and _rank() == 0:  # training, score and export processes other than rank 0 have nothing to say
         print(summary)
     return 0
 
 
+def _rank() -> int:
+    """This process's global rank under a launcher (torchrun, srun), 0 alone."""
+    from recsys_alibi.training.launch import launch_rank
+
+    return launch_rank()
+
+
 def _failure(command: str, err: BaseException) -> int:
-    """Any other error: ``pipeline`` logs the traceback and returns 1; the other commands raise."""
-    if command != "pipeline":
-        raise err
-    log.exception("pipeline failed")
-    print(f"error: pipeline failed: {type(err).__name__}: {_one_line(err)}", file=sys.stderr)
+    """Any other error: its traceback (``pipeline``: through its log), then one ``error: COMMAND failed: ...``
+    line that a scheduler's log scraper finds, and code 1 (a process of a distributed run that died left the
+    others a gloo traceback and no such line)."""
+    if command == "pipeline":
+        log.exception("pipeline failed")
+    else:
+        traceback.print_exception(err, file=sys.stderr)
+    line = _one_line(err).encode("utf-8", "replace").decode("utf-8")  # a library's message may hold stray bytes
+    print(f"error: {command} failed: {type(err).__name__}: {line}", file=sys.stderr)
     return EXIT_FAILURE
 
 

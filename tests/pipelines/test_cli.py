@@ -393,3 +393,16 @@ def test_a_sigterm_handler_set_over_the_command_s_keeps_it_from_raising(tmp_path
     monkeypatch.setitem(cli.COMMANDS, "generate", fitting)
     assert main(["generate", "--output", "e.parquet"]) == 0
     assert calls == [signal.SIGTERM] and capsys.readouterr().out == "fit stopped\n"
+
+
+def test_export_under_a_launcher_runs_on_rank_0_only(tmp_path, monkeypatch, capsys):
+    """break-dist-s66: `torchrun ... export` ran the whole export on every rank into one folder. A process of rank
+    1 does nothing and says nothing (rank 0 exports); its exit is 0."""
+    monkeypatch.setenv("RANK", "1")
+    code = main(["export", "--model-uri", "runs:/nosuchrun/model", "--input", str(tmp_path / "in"),
+                 "--output", str(tmp_path / "export")])  # fmt: skip
+    out = capsys.readouterr()
+    assert (code, out.out, out.err, (tmp_path / "export").exists()) == (0, "", "", False)
+    monkeypatch.setenv("RANK", "0")  # rank 0 does the work: here, refuses the missing input
+    assert main(["export", "--model-uri", "runs:/nosuchrun/model", "--input", str(tmp_path / "in"),
+                 "--output", str(tmp_path / "export")]) == 2  # fmt: skip
