@@ -18,8 +18,6 @@ value stays accepted, so a dumped config loads again. A section written with no 
 from __future__ import annotations
 
 import difflib
-import errno
-import logging
 import re
 import typing
 from pathlib import Path
@@ -27,9 +25,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from recsys_alibi.config_reader import ConfigError, read_yaml
-
-log = logging.getLogger(__name__)
+from recsys_alibi.config_reader import ConfigError, OverrideGivers, parse_override, read_config_file, read_yaml
 
 ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps")  # Lightning's, less tpu (needs torch_xla, not installed)
 STRATEGIES = (
@@ -895,91 +891,6 @@ def _set_dotted(tree: dict[str, Any], dotted: str, value: Any, origin: str) -> N
     node[keys[-1]] = value
 
 
-def _leaves(value: Any, key: str = "") -> list[str]:
-    """The dotted keys a value gives: a mapping's keys at any depth (none for an empty one), else ``key`` itself."""
-    if isinstance(value, dict):
-        return [leaf for sub, v in value.items() for leaf in _leaves(v, f"{key}.{sub}" if key else str(sub))]
-    return [key] if key else []
-
-
-class _Givers:
-    """Who gave each dotted key (the config file, a ``--set``, a flag), so that a later one that replaces it says so
-    in one warning line: a ``--set`` or flag over an earlier ``--set`` of the key (also a section's mapping over
-    ``--set section.key``, or the reverse), and a mapping that replaces a section as a whole, sending the keys
-    the file or an earlier ``--set`` gave it back to their defaults (``{}`` or null clears it: said only for
-    ``--set`` keys). A flag over the file's value is what flags are for: not said."""
-
-    def __init__(self, tree: dict[str, Any], path: Path | None) -> None:
-        self.by: dict[str, tuple[str, str]] = {leaf: ("file", str(path)) for leaf in _leaves(tree)}
-
-    def give(self, key: str, value: Any, giver: tuple[str, str]) -> None:
-        """Record that ``giver`` (``("set", TEXT)`` or ``("flag", TEXT)``) set ``key`` to ``value``; warn as above."""
-        under = {leaf: by for leaf, by in self.by.items() if leaf == key or leaf.startswith(key + ".")}
-        new = set(_leaves(value, key))
-        for leaf in under:
-            del self.by[leaf]
-        self.by.update(dict.fromkeys(new, giver))
-        clears = value is None or value == {}
-        replaced: dict[str, list[str]] = {}
-        dropped: dict[tuple[str, str], list[str]] = {}
-        for leaf, by in under.items():
-            if leaf in new or leaf == key:
-                if by[0] == "set" and by != giver:
-                    replaced.setdefault(by[1], []).append(leaf)
-            elif by[0] == "set" or not clears:
-                dropped.setdefault(by, []).append(leaf)
-        kind, text = giver
-        for old, leaves in replaced.items():
-            if kind == "flag":
-                log.warning("%s over --set %s: a flag wins over a --set of its key; give one of them", text, old)
-            else:
-                log.warning("--set %s given twice: %r replaces %r", ", ".join(leaves), text, old)
-        if dropped:
-            named = " and ".join(f"{', '.join(leaves)} (from {'--set ' if by[0] == 'set' else ''}{by[1]})"
-                                 for by, leaves in dropped.items())  # fmt: skip
-            one = sum(map(len, dropped.values())) == 1
-            log.warning("--set %s gives %s as a whole: %s %s back to %s; give %s in the mapping too, or set single "
-                        "keys with --set %s.KEY=VALUE", text, key, named, "goes" if one else "go",
-                        "its default" if one else "their defaults", "it" if one else "them", key)  # fmt: skip
-
-
-def parse_override(text: str) -> tuple[str, Any]:
-    """Split ``"a.b=value"`` into ``("a.b", parsed value)``; the value is read as YAML.
-
-    Raises:
-        ConfigError: when there is no ``=``, the key is empty, or the value is not valid YAML.
-    """
-    key, sep, raw = text.partition("=")
-    if not sep or not key.strip():
-        raise ConfigError(f"--set expects dotted.key=value, got '{text}'")
-    return key.strip(), read_yaml(raw, f"--set {text}") if raw.strip() else None
-
-
-def _read_file(path: Path) -> dict[str, Any]:
-    """The YAML mapping of a config file; a pipe (``--config <(envsubst < job.yaml)``) is read too (once).
-
-    Raises:
-        ConfigError: a directory, nothing there, unreadable, not UTF-8, not YAML or not a mapping.
-    """
-    try:
-        path.stat()
-    except OSError as err:
-        if err.errno == errno.ELOOP:
-            raise ConfigError(f"config {path} is a symbolic-link loop; remove the link or give another path") from None
-    if path.is_dir() or not path.exists():
-        raise ConfigError(f"config {path} is a directory, not a YAML file" if path.is_dir() else f"config file not found: {path}")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as err:
-        raise ConfigError(f"{path}: not UTF-8 text (byte {err.start}); save the config as UTF-8") from None
-    except OSError as err:
-        raise ConfigError(f"cannot read config {path}: {err.strerror or err}") from None
-    loaded = read_yaml(text, str(path))
-    if loaded is not None and not isinstance(loaded, dict):
-        raise ConfigError(f"{path}: expected a YAML mapping at the top level")
-    return loaded or {}
-
-
 def _section_type(model: type[BaseModel], name: Any) -> type[_Section] | None:
     field = model.model_fields.get(name) if isinstance(name, str) else None
     annotation = field.annotation if field is not None else None
@@ -1065,8 +976,8 @@ def load_config(
             keys or invalid values (also a warm schedule that never reaches ``train.context_schedule``'s
             last switch: :func:`check_warm_schedule`); one line naming the key (or file, line, column) and the fix.
     """
-    tree = _read_file(Path(path)) if path is not None else {}
-    givers = _Givers(tree, path)
+    tree = read_config_file(Path(path)) if path is not None else {}
+    givers = OverrideGivers(tree, path)
     for text in overrides:
         key, value = parse_override(text)
         _set_dotted(tree, key, value, origin=f"--set {text}")
