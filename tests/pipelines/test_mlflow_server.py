@@ -139,9 +139,9 @@ def test_scheduled_pipeline_promotes_then_rejects_a_worse_model_on_a_real_server
     assert runs[0]["lineage.config_sha256"] != runs[1]["lineage.config_sha256"]
     assert runs[1]["promotion.decision"] == "rejected" and runs[1]["lineage.seed"] == "42"
 
-    # rankings of the second run come from the champion (version 1), not from the rejected model
+    # rankings of the second run come from the champion (version 1, pinned by the gate), not from the rejected model
     manifest = (out / "rankings" / "_manifest.json").read_text()
-    assert f"models:/{NAME}@champion" in manifest and champion.run_id in manifest and versions[1].run_id not in manifest
+    assert f"models:/{NAME}/{champion.version}" in manifest and champion.run_id in manifest and versions[1].run_id not in manifest
     rankings = pl.read_parquet(out / "rankings" / "*.parquet")
     sequences = pl.read_parquet(out / "prepared" / schema.SEQUENCES_FILE)
     assert rankings.get_column(schema.USER_ID).n_unique() == sequences.height
