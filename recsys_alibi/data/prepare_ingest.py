@@ -9,6 +9,7 @@ sorted and de-duplicated on its own (:mod:`recsys_alibi.data.prepare_clean`).
 
 from __future__ import annotations
 
+import logging
 import math
 from pathlib import Path
 
@@ -21,6 +22,8 @@ from recsys_alibi.data.read_errors import read_error
 from recsys_alibi.data.ids import cast_integer_ids, round_trips
 from recsys_alibi.data.ingest import QuotedLinesError, Source, rejected_rows, tag_rows, valid_events
 from recsys_alibi.data.schema import SUBSECOND, USER_ID
+
+log = logging.getLogger(__name__)
 
 BUCKET = "_bucket"
 HASH_SEED = 20240101  # fixed: the partition of a user never changes between runs
@@ -115,10 +118,12 @@ def stream(source: Source, sink: pl.LazyFrame) -> pl.DataFrame:
     except pl.exceptions.ShapeError as err:  # the CSV rows and the lines counted beside them differ
         if source.fmt == "csv":
             read = source.csv_read
-            for path in source.paths if read.get("quote") is not None else ():  # a quote that swallows rows: refused
+            for path in source.paths if read.get("quote") is not None else ():  # a quote that swallows rows
                 swallowed = swallowed_lines_error(path, read["separator"], read["quote"], read["has_header"])
-                if swallowed is not None:
+                if swallowed is not None and read["separator"] == "\t":  # TSV: refused
                     raise swallowed from None
+                if swallowed is not None:  # a valid CSV may quote a row-shaped line: read, and said
+                    log.warning("%s", swallowed)
             raise QuotedLinesError(f"rows of '{source.paths[0]}' span lines") from None
         raise read_error(source.paths, source.fmt, err, "check the file or --format", **source.csv_read) from None
     except (pl.exceptions.PolarsError, OSError) as err:

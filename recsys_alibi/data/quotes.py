@@ -167,20 +167,26 @@ def quote_error(path: Path, separator: str, quote: str, has_header: bool, what: 
 
 
 def swallowed_lines_error(path: Path, separator: str, quote: str, has_header: bool) -> DataError | None:
-    """The one-line error of a CSV file whose quote opens a field that swallows lines, or None.
+    """What to say of a CSV file whose quote opens a field that takes in the lines after it, or None.
 
-    Read by the quoting rule, such a file has fewer rows than lines. Real multi-line text fields
-    (review text in a comma CSV) are read; refused are a multi-line quoted field in a tab-separated
-    file (TSV is not quoted by convention: Last.fm, Gowalla, MIND titles hold raw quotes) and one that
-    holds what looks like whole rows (a text field that merely starts with a quote, ``"Heroes``).
+    Read by the quoting rule, such a file has fewer rows than lines. In a tab-separated file (TSV is not quoted
+    by convention: Last.fm, Gowalla, MIND titles hold raw quotes) any multi-line quoted field is this error,
+    and the caller refuses the file. In other CSVs a quoted field may span lines (review text, RFC 4180): the
+    line is said only of one that holds what looks like a whole row (a text field that merely starts with a
+    quote, ``"Heroes``, or review text with a pasted row), and the caller reads the file and warns with it.
     """
     scan = scan_quotes(path, separator, quote)
     span = scan.spans if separator == "\t" else scan.swallowed
     if span is None:
         return None
-    kind = "tab-separated file" if separator == "\t" else "file"
+    where = f"'{path}' line {span.line}, {quote_column(scan, span, has_header)}"
+    if separator != "\t":
+        return DataError(
+            f"{where}, opens a quoted field ({quote}) that spans lines and holds one shaped like a whole row; it is "
+            f"read as one field (RFC 4180), so the file has fewer rows than lines; if its quotes are plain text, read "
+            f"it with {NO_QUOTING}"
+        )
     return DataError(
-        f"'{path}' line {span.line}, {quote_column(scan, span, has_header)}, opens a quoted field ({quote}) that "
-        f"takes in the lines after it, so this {kind} would have fewer rows than lines; if its quotes are plain "
-        f"text, read it with {NO_QUOTING}, else close that quote"
+        f"{where}, opens a quoted field ({quote}) that takes in the lines after it, so this tab-separated file would "
+        f"have fewer rows than lines; if its quotes are plain text, read it with {NO_QUOTING}, else close that quote"
     )

@@ -101,10 +101,28 @@ def test_a_tsv_quote_that_swallows_lines_is_refused_with_its_line_and_the_fix(tm
     assert {'"Heroes', 'Live"', '12"'} <= items and not any("\n" in i for i in items)
 
 
-def test_a_comma_csv_whose_quote_swallows_whole_rows_is_refused(tmp_path):
-    path = _write(tmp_path / "merge.csv", _tracks(","))
-    assert "line 7, column 4 ('track'), opens a quoted field" in _error(
-        DataConfig(columns=TRACKS, min_events_per_user=1, min_events_per_item=1), path, tmp_path / "out")
+def test_a_comma_csv_whose_quote_takes_in_row_shaped_lines_is_read_as_rfc_4180_and_said(tmp_path, caplog):
+    """A comma CSV may quote multi-line text holding a line shaped like a row (csv.writer's output of a review
+    with a pasted row: verify-s66 N1, refused by 96580fb); it is read as one field, with one warning naming the
+    line and the fix for quotes that are text."""
+    import csv as csv_module
+
+    with open(tmp_path / "reviews.csv", "w", newline="") as fh:
+        writer = csv_module.writer(fh)
+        writer.writerow(["user", "item", "text", "ts"])
+        for k in range(30):
+            writer.writerow([f"u{k % 3}", f"i{k % 4}", "Pros: fast\nu1,i2,nice,150" if k == 10 else "ok", 100 + k])
+    cfg = DataConfig(columns=ColumnMap(user_id="user", item_id="item", timestamp="ts"), min_events_per_user=1,
+                     min_events_per_item=1)  # fmt: skip
+    with caplog.at_level(logging.WARNING):
+        result = prepare(cfg, tmp_path / "reviews.csv", tmp_path / "out")
+    assert (result.counts["input_rows"], result.counts["kept"], result.counts["rejected"]) == (30, 30, 0)
+    assert "line 12, column 3 ('text'), opens a quoted field" in caplog.text and "data.quote_char=null" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):  # the tracks with stray quotes, comma-separated: read, and said
+        merged = prepare(DataConfig(columns=TRACKS, min_events_per_user=1, min_events_per_item=1),
+                         _write(tmp_path / "merge.csv", _tracks(",")), tmp_path / "out2")  # fmt: skip
+    assert merged.counts["input_rows"] == 30 and "line 7, column 4 ('track'), opens a quoted field" in caplog.text
 
 
 def test_real_multi_line_review_text_in_a_comma_csv_still_reads_with_its_warning(tmp_path, caplog):
