@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 
 import numpy as np
 import polars as pl
@@ -42,10 +41,8 @@ def test_schema_and_determinism(default_log):
     assert default_log["item_id"].min() >= 1 and default_log["item_id"].max() <= 2000
 
 
-def test_fast_enough():
-    start = time.perf_counter()
+def test_events_per_user_on_average():
     df = generate_events(GenerateConfig(users=2000), seed=0)
-    assert time.perf_counter() - start < 5.0
     assert 150 < df.height / 2000 < 300  # ~172 events per user on average (20..2000, median ~124)
 
 
