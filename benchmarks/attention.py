@@ -40,7 +40,7 @@ Time: the fastest of ``--repeats`` calls after one warm-up (compiles flex), each
 Usage:
     python benchmarks/attention.py --device cpu                                # CPU table, fp32
     python benchmarks/attention.py --device cuda --dtype bfloat16 --budget 65536 \\
-        --lengths 1024 4096 16384 --packed --json docs/results/gpu-attention.json
+        --lengths 1024 4096 16384 --packed --json runs/gpu-attention.json
     python benchmarks/attention.py --density                 # block-mask density of packed ML-1M
     python benchmarks/attention.py --waste /path/to/ml-1m.txt.gz    # padding waste figure
 """
@@ -438,6 +438,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.packed:
         print("packed case: " + user_lengths(args.packed_file, args.packed_cap)[1], file=sys.stderr)
     isolate = args.isolate or (args.device == "cpu" and not args.in_process)
+    from recsys_alibi.diagnostics.machine import command_line, machine_line
+
+    command, machine = command_line("benchmarks/attention.py", argv), machine_line()
+    if args.device == "cuda":
+        import torch
+
+        if torch.cuda.is_available():
+            machine += f", {torch.cuda.get_device_name()}"
     results = []
     for case in cases(args):
         r = _subprocess(case, args.timeout) if isolate else _in_process(case)
@@ -446,7 +454,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{case.mode:>20} {case.passes:>7} {case.layout:>6} L={case.length:<5} B={case.batch:<3} D={case.dim:<3} {msg}",
               file=sys.stderr, flush=True)  # fmt: skip
         if args.json:  # rewritten after every case: a run cut short keeps what it measured
-            _atomic_json(args.json, {"formula": FLOP_FORMULA, "rows": results})
+            _atomic_json(args.json, {"command": command, "machine": machine, "formula": FLOP_FORMULA, "rows": results})
     print(FLOP_FORMULA)
     print(markdown(results))
     return 0

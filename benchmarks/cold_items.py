@@ -1,6 +1,7 @@
 """Cold items on ML-1M (issue 44): 10 % of the items held out of training and ranked from their features alone.
 
     python -m benchmarks.cold_items                      # ML-1M, 6-epoch budget (configs/movielens-1m-6ep.yaml)
+                                                         # -> runs/cold-items/cold-items-ml1m.json
     python -m benchmarks.cold_items --tiny --output OUT  # 300 users, a tiny model, 1 epoch (the test)
 
 Protocol (leave-one-out on the SASRec ML-1M file, ``../shared/data/ml-1m/ml-1m.txt.gz``):
@@ -34,7 +35,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import platform
+import sys
 import time
 from pathlib import Path
 
@@ -42,7 +43,7 @@ import numpy as np
 import polars as pl
 import torch
 
-from recsys_alibi.diagnostics.machine import cpu_name
+from recsys_alibi.diagnostics.machine import command_line, machine_line
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO.parent / "shared" / "data" / "ml-1m"
@@ -244,13 +245,15 @@ def choose(validation: dict[str, dict]) -> str:
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tiny", action="store_true", help="300 users, a tiny model, 1 epoch (tests)")
-    parser.add_argument("--output", type=Path, default=REPO / "docs" / "results" / "cold-items-ml1m.json")
+    parser.add_argument("--output", type=Path, default=REPO / "runs" / "cold-items" / "cold-items-ml1m.json",
+                        help="default runs/cold-items/cold-items-ml1m.json (the committed figures are in docs/results/)")
     parser.add_argument("--workdir", type=Path, default=REPO / "runs" / "cold-items")
     parser.add_argument("--data", type=Path, default=DATA)
     parser.add_argument("--seed", type=int, default=42)
     args = parser.parse_args(argv)
     from recsys_alibi.evaluation.paired import paired_difference
 
+    args.output.parent.mkdir(parents=True, exist_ok=True)  # before the training: a finished run is never lost
     torch.set_num_threads(1)
     started, load_before = time.time(), os.getloadavg()
     seqs = load_sequences(args.data, 300 if args.tiny else None)
@@ -275,10 +278,9 @@ def main(argv: list[str] | None = None) -> dict:
         "protocol": "leave-one-out, ML-1M SASRec file; 10 % of items held out of training, ranked from features only "
                     "(genres + year, movies.dat via sas_to_original_items.txt); id-only: held-out items get "
                     "mean + std * noise rows (today's rule)",  # fmt: skip
-        "command": "python -m benchmarks.cold_items" + (" --tiny" if args.tiny else ""),
+        "command": command_line("-m", ["benchmarks.cold_items", *(sys.argv[1:] if argv is None else argv)]),
         "recipe": str(RECIPE.relative_to(REPO)), "tiny": args.tiny,
-        "machine": f"{cpu_name()}, {os.cpu_count()} cores, one torch thread, Python {platform.python_version()}, "
-                   f"torch {torch.__version__}",  # fmt: skip
+        "machine": f"{machine_line(1)}, torch {torch.__version__}",
         "load_average": {"before": [round(x, 2) for x in load_before], "after": [round(x, 2) for x in os.getloadavg()]},
         "seed": args.seed, "held_out_items": int(held.size), "items": int(vocab.height + held.size),
         "chosen_on_validation": chosen, "runs": runs,
@@ -293,7 +295,6 @@ def main(argv: list[str] | None = None) -> dict:
         },
         "wall_seconds": round(time.time() - started, 1),
     }
-    args.output.parent.mkdir(parents=True, exist_ok=True)
     from recsys_alibi.atomic import write_json_atomic
 
     write_json_atomic(args.output, result)  # strict JSON (no NaN), replaced as a whole

@@ -25,7 +25,7 @@ Usage (from the repository root, after ``make install`` and ``recsys-alibi prepa
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/epoch_cost.py --config configs/movielens-1m.yaml \\
         --prepared runs/movielens-1m/prepared --max-lens 200 whole 1000 --precisions 32-true bf16-mixed \\
         --set train.packing=false --set train.batch_tokens=32768 --set evaluate.batch_size=32 \\
-        --json docs/results/epoch-cost.json
+        --json runs/epoch-cost.json
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from recsys_alibi.diagnostics.machine import cpu_name
+from recsys_alibi.diagnostics.machine import command_line, cpu_name
 
 
 def _whole(prepared: Path) -> int:
@@ -180,7 +180,7 @@ def main(argv: list[str] | None = None) -> dict:
                   f"load {c['load']['cpu_s']:.1f} s")  # fmt: skip
     result = {"machine": {"cpu": cpu_name(), "torch": torch.__version__, "threads": torch.get_num_threads(),
                           "python": platform.python_version()},
-              "command": "python benchmarks/epoch_cost.py " + " ".join(argv if argv is not None else __import__("sys").argv[1:]),
+              "command": command_line("benchmarks/epoch_cost.py", argv),
               "cases": cases}  # fmt: skip
     if args.json:
         from recsys_alibi.atomic import write_text_atomic

@@ -2,8 +2,9 @@
 
 Trains (same data, protocol and budget): ALiBi at max_len 50, SASRec (learned positions) at 50,
 and reuses or trains ALiBi at 200; evaluates each with the last L events for L in 50, 100, 200,
-400 and the whole history (leave-one-out, full catalog, seen items excluded). Writes
-``docs/results/extrapolation-ml1m.json``.
+400 and the whole history (leave-one-out, full catalog, seen items excluded). Writes ``--output``
+(default ``runs/extrapolation/extrapolation-ml1m.json``; the committed figures are in docs/results/) with
+the command and the machine, and a PNG beside it.
 
 Usage (from the repository root, after ``recsys-alibi prepare`` of ML-1M):
 
@@ -21,9 +22,10 @@ from pathlib import Path
 from pipelines.cli import configure_logging
 from pipelines.evaluate import evaluate_scorer, test_examples
 from pipelines.train import run_train
-from recsys_alibi.atomic import write_text_atomic
+from recsys_alibi.atomic import atomic_path, write_text_atomic
 from recsys_alibi.config import ALIBI_KEYS, ModelConfig, load_config, with_overrides
 from recsys_alibi.data.prepare import read_items, read_sequences
+from recsys_alibi.diagnostics.machine import command_line, machine_line
 from recsys_alibi.model.scorer import RankerScorer
 from recsys_alibi.tracking import load_ranker, setup_tracking
 
@@ -68,24 +70,27 @@ def plot(result: dict, path: Path) -> None:
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(path) as tmp:  # a run cut short leaves the earlier PNG whole
+        fig.savefig(tmp, format="png", dpi=120)
     plt.close(fig)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--prepared", type=Path, default=Path("runs/movielens-1m/prepared"))
     parser.add_argument("--config", type=Path, default=Path("configs/movielens-1m-6ep.yaml"))
     parser.add_argument("--alibi-200-uri", help="an ALiBi model trained at max_len 200 on the same data")
     parser.add_argument("--epochs", type=int, default=6)
-    parser.add_argument("--output", type=Path, default=Path("docs/results/extrapolation-ml1m.json"))
+    parser.add_argument("--output", type=Path, default=Path("runs/extrapolation/extrapolation-ml1m.json"))
     parser.add_argument("--plot-only", action="store_true", help="redraw the PNG from an existing --output JSON")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     png = args.output.with_suffix(".png")
     if args.plot_only:
         plot(json.loads(args.output.read_text()), png)
         return
     configure_logging()
+    args.output.parent.mkdir(parents=True, exist_ok=True)  # before the training: a finished run is never lost
     started = time.perf_counter()
     config = load_config(args.config, [f"train.max_epochs={args.epochs}", "output=runs/extrapolation"])
     config = with_overrides(config, evaluate={"context_lengths": CONTEXTS})
@@ -109,10 +114,9 @@ def main() -> None:
         "sasrec_50_by_context": sasrec_50,
         "epochs": args.epochs,
         "seconds": round(time.perf_counter() - started, 1),
-        "command": "python benchmarks/extrapolation.py --prepared runs/movielens-1m/prepared "
-        f"--epochs {args.epochs}" + (f" --alibi-200-uri {args.alibi_200_uri}" if args.alibi_200_uri else ""),
+        "command": command_line("benchmarks/extrapolation.py", argv),
+        "machine": machine_line(__import__("torch").get_num_threads()),
     }
-    args.output.parent.mkdir(parents=True, exist_ok=True)
     write_text_atomic(args.output, json.dumps(result, indent=2))
     plot(result, png)
     print(json.dumps(result, indent=2))

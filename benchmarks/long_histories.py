@@ -10,7 +10,7 @@ command after a stop: every unfinished run continues from its last epoch checkpo
         --prepared runs/movielens-1m/prepared --max-lens 200 1000 whole \\
         --schedules "[[0, 200], [25, whole]]" "[[0, 200], [25, 1000]]" --seeds 42 43 --threads 1 --jobs 1 \\
         --set train.packing=false --set train.batch_tokens=32768 --set train.max_minutes=null \\
-        --set evaluate.batch_size=32 --json docs/results/long-histories-converged.json
+        --set evaluate.batch_size=32 --json runs/long-histories/long-histories-converged.json
 
 The equal-budget race measured before (35 minutes per run, three side by side) is the same
 command with ``--max-lens 200 1000 whole --set train.max_minutes=35 --jobs 3`` and one seed.
@@ -50,8 +50,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
-import shlex
 import sys
 from concurrent.futures import as_completed
 from pathlib import Path
@@ -214,7 +212,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="every entry at each seed (default: the config's)")  # fmt: skip
     parser.add_argument("--set", dest="overrides", action="append", default=[], help="dotted.key=value for every run")
     parser.add_argument("--label", default="", help="names this series in the JSON (e.g. 'with time gaps')")
-    parser.add_argument("--json", type=Path, default=Path("docs/results/long-histories.json"))
+    parser.add_argument("--json", type=Path, default=Path("runs/long-histories/long-histories.json"),
+                        help="results (default runs/long-histories/long-histories.json; the committed ones are in docs/results/)")
     parser.add_argument("--tiny", action="store_true", help="a dry run (1 epoch of 20 batches per run, every user still evaluated: about 3 minutes on "
                         "ML-1M with two --max-lens on 2 cores): checks the script, measures nothing")
     parser.add_argument("--jobs", type=int, default=1, help="runs at once, each with cores / jobs torch threads")
@@ -222,6 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     overrides = [*(TINY if args.tiny else []), *args.overrides]  # a --set wins over --tiny's
     from recsys_alibi.config import ConfigError, load_config
+    from recsys_alibi.diagnostics.machine import command_line, machine_line
 
     whole = _whole(args.prepared)
     try:
@@ -233,12 +233,16 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    if args.json.is_dir():
+        print(f"error: --json {args.json} is a folder", file=sys.stderr)
+        return 2
+    args.json.parent.mkdir(parents=True, exist_ok=True)  # before any training: a finished run is never lost
     for (seed, i), config in configs.items():  # resolved: schedules as the runs record them
         if "schedule" in entries[i]:
             entries[i] = {"schedule": config.train.context_schedule}
     doc = json.loads(args.json.read_text()) if args.json.exists() else {"runs": []}
-    doc["command"] = shlex.join([sys.executable.rsplit("/", 1)[-1], *sys.argv])
-    doc["machine"] = f"{platform.machine()}, {platform.system()}, python {platform.python_version()}"
+    doc["command"] = command_line("benchmarks/long_histories.py", argv)
+    doc["machine"] = machine_line()  # torch threads: each run's torch_threads
     arrays_path = args.json.with_suffix(".per_user.json")
     per_user = json.loads(arrays_path.read_text()) if arrays_path.exists() else {}
     # a run recorded before seeds: the config's seed

@@ -3,7 +3,7 @@
 Run (from the repository root):
 
     python -m benchmarks.numerics paths --output runs/numerics          # ~2 min: backends' softmax paths
-    python -m benchmarks.numerics probe --output runs/numerics --json docs/results/numerics-probe.json
+    python -m benchmarks.numerics probe --output runs/numerics --json runs/numerics/numerics-probe.json
     python -m benchmarks.numerics probe --settings default,steep --precisions fp32 --output runs/numerics
 
 ``paths``: for each backend (eager, sdpa, flex) and dtype (fp32, bf16, fp16), the share of causal
@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import sys
 import time
 import warnings
 from collections.abc import Sequence
@@ -45,6 +46,7 @@ import torch
 from recsys_alibi.atomic import write_text_atomic
 from recsys_alibi.data.synthetic import EPISODE_GAP
 from recsys_alibi.diagnostics import diagnose, probe_zero_share
+from recsys_alibi.diagnostics.machine import command_line, machine_line
 from recsys_alibi.model.alibi import alibi_slopes
 
 log = logging.getLogger("benchmarks.numerics")
@@ -57,8 +59,10 @@ DTYPES = ("float32", "bfloat16", "float16")
 # paths
 
 
-def run_paths(output: Path, n_heads: int = 8, length: int = 1024, max_bias: float = 8.0) -> list[dict]:
-    """Measured against predicted zero share per backend, dtype and head; writes paths.json/.md."""
+def run_paths(output: Path, n_heads: int = 8, length: int = 1024, max_bias: float = 8.0,
+              command: str | None = None) -> list[dict]:
+    """Measured against predicted zero share per backend, dtype and head; writes paths.json/.md (each record
+    with ``command`` and the ``machine``: what flushes to zero follows the CPU)."""
     slopes = alibi_slopes(n_heads, max_bias)
     records = []
     for dtype in DTYPES:
@@ -77,6 +81,8 @@ def run_paths(output: Path, n_heads: int = 8, length: int = 1024, max_bias: floa
                         "predicted": predicted_w, "seconds": 0.0})  # fmt: skip
         records.append({"dtype": dtype, "backend": "exp", "length": length, "measured": None,
                         "predicted": [h.zero_share for h in report.heads["exp"]], "seconds": 0.0})  # fmt: skip
+    for r in records:
+        r.update(command=command, machine=machine_line(torch.get_num_threads()))
     output.mkdir(parents=True, exist_ok=True)
     write_text_atomic(output / "paths.json", json.dumps(records, indent=2))
     write_text_atomic(output / "paths.md", paths_markdown(records, n_heads, length, max_bias))
@@ -319,8 +325,8 @@ def _train(setting: str, precision_name: str, work: Path, seed: int) -> tuple[di
         datamodule = SequenceDataModule(prepared, config.model, config.train, config.seed)
         callbacks = [AttentionHealth(THRESHOLD, max_rows=HEALTH_ROWS), _FinalWeights(final)]
         fit = fit_ranker(config, datamodule, ckpt, callbacks=callbacks, progress=False)
-        facts_path.write_text(json.dumps({"train_seconds": fit.train_seconds, "epochs": fit.epochs,
-                                          "best_val_ndcg_at_10": fit.best_val_ndcg_at_10}))  # fmt: skip
+        write_text_atomic(facts_path, json.dumps({"train_seconds": fit.train_seconds, "epochs": fit.epochs,
+                                                  "best_val_ndcg_at_10": fit.best_val_ndcg_at_10}))  # fmt: skip
     facts = json.loads(facts_path.read_text())
     # the final weights, not the best validation epoch: the validation target (the one answer of
     # kind a) is learnt within an epoch, so the validation NDCG cannot tell later epochs apart
@@ -453,10 +459,12 @@ def probe_summary_markdown(records: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def run_probe(output: Path, plan: Sequence[tuple[str, str, int]], json_path: Path | None = None) -> list[dict]:
+def run_probe(output: Path, plan: Sequence[tuple[str, str, int]], json_path: Path | None = None,
+              command: str | None = None) -> list[dict]:
     """Every (precision, setting, seed) run of ``plan``, each scored at every ``EVAL_DISTANCES``.
 
-    Records are written to the JSON (default ``output/probe.json``) and the table to
+    Each new record names ``command`` (the command line that made it), the ``machine`` and its ``torch_threads``
+    (the scores follow the CPU and the thread count: docs/numerics.md). Records are written to the JSON (default ``output/probe.json``) and the table to
     ``output/probe.md`` as each run finishes; runs already in the JSON are skipped.
     """
     output.mkdir(parents=True, exist_ok=True)
@@ -470,6 +478,7 @@ def run_probe(output: Path, plan: Sequence[tuple[str, str, int]], json_path: Pat
         new = run_probe_one(setting, precision, output, seed)
         for r in new:
             r["run_wall_seconds"] = time.perf_counter() - started
+            r.update(command=command, machine=machine_line(), torch_threads=torch.get_num_threads())
         records += new
         done.add((precision, setting, seed))  # a plan may name a run twice
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -506,8 +515,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     configure_logging()
     if args.threads:
         torch.set_num_threads(args.threads)
+    command = command_line("-m", ["benchmarks.numerics", *(sys.argv[1:] if argv is None else argv)])
     if args.section == "paths":
-        run_paths(args.output)
+        run_paths(args.output, command=command)
         print((args.output / "paths.md").read_text())
     else:
         plan = [(p, s, 7) for p in PRECISIONS for s in SETTINGS] if args.all else list(PLAN)
@@ -519,7 +529,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             plan = [run for run in plan if run[index] in flag.split(",")]
         if args.seeds is not None:
             plan = [(p, s, int(seed)) for p, s, _ in plan for seed in args.seeds.split(",")]
-        run_probe(args.output, plan, args.json)
+        run_probe(args.output, plan, args.json, command)
         print((args.output / "probe.md").read_text())
     return 0
 

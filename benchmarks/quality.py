@@ -33,11 +33,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
-import platform
-import shlex
 import statistics
-import sys
 from concurrent.futures import as_completed
 from pathlib import Path
 
@@ -128,8 +124,8 @@ def markdown_table(result: dict) -> str:
     def cell(block: dict, name: str) -> str:
         if name not in block:
             return "–"
-        std = block.get(f"{name}_std")
-        return f"{block[name]:.4f}" + (f" ± {std:.4f}" if std else "")
+        std = block.get(f"{name}_std")  # over several seeds, 0.0 included; none for popularity or one seed
+        return f"{block[name]:.4f}" + (f" ± {std:.4f}" if std is not None and len(block.get("seeds", [])) > 1 else "")
 
     names = ("HR@10", "NDCG@10", "HR@20", "NDCG@20", "MRR")
     rows = [("ALiBi ranker", result), ("SASRec (learned positions)", result.get("baseline", {})),
@@ -147,7 +143,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS),
-                        help="which models to train (default both); one alone re-measures it beside the other's JSON")
+                        help="which models to train (default both); one alone re-measures it and keeps the other's "
+                             "finished runs of the same seeds from the workdir (else its block of the earlier --json)")
     parser.add_argument("--jobs", type=int, default=2, help="runs at once, each with cores / jobs torch threads")
     parser.add_argument("--workdir", type=Path, help="default: runs/quality/<config stem>")
     parser.add_argument("--json", type=Path, help="default: <workdir>/<config stem>.json")
@@ -159,6 +156,7 @@ def main(argv: list[str] | None = None) -> None:
     from pipelines.evaluate import run_evaluate
     from recsys_alibi.atomic import write_json_atomic
     from recsys_alibi.config import load_config, sasrec_overrides
+    from recsys_alibi.diagnostics.machine import command_line, machine_line
     from recsys_alibi.tracking import setup_tracking
     from worker_pool import training_pool  # benchmarks/worker_pool.py (this script's folder is on sys.path)
 
@@ -183,11 +181,16 @@ def main(argv: list[str] | None = None) -> None:
         (label, seed, [*args.overrides, f"seed={seed}", f"output={workdir / f'{label.lower()}-seed{seed}'}", *extra])
         for seed in args.seeds
         for label, extra in (("ALiBi", []), ("SASRec", sasrec_overrides()))
-        if label in args.models
     ]
     configs = [load_config(args.config, overrides) for _, _, overrides in tasks]  # the YAML is read here, once
     finished_path = workdir / "finished.json"
     finished = read_finished(finished_path)
+    # a model left out of --models: its finished runs of every seed are kept (never trained here), else the
+    # earlier JSON's block of it
+    kept = [label for label in MODELS if label not in args.models
+            and all(run_key(c) in finished for (lab, _, _), c in zip(tasks, configs) if lab == label)]  # fmt: skip
+    wanted = [i for i, (label, _, _) in enumerate(tasks) if label in args.models or label in kept]
+    tasks, configs = [tasks[i] for i in wanted], [configs[i] for i in wanted]
     results: dict[int, dict] = {}
     with training_pool(args.jobs) as (pool, threads):
         futures = {}
@@ -207,18 +210,32 @@ def main(argv: list[str] | None = None) -> None:
                 f"test HR@10 {run['metrics']['HR@10']:.4f} NDCG@10 {run['metrics']['NDCG@10']:.4f}",
                 flush=True,
             )
-    runs: dict[str, list[dict]] = {label: [] for label in args.models}
+    runs: dict[str, list[dict]] = {label: [] for label in MODELS if label in args.models or label in kept}
     for index, (label, _, _) in enumerate(tasks):
         runs[label].append(results[index])
     popularity = run_evaluate(base, prepared, baseline="popularity", output_dir=workdir / "popularity")
+    earlier = json.loads(json_path.read_text()) if json_path.is_file() else {}
+    blocks = {"ALiBi": summarise(runs["ALiBi"]) if "ALiBi" in runs else None,
+              "SASRec": {"name": "SASRec (model.position=learned)", **summarise(runs["SASRec"])} if "SASRec" in runs else None}
+    for label in MODELS:
+        if blocks[label] is None:  # not measured and no finished runs here: the earlier JSON's figures, if any
+            block = ({k: earlier[k] for k in earlier if k in REPORTED or k.removesuffix("_std") in REPORTED
+                      or k in ("seeds", "train_seconds", "epochs")} if label == "ALiBi" else earlier.get("baseline"))
+            if block:
+                blocks[label] = block
+                runs[label] = earlier.get("per_seed", {}).get(label, [])
+            print(f"{label}: not in --models and not every seed finished in {finished_path}: "
+                  + (f"its figures kept from {json_path}" if block else "left out"), flush=True)  # fmt: skip
+        elif label in kept:
+            print(f"{label}: not in --models; its finished runs in {finished_path} kept", flush=True)
     result = {
-        **(summarise(runs["ALiBi"]) if "ALiBi" in runs else {}),
-        **({"baseline": {"name": "SASRec (model.position=learned)", **summarise(runs["SASRec"])}} if "SASRec" in runs else {}),
+        **(blocks["ALiBi"] or {}),
+        **({"baseline": blocks["SASRec"]} if blocks["SASRec"] else {}),
         "popularity": {k: float(v) for k, v in popularity.result.metrics.items() if k in REPORTED},
-        "command": shlex.join(["python", "benchmarks/quality.py", *(argv if argv is not None else sys.argv[1:])]),
+        "command": command_line("benchmarks/quality.py", argv),
         "config": args.config,
         "protocol": "leave-one-out, full-catalog ranking, seen items excluded",
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
+        "machine": machine_line(threads),
         "jobs": args.jobs,
         "torch_threads_per_run": threads,
         "per_seed": runs,

@@ -5,7 +5,7 @@ a session: start it in the background and start it again with the same command a
 
     .venv/bin/python benchmarks/replay.py --config configs/movielens-100k.yaml \\
         --input ../shared/data/ml-100k/u.data --format movielens --start 0.5 --period-days 14 \\
-        --seeds 1 2 3 --workdir runs/replay-ml100k --output docs/results/replay-ml100k.json
+        --seeds 1 2 3 --workdir runs/replay-ml100k --output runs/replay-ml100k.json
 
 The log is read with the project's readers (``data.*`` of the config) and cut at boundaries
 ``b_0 < b_1 < ...``: ``b_0`` is the ``--start`` quantile of the timestamps, then one boundary every
@@ -83,7 +83,6 @@ import datetime as dt
 import json
 import logging
 import os
-import platform
 import shlex
 import shutil
 import signal
@@ -93,9 +92,10 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from recsys_alibi.diagnostics.machine import cpu_name
+from recsys_alibi.diagnostics.machine import command_line, machine_line
 
 DAY = 86_400
+RESULTS = Path(__file__).resolve().parents[1] / "docs" / "results"  # the committed figures: no default writes there
 ARMS = ("scratch", "warm", "stale", "warm_full", "scratch_budget", "scratch_features", "warm_features")
 DEFAULT_ARMS = ("scratch", "warm", "stale")  # the final comparison; the other two diagnose
 WARM_ARMS = ("warm", "warm_full", "warm_features")  # initialised from the previous step's warm model (of their chain)
@@ -546,7 +546,9 @@ def reused_runs(items: list[str], arms: list[str], parser) -> dict[str, dict]:
     for an arm not in ``--arms``, the warm chain, or a file that is not there."""
     out = {}
     for item in items:
-        arm, _, path = item.partition("=")
+        arm, equals, path = item.partition("=")
+        if not arm or not equals or not path:
+            parser.error(f"--reuse {item}: expected ARM=JSON (e.g. scratch=runs/replay-ml100k.json)")
         per_user = Path(path).with_suffix(".per_user.json")
         if arm not in arms or arm in WARM_ARMS or arm == "stale":
             parser.error(f"--reuse {item}: only an arm of --arms that does not follow the warm chain (e.g. scratch)")
@@ -603,12 +605,24 @@ def read_arm_option(item: str, parser, arms: tuple[str, ...] = ARMS) -> tuple[st
     return label, arm, doc, args, runs
 
 
+def default_output(replay: Path, suffix: str) -> Path:
+    """Where a script that writes a file about ``replay`` writes without ``--output``: beside it (the replay's path
+    with ``suffix``), or, when the replay lies under docs/results/, ``runs/`` of the checkout under the same name
+    (created): a default never replaces a committed figure."""
+    beside = replay.with_suffix(suffix)
+    if RESULTS.resolve() not in beside.resolve().parents:
+        return beside
+    runs = RESULTS.parents[1] / "runs"
+    runs.mkdir(exist_ok=True)
+    return runs / beside.name
+
+
 def read_for_output(path: Path, output: Path | None, suffix: str, parser) -> tuple[dict, argparse.Namespace, dict, Path]:
     """:func:`read_replay` for a script that writes a file about the replay: also the output path (``output``,
-    default the replay's path with ``suffix``), refused with one line (``parser.error``) when it is a folder, lies
+    default :func:`default_output`), refused with one line (``parser.error``) when it is a folder, lies
     in none, or is one of the replay's own files, and when the replay's log is not where its command says. Used by
     ``replay_popularity.py`` and ``replay_prior.py``."""
-    output = output or path.with_suffix(suffix)
+    output = output or default_output(path, suffix)
     if output.resolve().is_dir() or not output.resolve().parent.is_dir():
         parser.error(f"--output {output}: a folder, or in a folder that does not exist")
     doc, args, runs = read_replay(path, parser)
@@ -650,24 +664,40 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if "warm" not in args.arms:
         parser.error("--arms must include warm (the chain every other arm is compared with)")
+    if not 0 < args.start < 1:
+        parser.error(f"--start {args.start}: a quantile of the timestamps strictly between 0 and 1")
+    if not args.period_days > 0:
+        parser.error(f"--period-days {args.period_days}: must be above 0")
+    if args.steps is not None and args.steps < 1:
+        parser.error(f"--steps {args.steps}: at least 1 (step 0 alone compares nothing)")
+    earlier = reused_runs(args.reuse, args.arms, parser)
 
     from pipelines.cli import configure_logging
     from recsys_alibi.atomic import write_json_atomic
-    from recsys_alibi.config import load_config, with_overrides
+    from recsys_alibi.config import ConfigError, load_config, with_overrides
+    from recsys_alibi.data.errors import DataError
     from recsys_alibi.tracking import setup_tracking
 
     configure_logging()
-    args.workdir.mkdir(parents=True, exist_ok=True)
-    os.environ.setdefault("MLFLOW_TRACKING_URI", f"sqlite:///{args.workdir.resolve() / 'mlflow.db'}")
-    # train.init_from is set per run (the previous warm model, or none for scratch); given here so that the
-    # config's train.warm schedule is accepted (it takes effect only with train.init_from)
-    config = load_config(args.config, [*args.overrides, "train.init_from=champion"])
-    setup_tracking(config.tracking)
-    events = read_log(config, args.input or config.data.input, args.format)
+    try:  # a bad config or log: one line, exit 2, before anything is trained or written
+        # train.init_from is set per run (the previous warm model, or none for scratch); given here so that the
+        # config's train.warm schedule is accepted (it takes effect only with train.init_from)
+        config = load_config(args.config, [*args.overrides, "train.init_from=champion"])
+        events = read_log(config, args.input or config.data.input, args.format)
+    except (ConfigError, DataError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
     bounds = boundaries(events["timestamp"].to_numpy(), args.start, args.period_days)
     last = len(bounds) - 2 if args.steps is None else min(len(bounds) - 2, args.steps)
+    if last < 1:
+        print(f"error: the log after the --start {args.start} quantile holds no whole period of --period-days "
+              f"{args.period_days} before its last event: nothing to compare", file=sys.stderr)  # fmt: skip
+        raise SystemExit(2)
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("MLFLOW_TRACKING_URI", f"sqlite:///{args.workdir.resolve() / 'mlflow.db'}")
+    setup_tracking(config.tracking)
     seeds = args.seeds or [config.seed]
-    command = shlex.join(["python", "benchmarks/replay.py", *(argv if argv is not None else sys.argv[1:])])
+    command = command_line("benchmarks/replay.py", argv)
     doc = json.loads(args.output.read_text()) if args.output.exists() else {}
     if "runs" not in doc or doc.get("arms") != args.arms or doc.get("start_quantile") != args.start \
             or doc.get("period_days") != args.period_days or doc.get("gate", False) != args.gate:  # fmt: skip
@@ -677,8 +707,7 @@ def main(argv: list[str] | None = None) -> None:
         "period_days": args.period_days, "arms": args.arms, "gate": args.gate, "seeds": seeds, "steps_planned": last,
         "protocol": "next period: each test user's first next-period event with a catalog item not in the history, "
                     "full catalog, seen items excluded; a model that does not know the target counts a miss",
-        "machine": f"{cpu_name()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
-                   f"torch threads {__import__('torch').get_num_threads()}",
+        "machine": machine_line(__import__("torch").get_num_threads()),
     })  # fmt: skip
 
     def save() -> None:
@@ -692,7 +721,6 @@ def main(argv: list[str] | None = None) -> None:
     per_user_path = args.output.with_suffix(".per_user.json")
     if doc["runs"] and per_user_path.exists():
         doc["runs"] = json.loads(per_user_path.read_text())  # the steps with their per-user values
-    earlier = reused_runs(args.reuse, args.arms, parser)
     handlers = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         for seed in seeds:

@@ -23,7 +23,8 @@ is also given with one place of the top 10 held for the best new item (``score.n
 ``serving.topk.reserve_new_items``; keys ending ``_slot``), and over both kinds of target together
 (``all_targets``: the twin misses every cold one).
 
-Writes ``<replay>.cold.json`` (``--output``): per seed and step, ``new_items`` of the next period,
+Writes ``<replay>.cold.json`` (``--output``; ``runs/<replay>.cold.json`` for a replay under docs/results/), with the
+command, the machine and the protocol (the paragraph above that starts "The replay's own targets"): per seed and step, ``new_items`` of the next period,
 ``cold_test_users`` and per feature arm ``cold`` {n, HR@10, NDCG@10}, ``cold_median_rank_fraction`` (the
 median cold target's rank over the number of candidates: 0.5 is a random order), ``with_new_items``
 {NDCG@10, HR@10} and ``top10_share_new`` (share of top-10 slots on the replay's examples held by the new items); pooled
@@ -36,7 +37,6 @@ the median rank the best-scored new item takes over the unseen catalog (``replay
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -44,6 +44,8 @@ import polars as pl
 
 TWINS = {"warm_features": "warm", "scratch_features": "scratch"}  # feature arm -> its id-only twin
 SLOTS = 1  # score.new_item_slots measured beside the plain ranking (the "_slot" figures)
+# the JSON's "protocol": the module doc's paragraph on the cold targets (not its usage line)
+PROTOCOL = next(p for p in __doc__.split("\n\n") if p.startswith("The replay's own targets")).replace("\n", " ")
 
 
 def cold_examples(prepared: Path, events: pl.DataFrame, lo: int, hi: int, fresh: set, model) -> pl.DataFrame:
@@ -178,15 +180,15 @@ def pooled(steps: list[dict], replay_steps: dict) -> dict:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="replay_cold.py", description=__doc__.splitlines()[0])
     parser.add_argument("replay", type=Path, help="a finished replay's JSON (its .per_user.json beside it)")
-    parser.add_argument("--output", type=Path, help="default: <replay>.cold.json")
+    parser.add_argument("--output", type=Path, help="default: <replay>.cold.json, runs/<replay>.cold.json for a replay in docs/results/")
     args = parser.parse_args(argv)
 
     import os
-    import shlex
 
     import replay as replay_script
     from pipelines.cli import configure_logging
     from recsys_alibi.atomic import write_json_atomic
+    from recsys_alibi.diagnostics.machine import command_line, machine_line
     from recsys_alibi.tracking import ModelUriError, load_ranker, setup_tracking
     from replay_scoring import entry_steps
 
@@ -234,13 +236,13 @@ def main(argv: list[str] | None = None) -> None:
             steps.append(step)
             print(f"seed {seed} step {k}: {len(fresh)} new items next period, {step['cold_test_users']} cold targets; "
                   + ", ".join(f"{a} cold HR@10 {step['arms'][a]['cold']['HR@10'] or 0:.3f}" for a in features), flush=True)  # fmt: skip
-    out = {"replay": str(args.replay), "command": shlex.join(["python", "benchmarks/replay_cold.py", *(argv or sys.argv[1:])]),
-           "protocol": __doc__.split("\n\n")[2].replace("\n", " "), "twins": {a: TWINS[a] for a in features},
+    out = {"replay": str(args.replay), "command": command_line("benchmarks/replay_cold.py", argv), "machine": machine_line(),
+           "protocol": PROTOCOL, "twins": {a: TWINS[a] for a in features},
            **pooled(steps, replay_steps),
            "cold_median_rank_fraction": {a: float(np.median(f)) if f else None for a, f in fractions.items()},
            "cold_among_new_items": {a: among_new_summary(v["among"], v["best"], v["counts"]) for a, v in among.items()},
            "steps": [{k: v for k, v in s.items() if k != "per_user"} for s in steps]}  # fmt: skip
-    path = args.output or args.replay.with_suffix(".cold.json")
+    path = args.output or replay_script.default_output(args.replay, ".cold.json")
     write_json_atomic(path, out)
     print(f"wrote {path}")
 

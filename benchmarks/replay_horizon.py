@@ -18,7 +18,8 @@ A model of an earlier catalog (``stale``: model k-1 on step k's period) ranks in
 ``item_id``; the targets it does not know are its misses (|T| unchanged). Each arm is scored alone (``model``) and
 with the prior ``replay_prior.py`` chose walk-forward for its chain (``--prior ARM=FILE``: the recorded point of
 each (seed, step), ``chosen -> prior``; no new choice is made here), the stale model under the warm chain's point.
-Writes ``--output`` (default ``REPLAY.horizon.json``): per arm the means, and the paired differences
+Writes ``--output`` (default ``REPLAY.horizon.json``; ``runs/`` for a replay under docs/results/): the command,
+the machine, per arm the means, and the paired differences
 ``warm_minus_<other>`` (``model`` and ``prior``) pooled over (seed, step, user) with percentile-bootstrap 95 %
 intervals, also per step; per user in ``.per_user.json``. Refused with one line (exit 2): a file that is not a
 finished replay, an arm it did not train, a ``--prior`` file that is not ``replay_prior.py``'s output for that arm
@@ -37,6 +38,8 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 import torch
+
+from recsys_alibi.diagnostics.machine import command_line, machine_line
 
 METRICS = ("NDCG@10", "Recall@10")
 K = 10
@@ -159,7 +162,7 @@ def comparisons(values: dict[str, dict], sizes: dict[str, int], arms: list[str],
     return out
 
 
-def pool(paths: list[Path], output: Path, parser) -> None:
+def pool(paths: list[Path], output: Path, parser, argv: list[str] | None = None) -> None:
     """Pool outputs of this script on disjoint seeds of one log (their ``.per_user.json``) into ``output``."""
     from recsys_alibi.atomic import write_json_atomic
 
@@ -181,7 +184,7 @@ def pool(paths: list[Path], output: Path, parser) -> None:
             sizes[key] = int(row.pop("targets"))
             for name, v in row.items():
                 values.setdefault(name, {})[key] = np.asarray(v)
-    out = {"pooled": [str(p) for p in paths],
+    out = {"pooled": [str(p) for p in paths], "command": command_line("benchmarks/replay_horizon.py", argv), "machine": machine_line(),
            **comparisons(values, sizes, docs[0]["arms"], [s for d in docs for s in d["seeds"]], docs[0]["steps"])}
     write_json_atomic(output, out)
     print(f"wrote {output}")
@@ -196,12 +199,12 @@ def main(argv: list[str] | None = None) -> None:
                         help="instead: pool outputs of this script on disjoint seeds into --output")
     parser.add_argument("--store", help="MLflow tracking URI of the models (default: MLFLOW_TRACKING_URI, else the "
                         "replay's workdir store)")
-    parser.add_argument("--output", type=Path, help="JSON path (default: REPLAY.horizon.json beside it)")
+    parser.add_argument("--output", type=Path, help="JSON path (default: REPLAY.horizon.json beside it, runs/REPLAY.horizon.json for a replay in docs/results/)")
     args = parser.parse_args(argv)
     if args.pool:
         if args.replay is not None or args.prior or args.output is None:
             parser.error("--pool takes the files to pool and --output, no replay and no --prior")
-        return pool(args.pool, args.output, parser)
+        return pool(args.pool, args.output, parser, argv)
     if args.replay is None or not args.prior:
         parser.error("give a replay JSON and --prior warm=FILE (or --pool)")
 
@@ -266,7 +269,8 @@ def main(argv: list[str] | None = None) -> None:
                 print(f"step {k}: {examples.height} test users, {sum(map(len, examples['targets'].to_list()))} "
                       "targets", flush=True)  # fmt: skip
 
-    out = {"replay": str(args.replay), "priors": {a: str(p.partition("=")[2]) for a, p in zip(chosen, args.prior)},
+    out = {"replay": str(args.replay), "command": command_line("benchmarks/replay_horizon.py", argv), "machine": machine_line(),
+           "priors": {a: str(p.partition("=")[2]) for a, p in zip(chosen, args.prior)},
            **comparisons(values, sizes, [*arms, "stale"], seeds, last)}  # fmt: skip
     keys = list(values["warm/model"])
     write_json_atomic(output.with_suffix(".per_user.json"),

@@ -25,6 +25,8 @@ import math
 import re
 from pathlib import Path
 
+from recsys_alibi.diagnostics.machine import command_line, machine_line
+
 def _per_user(runs, arm: str) -> dict[tuple[int, int, str], tuple[tuple[float, float], str]]:
     """{(seed, step, user): ((NDCG@10, HR@10), target kind)} of one arm of a replay's per-user runs.
 
@@ -123,7 +125,7 @@ def main(argv: list[str] | None = None) -> None:
         inputs = {p.resolve() for _, path, _ in arms for p in (path, path.with_suffix(".per_user.json"))}
         if target in inputs:
             parser.error(f"--output {args.output}: one of the replays read (it would be overwritten)")
-    out = pair(arms, steps, parser)
+    out = {"command": command_line("benchmarks/replay_pair.py", argv), "machine": machine_line(), **pair(arms, steps, parser)}
     print(f"{out['pairs']} (seed, step, user) pairs, seeds {out['seeds']}, steps {out['steps']}; mean NDCG@10 "
           + ", ".join(f"{label} {mean:.4f}" for label, mean in out["mean_NDCG@10"].items()))  # fmt: skip
     for key, d in out.items():

@@ -11,7 +11,8 @@ events (``recsys_alibi.evaluation.baselines.PopularityScorer``: ties to the item
 ranks the replay's next-period targets (``replay.next_period_examples``: each test user's first next-period event
 on a catalog item not in the history, full catalog, seen items excluded). It is the same list for every seed, so
 each (seed, step, user) of the replay pairs with the step's popularity value. Writes ``--output`` (default
-``REPLAY.popularity.json`` beside the replay) with per step the popularity NDCG@10 and HR@10, and
+``REPLAY.popularity.json`` beside the replay; ``runs/`` for a replay under docs/results/) with the command, the
+machine and per step the popularity NDCG@10 and HR@10, and
 ``popularity_minus_<arm>`` for every arm of the replay, pooled over (seed, step, user) with a percentile-bootstrap
 95 % interval (``replay._difference``). Refused with one line (exit 2): a file that is not a finished replay, the
 replay's log not there, a step whose test users differ from the replay's (another log or periods).
@@ -52,12 +53,13 @@ def popularity_per_user(prepared: Path, examples: pl.DataFrame) -> dict[str, lis
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="replay_popularity.py", description=__doc__.splitlines()[0])
     parser.add_argument("replay", type=Path, help="a finished benchmarks/replay.py JSON")
-    parser.add_argument("--output", type=Path, help="JSON path (default: REPLAY.popularity.json beside it)")
+    parser.add_argument("--output", type=Path, help="JSON path (default: REPLAY.popularity.json beside it, runs/REPLAY.popularity.json for a replay in docs/results/)")
     args = parser.parse_args(argv)
 
     import replay as replay_script
     from pipelines.cli import configure_logging
     from recsys_alibi.atomic import write_json_atomic
+    from recsys_alibi.diagnostics.machine import command_line, machine_line
 
     configure_logging()
     doc, r, runs, output = replay_script.read_for_output(args.replay, args.output, ".popularity.json", parser)
@@ -76,7 +78,7 @@ def main(argv: list[str] | None = None) -> None:
                              "HR@10": float(arr[:, 1].mean()) if len(arr) else None}  # fmt: skip
             print(f"step {k}: {len(values[k])} test users; popularity NDCG@10 {steps[str(k)]['NDCG@10'] or 0:.4f}",
                   flush=True)  # fmt: skip
-    out = {"replay": str(args.replay), "steps": steps}
+    out = {"replay": str(args.replay), "command": command_line("benchmarks/replay_popularity.py", argv), "machine": machine_line(), "steps": steps}
     for arm in doc.get("arms", []):
         pop, other = [], []
         for seed, run in runs.items():

@@ -21,7 +21,7 @@ Ji et al., SIGIR 2020, arXiv 2005.13829, with the model as the other expert).
 :data:`GRID` with the best mean NDCG@10 over the next periods of ``m_0 .. m_k-1`` (this seed's chain), all of
 which end by ``b_k``, so a daily job can make the same choice with what it holds at ``b_k``. ``recent`` is the
 same choice restricted to ``beta = inf`` (recent popularity alone). Writes ``--output`` (default
-``REPLAY.prior.json``): per step and seed the chosen points; pooled over (seed, step, user) the means of the arm,
+``REPLAY.prior.json``; ``runs/`` for a replay under docs/results/): the command, the machine, per step and seed the chosen points; pooled over (seed, step, user) the means of the arm,
 ``prior`` (the arm with the chosen prior) and ``recent``, the paired differences ``prior_minus_arm``,
 ``prior_minus_recent``, ``recent_minus_arm``, and ``prior_minus_<other>`` for the replay's other arms
 (unchanged, as the replay scored them), each with a percentile-bootstrap 95 % interval (``replay._difference``);
@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--uris", type=Path, help="JSON {seed: {step: model URI}}: the chain's models from elsewhere")
     parser.add_argument("--store", help="MLflow tracking URI of the models (default: MLFLOW_TRACKING_URI, else the "
                         "replay's workdir store)")
-    parser.add_argument("--output", type=Path, help="JSON path (default: REPLAY.prior.json beside it)")
+    parser.add_argument("--output", type=Path, help="JSON path (default: REPLAY.prior.json beside it, runs/REPLAY.prior.json for a replay in docs/results/)")
     parser.add_argument("--seeds", nargs="+", help="score only these seeds of the replay (default: every seed with a "
                         "finished step): the others' models may be gone; pool outputs with replay_prior_pool.py")
     parser.add_argument("--against", type=Path, help="an earlier output of this script (another chain of the same "
@@ -129,6 +129,7 @@ def main(argv: list[str] | None = None) -> None:
     import replay as replay_script
     from pipelines.cli import configure_logging
     from recsys_alibi.atomic import write_json_atomic
+    from recsys_alibi.diagnostics.machine import command_line, machine_line
     from recsys_alibi.evaluation.popularity_prior import recency_counts
 
     configure_logging()
@@ -224,7 +225,8 @@ def main(argv: list[str] | None = None) -> None:
     users = [user for _, _, user in keys]
     all_steps = np.concatenate([np.stack(list(chains[s][k].values())) for s in seeds for k in range(1, last + 1)])
     out = {
-        "replay": str(args.replay), "arm": args.arm, "models": str(args.uris) if args.uris else "the replay's",
+        "replay": str(args.replay), "command": command_line("benchmarks/replay_prior.py", argv), "machine": machine_line(),
+        "arm": args.arm, "models": str(args.uris) if args.uris else "the replay's",
         "grid": {"beta": ["inf" if math.isinf(b) else b for b in BETAS], "half_life_days": list(HALF_LIVES)},
         "rule": "step k: the grid point with the best mean NDCG@10 over the next periods of the chain's models "
                 "0..k-1 (this seed), all ending by b_k; recent: the same among beta = inf",

@@ -6,9 +6,9 @@ outputs' into one set of paired differences over every (seed, step, user), as if
 Run from the repository root (seconds):
 
     .venv/bin/python benchmarks/replay_prior_pool.py docs/results/replay-ml1m.prior.json \\
-        docs/results/replay-ml1m-seed3.prior.json --output docs/results/replay-ml1m-seeds1-3.prior.json
+        docs/results/replay-ml1m-seed3.prior.json --output runs/replay-ml1m-seeds1-3.prior.json
 
-Writes ``--output``: the inputs, their arm, ``seeds``, ``chosen`` (each seed's walk-forward choices, as its input
+Writes ``--output``: the command, the machine, the inputs, their arm, ``seeds``, ``chosen`` (each seed's walk-forward choices, as its input
 made them), ``mean_NDCG@10`` of the arm, ``prior``, ``recent`` and ``stale_prior`` (the previous model of the chain
 with the same choice), and the percentile-bootstrap paired differences ``prior_minus_arm``,
 ``prior_minus_recent``, ``recent_minus_arm`` and ``prior_minus_stale_with_prior`` (``replay._difference``), the
@@ -121,10 +121,11 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
 
     from recsys_alibi.atomic import write_json_atomic
+    from recsys_alibi.diagnostics.machine import command_line, machine_line
 
     if args.output.resolve() in {p.resolve() for p in args.inputs} or args.output.resolve().is_dir():
         parser.error(f"--output {args.output}: one of the inputs, or a folder")
-    out = pool([(path, *_read(path, parser)) for path in args.inputs], parser)
+    out = {"command": command_line("benchmarks/replay_prior_pool.py", argv), "machine": machine_line(), **pool([(path, *_read(path, parser)) for path in args.inputs], parser)}
     for name in ("prior_minus_arm", "prior_minus_recent", "prior_minus_stale_with_prior", "prior_minus_their_prior",
                  "arm_minus_their_arm"):  # fmt: skip
         if name in out:

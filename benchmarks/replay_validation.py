@@ -5,7 +5,7 @@ while their workdirs (the MLflow stores of their models) are still there; scorin
 
     .venv/bin/python benchmarks/replay_validation.py \\
         --model plain=docs/results/replay-ml100k.json:warm --model scratch=docs/results/replay-ml100k.json:scratch \\
-        --output docs/results/replay-ml100k.validation.json
+        --output runs/replay-ml100k.validation.json
 
 Each ``--model LABEL=REPLAY.json:ARM`` names one arm of one finished replay; the first is the baseline the
 others are compared with. For every seed and step ``k`` that all of them finished, the step's prepared data
@@ -38,6 +38,8 @@ import sys
 from pathlib import Path
 
 import numpy as np
+
+from recsys_alibi.diagnostics.machine import command_line, machine_line
 
 SETS = ("all", "returning")
 
@@ -197,7 +199,7 @@ def main(argv: list[str] | None = None) -> None:
                       "returning; NDCG@10 returning " + ", ".join(f"{m[0]} {row[m[0] + '_returning_NDCG@10'] or 0:.4f}"
                                                                  for m in models), flush=True)  # fmt: skip
     paragraphs = __doc__.split("\n\n")
-    out = {"command": shlex.join(["python", "benchmarks/replay_validation.py", *(argv if argv is not None else sys.argv[1:])]),
+    out = {"command": command_line("benchmarks/replay_validation.py", argv), "machine": machine_line(),
            "protocol": " ".join(p.replace("\n", " ") for p in paragraphs[3:5]), "baseline": models[0][0],
            "sets": summarise(per, models[0][0]), "steps": steps}  # fmt: skip
     write_json_atomic(args.output, out)

@@ -22,7 +22,8 @@ ML-1M in the SASRec format) scored three ways in this process, users/s of each: 
 1 CPU each on a local 2-CPU instance, whose start is timed apart), and Ray's wall time over
 ``score``'s.
 
-Prints a Markdown table; ``--json PATH`` also writes the rows as JSON.
+Prints a Markdown table; ``--json PATH`` also writes ``{"command", "machine", "rows"}`` (its folder is made
+before anything is measured).
 """
 
 from __future__ import annotations
@@ -182,10 +183,15 @@ def compare_engines(log: Path, k: int, shard_users: int, workdir: Path) -> list[
     return rows
 
 
-def _write_rows(path: Path, rows: list[dict]) -> None:
-    from recsys_alibi.atomic import write_text_atomic  # a device or FIFO there is refused, never replaced
+def _write_rows(path: Path, rows: list[dict], argv: list[str] | None) -> None:
+    import torch
 
-    write_text_atomic(path, json.dumps(rows, indent=2) + "\n")
+    from recsys_alibi.atomic import write_text_atomic  # a device or FIFO there is refused, never replaced
+    from recsys_alibi.diagnostics.machine import command_line, machine_line
+
+    doc = {"command": command_line("benchmarks/scoring.py", argv), "machine": machine_line(torch.get_num_threads()),
+           "rows": rows}  # fmt: skip
+    write_text_atomic(path, json.dumps(doc, indent=2) + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -201,6 +207,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--one", nargs=6, help=argparse.SUPPRESS)
     parser.add_argument("--engines", type=Path, metavar="LOG", help="score vs pyfunc vs Ray on this event log")
     args = parser.parse_args(argv)
+    if args.json is not None and not args.one:
+        if args.json.is_dir():
+            parser.error(f"--json {args.json}: a folder")
+        args.json.parent.mkdir(parents=True, exist_ok=True)  # before the measurement: its rows are never lost
     if args.engines:
         work = Path(tempfile.mkdtemp(prefix="score-engines-"))
         try:
@@ -208,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             shutil.rmtree(work, ignore_errors=True)
         if args.json:
-            _write_rows(args.json, rows)
+            _write_rows(args.json, rows, argv)
         return 0
     if args.one:
         n_items, length, users, k, data, shard = args.one
@@ -233,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(table(rows))
     if args.json:
-        _write_rows(args.json, rows)
+        _write_rows(args.json, rows, argv)
     return 0
 
 

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import platform
+import shlex
+import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # native bfloat16 arithmetic (train.precision: auto picks bf16-mixed)
@@ -33,3 +37,26 @@ def cpu_name(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
     flags = set(next((line.split(":", 1)[1].split() for line in lines if line.startswith("flags")), []))
     native = [f for f in BF16_FLAGS if f in flags]
     return f"{name} ({', '.join(native)})" if native else f"{name} (AVX2 only)" if "avx2" in flags else name
+
+
+def machine_line(threads: int | None = None) -> str:
+    """The machine a benchmark ran on, for its JSON: ``"<cpu_name()>, N cores, Python X.Y.Z"``, with
+    ``", T torch threads"`` when ``threads`` is given.
+
+    Example:
+        >>> machine_line(1).endswith(", 1 torch thread") and machine_line(2).endswith(", 2 torch threads")
+        True
+    """
+    line = f"{cpu_name()}, {os.cpu_count()} cores, Python {platform.python_version()}"
+    return line + ("" if threads is None else f", {threads} torch thread" + ("s" if threads != 1 else ""))
+
+
+def command_line(script: str, argv: Sequence[str] | None = None) -> str:
+    """The command a benchmark was run with, for its JSON: ``python SCRIPT ARGS`` with the arguments as given
+    (``argv``, or ``sys.argv[1:]`` when None: an empty list is no arguments), shell-quoted.
+
+    Example:
+        >>> command_line("benchmarks/x.py", ["--output", "runs/a b.json"])
+        "python benchmarks/x.py --output 'runs/a b.json'"
+    """
+    return shlex.join(["python", script, *(sys.argv[1:] if argv is None else argv)])

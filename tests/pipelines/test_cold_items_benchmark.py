@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 import pytest
+import torch
 from benchmark_scripts import load_benchmark
 
 cold = load_benchmark("cold_items", "cold_items_benchmark")
@@ -41,7 +42,8 @@ def test_tiny_run_writes_every_field(ml1m, tmp_path, one_torch_thread, monkeypat
     held = test["HR@10 held-out targets"]
     assert held["n_users"] == test["id_only"]["held_targets"] > 0
     assert held["ci95"][0] <= held["difference"] <= held["ci95"][1]
-    assert result["chosen_on_validation"] in result["runs"] and "one torch thread" in result["machine"]
+    assert result["chosen_on_validation"] in result["runs"] and result["machine"].endswith(f"1 torch thread, torch {torch.__version__}")
+    assert result["command"] == f"python -m benchmarks.cold_items --tiny --output {tmp_path / 'cold.json'} --workdir {tmp_path / 'work'}"
     assert np.isfinite(test["NDCG@10 all"]["difference"])
     # one place held for the best held-out item: a held-out target in the top 10 keeps its place
     for side in ("id_only", "features"):

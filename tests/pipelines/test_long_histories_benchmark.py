@@ -10,6 +10,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import json
+import shlex
 import sys
 import types
 from pathlib import Path
@@ -86,6 +87,29 @@ def test_schedules_and_seeds_are_recorded_paired_to_200_of_the_same_seed_and_res
     calls.clear()  # the same command again: every run is in the JSON, nothing trains
     assert long_histories.main(argv) == 0
     assert calls == [] and len(json.loads(out.read_text())["runs"]) == 6
+
+
+def test_the_json_folder_is_made_before_training_and_the_command_is_the_one_run(tmp_path, monkeypatch):
+    """--json in a folder that does not exist: made before the first run trains (a finished run was lost to a
+    FileNotFoundError at the end); ``command`` is the command line as given, ``machine`` names the CPU."""
+    prepared = write_walks(tmp_path / "prepared", n_users=40)
+    out = tmp_path / "new" / "folder" / "lh.json"
+    calls: list = []
+    fake = _fake_run_one(calls)
+
+    def run_one(config, prepared, label, threads):
+        assert out.parent.is_dir(), "the JSON's folder is made before any training"
+        return fake(config, prepared, label, threads)
+
+    monkeypatch.setattr(long_histories, "run_one", run_one)
+    monkeypatch.setitem(sys.modules, "worker_pool", types.SimpleNamespace(training_pool=_threads_pool))
+    monkeypatch.setattr("recsys_alibi.tracking.setup_tracking", lambda tracking: None)
+    argv = ["--config", str(REPO / "configs" / "default.yaml"), "--prepared", str(prepared), "--max-lens", "200",
+            "--seeds", "1", "--set", "train.max_epochs=2", *NO_TABLE, "--json", str(out)]  # fmt: skip
+    assert long_histories.main(argv) == 0 and calls == [(1, "200")]
+    doc = json.loads(out.read_text())
+    assert doc["command"] == shlex.join(["python", "benchmarks/long_histories.py", *argv])
+    assert " cores, Python " in doc["machine"] and len(doc["runs"]) == 1
 
 
 def test_runs_recorded_before_seeds_keep_their_keys():

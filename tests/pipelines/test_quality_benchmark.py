@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -61,14 +62,35 @@ def test_two_parallel_jobs_on_a_new_tracking_store_write_the_results(tmp_path):
     assert again.returncode == 0, again.stderr[-3000:]
     assert again.stdout.count("reused the finished run") == 2 and "epochs in" not in again.stdout
     assert json.loads((tmp_path / "result.json").read_text())["per_seed"] == result["per_seed"]
-    # --models SASRec: the baseline alone (here its finished run, reused), no ALiBi entry
+    assert result["command"] == shlex.join(["python", "benchmarks/quality.py", *args[2:]])  # argv as given
+    assert f"cores, Python {'.'.join(map(str, sys.version_info[:3]))}, {result['torch_threads_per_run']} torch thread" in result["machine"]
+    # --models SASRec: the baseline re-measured (here its finished run, reused); the ALiBi runs finished in the
+    # workdir are kept in the JSON beside it (never trained by this command)
     alone = [*args[:args.index("--json")], "--json", "sasrec.json", "--curve", "sasrec.png", *args[args.index("--curve") + 2:],
              "--models", "SASRec"]  # fmt: skip
     done = subprocess.run(alone, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     sasrec_only = json.loads((tmp_path / "sasrec.json").read_text())
-    assert list(sasrec_only["per_seed"]) == ["SASRec"] and "NDCG@10" not in sasrec_only
-    assert sasrec_only["baseline"]["HR@10"] == result["baseline"]["HR@10"] and done.stdout.count("reused") == 1
+    assert sasrec_only["per_seed"] == result["per_seed"] and sasrec_only["NDCG@10"] == result["NDCG@10"]
+    assert sasrec_only["baseline"]["HR@10"] == result["baseline"]["HR@10"]
+    assert done.stdout.count("reused the finished run") == 2 and "ALiBi: not in --models; its finished runs" in done.stdout
+    # the ALiBi runs gone from the workdir: its figures of the earlier --json are kept, not dropped
+    finished_path = tmp_path / "work" / "finished.json"
+    finished_path.write_text(json.dumps({k: r for k, r in finished.items() if r["position"] == "learned"}))
+    alone[alone.index("sasrec.json")] = "result.json"
+    done = subprocess.run(alone, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    kept = json.loads((tmp_path / "result.json").read_text())
+    assert kept["NDCG@10"] == result["NDCG@10"] and kept["per_seed"] == result["per_seed"]
+    assert "ALiBi: not in --models and not every seed finished" in done.stdout and "figures kept from result.json" in done.stdout
+
+
+def test_the_table_shows_the_spread_of_several_seeds_even_when_it_is_zero():
+    block = {"HR@10": 0.0067, "HR@10_std": 0.0, "seeds": [1, 2]}
+    table = quality.markdown_table({**block, "baseline": {**block, "seeds": [1]}, "popularity": {"HR@10": 0.01}})
+    alibi, sasrec, popularity = table.splitlines()[2:5]
+    assert "| 0.0067 ± 0.0000 |" in alibi  # two seeds that agree: a spread of 0, not a single-seed figure
+    assert "| 0.0067 |" in sasrec and "±" not in sasrec and "±" not in popularity  # one seed: no spread to give
 
 
 def test_run_key_follows_the_resolved_config():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import shlex
 import sys
 from pathlib import Path
 
@@ -134,6 +135,8 @@ def test_tiny_replay_writes_every_field(replay_dir, monkeypatch):
     monkeypatch.setitem(sys.modules, "replay_scoring", scoring)  # the script's folder is on sys.path when run
     replay.main(_args(1, list(replay.ARMS)))
     result = json.loads((replay_dir / "replay.json").read_text())
+    assert result["command"] == shlex.join(["python", "benchmarks/replay.py", *_args(1, list(replay.ARMS))])
+    assert result["machine"].endswith(f"Python {'.'.join(map(str, sys.version_info[:3]))}, 1 torch thread")
     per_user = json.loads((replay_dir / "replay.per_user.json").read_text())
     assert (replay_dir / "replay.png").stat().st_size > 0
     assert result["seeds"] == [42] and result["arms"] == list(replay.ARMS)
@@ -194,6 +197,12 @@ def test_tiny_replay_writes_every_field(replay_dir, monkeypatch):
     _check_horizon_figures(replay_dir, monkeypatch, per_user)
 
 
+def _check_record(out: dict, command: str) -> None:
+    """A script's JSON names the command as it was run and the machine (CPU, cores, Python)."""
+    assert out["command"] == f"python benchmarks/{command}"
+    assert out["machine"].endswith(f" cores, Python {'.'.join(map(str, sys.version_info[:3]))}")
+
+
 def _check_prior_figures(replay_dir, monkeypatch, log, bounds, per_user) -> None:
     """benchmarks/replay_prior.py on the finished tiny replay: at beta 0 it is the replay's own warm figure; the
     recent-popularity ranking agrees with counts weighted by hand (its target's rank lies between the items
@@ -202,6 +211,7 @@ def _check_prior_figures(replay_dir, monkeypatch, log, bounds, per_user) -> None
     prior = load_benchmark("replay_prior")
     prior.main(["replay.json", "--output", "prior.json"])
     out = json.loads((replay_dir / "prior.json").read_text())
+    _check_record(out, "replay_prior.py replay.json --output prior.json")
     values = json.loads((replay_dir / "prior.per_user.json").read_text())
     warm = per_user["42"]["steps"][0]["per_user"]["warm"]
     assert set(values) == {f"42/1/{u}" for u in warm}
@@ -253,6 +263,7 @@ def _check_horizon_figures(replay_dir, monkeypatch, per_user) -> None:
     horizon = load_benchmark("replay_horizon")
     horizon.main(["replay.json", "--prior", "warm=prior.json", "--output", "h.json"])
     out = json.loads((replay_dir / "h.json").read_text())
+    _check_record(out, "replay_horizon.py replay.json --prior warm=prior.json --output h.json")
     values = json.loads((replay_dir / "h.per_user.json").read_text())
     prior = json.loads((replay_dir / "prior.per_user.json").read_text())  # [arm, prior, recent, stale_prior]
     replayed = per_user["42"]["steps"][0]["per_user"]
@@ -272,6 +283,7 @@ def _check_horizon_figures(replay_dir, monkeypatch, per_user) -> None:
     assert d["pairs"] == len(values) and out["warm_minus_stale_prior"]["by_step"]["1"]["NDCG@10"]["pairs"] == len(values)
     horizon.main(["--pool", "h.json", "--output", "pooled.json"])  # one file: its own comparisons again
     pooled = json.loads((replay_dir / "pooled.json").read_text())
+    _check_record(pooled, "replay_horizon.py --pool h.json --output pooled.json")
     assert pooled["warm_minus_stale_prior"] == out["warm_minus_stale_prior"] and pooled["means"] == out["means"]
     for bad in (["--prior", "stale=prior.json"], ["--prior", "warm=replay.json"], ["--prior", "scratch=prior.json"],
                 ["--pool", "h.json", "h.json"], ["--pool", "replay.json"]):
@@ -287,6 +299,7 @@ def _check_popularity_figures(replay_dir, monkeypatch, log, bounds, per_user) ->
     popularity = load_benchmark("replay_popularity")
     popularity.main(["replay.json", "--output", "pop.json"])
     out = json.loads((replay_dir / "pop.json").read_text())
+    _check_record(out, "replay_popularity.py replay.json --output pop.json")
     rows = sorted(log.filter(pl.col("timestamp") < bounds[1]).rows(), key=lambda r: r[2])
     count, last, seen = {}, {}, {}
     for user, item, ts in rows:
@@ -586,6 +599,36 @@ def test_replay_tables_follow_the_arms_and_comparisons_of_the_json():
     assert rows[2].endswith("| 0.0500 | 0.0875 | +0.0375 [+0.0000, +0.0750] | 9 / 9 | 12 / 12 |")
     assert tables.pooled_line(doc) == ("Pooled over seeds 1 (3 (seed, step, user) pairs): scratch_features - scratch "
                                        "NDCG@10 +0.0375 [+0.0000, +0.0750], HR@10 +0.0375 [+0.0000, +0.0750].")  # fmt: skip
+
+
+@pytest.mark.parametrize("bad", [["--start", "1.5"], ["--start", "0"], ["--period-days", "-3"], ["--period-days", "0"],
+                                 ["--steps", "0"], ["--reuse", "scratch"], ["--reuse", "=old.json"],
+                                 ["--set", "train.nosuchkey=1"], ["--input", "no-such.parquet"],
+                                 ["--period-days", "1000"]])  # fmt: skip
+def test_bad_arguments_are_one_error_line_and_exit_2_before_any_training(replay_dir, monkeypatch, capsys, bad):
+    """A bad option, config or log: one ``error:`` line (argparse's usage line above it for an option), exit 2, no
+    traceback, nothing trained or written; ``--period-days 1000``: the log holds no step to compare."""
+    monkeypatch.setattr(replay, "train_arm", lambda *a: pytest.fail("trained despite a bad argument"))
+    args = _args(1, ["scratch", "warm", "stale"])
+    if bad[0] in ("--start", "--period-days", "--steps", "--input"):  # replace the option's value
+        i = args.index(bad[0])
+        args[i + 1] = bad[1]
+    else:
+        args += bad
+    with pytest.raises(SystemExit) as stopped:
+        replay.main(args)
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and len([line for line in err.splitlines() if "error:" in line]) == 1, err
+    assert not (replay_dir / "replay.json").exists() and not (replay_dir / "work").exists()
+
+
+def test_a_default_output_beside_a_committed_replay_goes_under_runs():
+    """replay_popularity / prior / horizon / cold without --output: beside the replay, except for a replay in
+    docs/results/ (the committed figures), whose files go to runs/ of the checkout under the same name."""
+    committed = replay.RESULTS / "replay-ml100k.json"
+    assert replay.default_output(committed, ".popularity.json") == REPO / "runs" / "replay-ml100k.popularity.json"
+    assert replay.default_output(Path("runs/r.json"), ".prior.json") == Path("runs/r.prior.json")
 
 
 def test_a_reused_arm_is_taken_from_the_earlier_replay_without_training(replay_dir, monkeypatch):

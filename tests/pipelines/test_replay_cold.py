@@ -32,6 +32,11 @@ def cold(monkeypatch):
     return load_benchmark("replay_cold")
 
 
+def test_the_recorded_protocol_is_the_paragraph_on_cold_targets_not_the_usage_line(cold):
+    assert cold.PROTOCOL.startswith("The replay's own targets are items of step ``k``'s catalog")
+    assert "**cold targets**" in cold.PROTOCOL and "\n" not in cold.PROTOCOL and "benchmarks/replay_cold.py" not in cold.PROTOCOL
+
+
 def test_a_cold_target_is_the_first_next_period_event_on_an_item_new_that_period(tmp_path, cold):
     events = pl.DataFrame(
         {"user_id": [1, 1, 1, 1, 1, 2, 2, 2, 3, 4], "item_id": [10, 11, 12, 50, 51, 11, 51, 60, 50, 52],

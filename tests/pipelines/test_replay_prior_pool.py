@@ -57,6 +57,8 @@ def test_disjoint_seeds_pool_as_one_run(outputs):
     tmp_path, warm12, warm3, scratch12, scratch3 = outputs
     pool.main([str(warm12), str(warm3), "--output", "pooled.json"])
     out = json.loads((tmp_path / "pooled.json").read_text())
+    assert out["command"] == f"python benchmarks/replay_prior_pool.py {warm12} {warm3} --output pooled.json"
+    assert " cores, Python " in out["machine"]
     assert out["arm"] == "warm" and out["seeds"] == ["1", "2", "3"] and set(out["chosen"]) == {"1", "2", "3"}
     prior, stale = [0.5, 0.2, 0.6, 0.0], [0.3, 0.2, 0.1, 0.0]  # the four (seed, step, user) in key order
     d = out["prior_minus_stale_with_prior"]["NDCG@10"]
