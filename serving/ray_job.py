@@ -41,6 +41,7 @@ import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import partial
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -122,9 +123,12 @@ class _RayScoreJob(_ScoreJob):
         ray = import_ray()
         cfg = self.ray_cfg
         actors = min(cfg.actors, len(todo))
+        # absolute paths: a cluster's workers run in the folder `ray start` ran in, not this process's
+        carry = self.carry if self.carry is None else replace(self.carry, previous=self.carry.previous.absolute())
         kwargs = {"model": self.model, "items": self.items, "score": self.config.score, "k": self.ranker.k,
-                  "source": source, "output_dir": self.output_dir, "threads": round(cfg.cpus_per_actor),
-                  "carry": self.carry, "popularity": self.ranker.popularity}  # fmt: skip
+                  "source": replace(source, sequences=source.sequences.absolute()),
+                  "output_dir": self.output_dir.absolute(), "threads": round(cfg.cpus_per_actor),
+                  "carry": carry, "popularity": self.ranker.popularity}  # fmt: skip
         users_scored = 0
         with _quiet_data_context(ray.data.DataContext.get_current()):  # datasets copy the context when made
             shards = ray.data.from_items([{"shard": s} for s in todo], override_num_blocks=len(todo))

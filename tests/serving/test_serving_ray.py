@@ -202,3 +202,27 @@ def test_ray_job_identity_names_the_device_its_actors_score_on():
     assert actor_device(ScoreConfig(device="cpu"), RayConfig(address="auto", gpus_per_actor=1)).startswith(
         "cpu (the Ray cluster's nodes), torch ")
     assert actor_device(ScoreConfig(), RayConfig(address="auto", gpus_per_actor=1)).startswith("cuda (the Ray cluster")
+
+
+def test_the_actors_get_absolute_paths_for_a_relative_input_and_output(tmp_path, monkeypatch):
+    """verify-s66 N2: on a cluster (`ray start` run in another folder) the workers' working folder is not this
+    process's, so `--input prep` was not found there. The actors are given absolute paths."""
+    from serving_fixtures import write_prepared
+
+    captured: dict = {}
+
+    class Stop(Exception):
+        pass
+
+    class Dataset:
+        def map_batches(self, fn, **kwargs):
+            captured.update(kwargs["fn_constructor_kwargs"])
+            raise Stop
+
+    monkeypatch.chdir(tmp_path)
+    write_prepared(tmp_path / "prep")
+    monkeypatch.setattr(ray.data, "from_items", lambda *args, **kwargs: Dataset())
+    with pytest.raises(Stop):
+        score_with_ray(score_config(ray=ONE_ACTOR), tiny_model(), vocabulary(), "prep", "out", progress=False)
+    assert captured["source"].sequences == tmp_path / "prep" / "sequences.parquet"
+    assert captured["output_dir"] == tmp_path / "out"
