@@ -63,6 +63,33 @@ def run_key(config) -> str:
     return hashlib.sha256(config.model_dump_json().encode()).hexdigest()[:16]
 
 
+def config_record(config) -> dict:
+    """The resolved config as a finished run records it (``config`` of its ``finished.json`` entry), JSON values."""
+    return json.loads(config.model_dump_json())
+
+
+def _same_but_new_defaults(stored, current, default) -> bool:
+    """``stored`` (a recorded config) equals ``current`` but for keys added since, which are at their defaults."""
+    if not (isinstance(stored, dict) and isinstance(current, dict)):
+        return stored == current
+    default = default if isinstance(default, dict) else {}
+    return set(stored) <= set(current) and all(
+        _same_but_new_defaults(stored[key], value, default.get(key)) if key in stored else value == default.get(key)
+        for key, value in current.items()
+    )
+
+
+def find_finished(finished: dict[str, dict], config) -> dict | None:
+    """The finished run of ``config`` (a resolved ``JobConfig``): the one under its :func:`run_key`, else one recorded
+    with a config equal to it but for keys the config gained since, at their defaults (a new setting that changes
+    nothing does not train every finished run again; a default that changed does). None: not finished."""
+    if (run := finished.get(run_key(config))) is not None:
+        return run
+    current, default = config_record(config), config_record(type(config)())
+    return next((run for run in finished.values()
+                 if "config" in run and _same_but_new_defaults(run["config"], current, default)), None)  # fmt: skip
+
+
 def read_finished(path: Path) -> dict[str, dict]:
     """Runs recorded by earlier invocations (``run_key`` -> run); empty when there is no file."""
     return json.loads(path.read_text()) if path.exists() else {}
@@ -188,22 +215,22 @@ def main(argv: list[str] | None = None) -> None:
     # a model left out of --models: its finished runs of every seed are kept (never trained here), else the
     # earlier JSON's block of it
     kept = [label for label in MODELS if label not in args.models
-            and all(run_key(c) in finished for (lab, _, _), c in zip(tasks, configs) if lab == label)]  # fmt: skip
+            and all(find_finished(finished, c) is not None for (lab, _, _), c in zip(tasks, configs) if lab == label)]  # fmt: skip
     wanted = [i for i, (label, _, _) in enumerate(tasks) if label in args.models or label in kept]
     tasks, configs = [tasks[i] for i in wanted], [configs[i] for i in wanted]
     results: dict[int, dict] = {}
     with training_pool(args.jobs) as (pool, threads):
         futures = {}
         for index, config in enumerate(configs):
-            if (key := run_key(config)) in finished:
-                results[index] = finished[key]
+            if (run := find_finished(finished, config)) is not None:
+                results[index] = {key: value for key, value in run.items() if key != "config"}
                 print(f"{tasks[index][0]} seed {tasks[index][1]}: reused the finished run in {finished_path}", flush=True)
             else:
                 futures[pool.submit(train_and_test, config, prepared)] = index
         for future in as_completed(futures):
             index = futures[future]
             results[index] = run = future.result()
-            finished[run_key(configs[index])] = run
+            finished[run_key(configs[index])] = {**run, "config": config_record(configs[index])}
             write_json_atomic(finished_path, finished)  # a killed benchmark keeps every run it finished
             print(
                 f"{tasks[index][0]} seed {tasks[index][1]}: {run['epochs']} epochs in {run['train_seconds']:.0f} s, "

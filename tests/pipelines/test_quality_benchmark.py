@@ -104,3 +104,20 @@ def test_run_key_follows_the_resolved_config():
 
     assert quality.run_key(one) != quality.run_key(load_config(config, ["seed=1", *sasrec_overrides()]))
     assert quality.read_finished(REPO / "no-such-file.json") == {}
+
+
+def test_a_finished_run_is_found_after_the_config_gained_a_key_at_its_default():
+    """A finished run recorded before a config key existed (its ``config`` lacks it) is reused while the key is at
+    its default; a changed value of a key it recorded, or the new key set away from its default, trains again."""
+    from recsys_alibi.config import load_config
+
+    config = load_config(str(REPO / "configs" / "default.yaml"), ["seed=1"])
+    recorded = quality.config_record(config)
+    del recorded["data"]["quote_char"]  # as a run recorded before data.quote_char existed
+    finished = {"older-key": {"seed": 1, "epochs": 3, "config": recorded}}
+    assert quality.find_finished(finished, config) == finished["older-key"]
+    assert quality.find_finished(finished, load_config(str(REPO / "configs" / "default.yaml"), ["seed=2"])) is None
+    unquoted = load_config(str(REPO / "configs" / "default.yaml"), ["seed=1", "data.quote_char=null"])
+    assert quality.find_finished(finished, unquoted) is None
+    assert quality.find_finished({quality.run_key(config): {"seed": 1}}, config) == {"seed": 1}
+
