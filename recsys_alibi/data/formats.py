@@ -220,7 +220,7 @@ def table_refusal(path: Path, lines: list[str], widths: set[int]) -> DataError |
         return None
     width = max(widths)
     setting = "data.separator=tab" if tabbed else "\"data.separator=' '\""
-    header = " --set data.has_header=false" if all(is_number(tok) for tok in lines[0].split()) else header
+    header = " --set data.has_header=false" if all(is_number(tok) for tok in lines[0].split()) else ""
     shape = f"{width} fields on every line" if len(widths) == 1 else "tab-separated fields"
     return DataError(
         f"cannot infer the format of '{path}': it looks like a table ({shape}, e.g. {lines[0][:60]!r}), not S3-Rec "

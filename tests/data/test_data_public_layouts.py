@@ -58,6 +58,15 @@ def test_a_whitespace_rating_table_is_refused_not_read_as_s3rec(tmp_path, sep, w
     assert not (tmp_path / "out" / "events.parquet").exists()
 
 
+def test_a_space_table_with_a_header_line_is_refused_in_one_line(tmp_path):
+    """A header of names ('user item rating') above decimals: the refusal (was an UnboundLocalError, exit 1),
+    without the has_header=false advice (the first line is a header)."""
+    path = _write(tmp_path / "ratings.txt", "user item rating\n1 2 3.5\n2 3 4.0\n3 1 2.5\n")
+    msg = _error(LOOSE, path, tmp_path / "out")
+    assert msg.startswith(f"cannot infer the format of '{path}': it looks like a table (3 fields on every line")
+    assert "data.has_header=false" not in msg
+
+
 def test_the_refusal_names_a_working_table_reading_and_real_s3rec_still_infers(tmp_path):
     path = _write(tmp_path / "ratings.txt", _ratings(" ", 4))
     cfg = DataConfig(format="csv", separator=" ", has_header=False, min_events_per_user=1, min_events_per_item=1,
