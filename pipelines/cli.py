@@ -477,8 +477,9 @@ def _user_errors() -> tuple[type[BaseException], ...]:
 def _one_line(err: BaseException) -> str:
     if isinstance(err, OSError) and err.filename is not None:  # its path as given, never a temporary beside it
         return describe_error_path(err)
-    text = str(err).strip()
-    return text.splitlines()[0] if text else type(err).__name__
+    from recsys_alibi.data.errors import first_line
+
+    return first_line(err)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

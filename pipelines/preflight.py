@@ -67,7 +67,8 @@ def check_champion(config: JobConfig):
     import mlflow
     from mlflow.exceptions import MlflowException
 
-    from pipelines.promotion import Champion, champion_run_deleted, pin_champion
+    from pipelines.promotion import Champion, check_champion_run, pin_champion
+    from recsys_alibi.data.errors import first_line
     from recsys_alibi.tracking import ModelUriError, local_store_path, quiet_artifacts, tracking_uri
 
     tracking = config.tracking
@@ -79,18 +80,12 @@ def check_champion(config: JobConfig):
     champion = pin_champion(config)
     if champion.version is None:
         return champion
-    client = mlflow.MlflowClient()
-    try:
-        deleted = champion.run_id is not None and client.get_run(champion.run_id).info.lifecycle_stage == "deleted"
-    except MlflowException:  # a run gone for good: its model is checked below
-        deleted = False
-    if deleted:
-        raise ModelUriError(champion_run_deleted(champion.name, champion.alias, champion.version, champion.run_id))
+    check_champion_run(champion.name, champion.alias, champion.version, champion.run_id)  # a run gone for good: below
     try:
         with tempfile.TemporaryDirectory() as scratch, quiet_artifacts():
             mlflow.artifacts.download_artifacts(artifact_uri=f"{champion.uri}/MLmodel", dst_path=scratch)
     except (MlflowException, OSError) as err:
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        first = first_line(err)
         raise ModelUriError(
             f"{champion.label()} cannot be loaded: its artifacts are missing or unreadable at {champion.source} "
             f"({first}); restore them, or point the alias '{champion.alias}' at a version that loads, then run again"

@@ -32,6 +32,7 @@ import polars as pl
 
 from recsys_alibi.config import JobConfig
 from recsys_alibi.data import schema
+from recsys_alibi.data.errors import first_line
 from recsys_alibi.data.sequences import vocabulary_difference
 from recsys_alibi.data.time_gaps import sequences_for
 from pipelines.registry_lock import promotion_lock
@@ -240,7 +241,7 @@ def current_champion(name: str, alias: str):
     except MlflowException as err:
         if _no_such_alias(err):
             return None
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        first = first_line(err)
         raise ChampionLookupError(
             f"cannot read the champion models:/{name}@{alias} from the tracking store {mlflow.get_tracking_uri()} "
             f"({first}); nothing was promoted: run again when the store answers"
@@ -372,7 +373,7 @@ def run_gate(
     Raises:
         ValueError: the promotion metric is not among the evaluated metrics (check ``evaluate.ks``).
         ChampionLookupError: the store failed to say which version holds the alias (:func:`current_champion`).
-        ModelUriError: the champion's MLflow run is deleted (:func:`champion_run_deleted`): refused, not compared.
+        ModelUriError: the champion's MLflow run is deleted (:func:`check_champion_run`): refused, not compared.
         ChampionUnavailable: the champion's model cannot be loaded (its artifacts are gone).
         PromotionLockTimeout: another gate held the lock for too long (the alias is untouched).
     """
@@ -420,18 +421,14 @@ def _version(model_version) -> str | None:
 def _against(config: JobConfig, held, new_value: float, items: pl.DataFrame, sequences: pl.DataFrame,
              real_timestamps: bool) -> tuple[Decision, float | None]:  # fmt: skip
     """The decision against the champion ``held`` (a model version or None) and its metric value."""
-    from recsys_alibi.tracking import ModelUriError, check_live_run, load_ranker
+    from recsys_alibi.tracking import ModelUriError, load_ranker
 
     tracking = config.tracking
     held_version = _version(held)
     if held is None:
         return Decision(True, "no champion yet"), None
     uri = f"models:/{tracking.registered_model}/{held_version}"
-    try:
-        check_live_run(uri)
-    except ModelUriError:  # a retired champion (its run deleted) is refused, never compared nor replaced
-        raise ModelUriError(champion_run_deleted(tracking.registered_model, tracking.champion_alias, held_version,
-                                                 getattr(held, "run_id", None))) from None  # fmt: skip
+    check_champion_run(tracking.registered_model, tracking.champion_alias, held_version, getattr(held, "run_id", None))
     try:
         champion = load_ranker(uri)
     except ModelUriError:
@@ -450,6 +447,22 @@ def _against(config: JobConfig, held, new_value: float, items: pl.DataFrame, seq
         log.warning("promotion: %s", decision.reason)
         return decision, None
     return against_loaded(config, champion, f"v{held_version}", new_value, items, sequences)
+
+
+def check_champion_run(name: str, alias: str, version: str, run_id: str | None) -> None:
+    """Refuse the champion (version ``version`` of ``name``, holding ``alias``) when its MLflow run is deleted
+    (:func:`recsys_alibi.tracking.check_live_run`): the gate and the pipeline's preflight never compare, replace
+    or serve a retired champion.
+
+    Raises:
+        ModelUriError: one line naming every fix (:func:`champion_run_deleted`).
+    """
+    from recsys_alibi.tracking import ModelUriError, check_live_run
+
+    try:
+        check_live_run(f"models:/{name}/{version}")
+    except ModelUriError:
+        raise ModelUriError(champion_run_deleted(name, alias, version, run_id)) from None
 
 
 def champion_run_deleted(name: str, alias: str, version: str | None, run_id: str | None) -> str:

@@ -16,10 +16,10 @@ from pathlib import Path
 import polars as pl
 
 from recsys_alibi.data.errors import GZIP_ERRORS, open_bytes
+from recsys_alibi.data.formats import SNIFF_LINES
 from recsys_alibi.data.readers import Source
 from recsys_alibi.data.schema import TIMESTAMP
 
-SNIFF_LINES = 200  # first lines looked at
 TIMESTAMP_FORMS = (
     "integers (seconds; milliseconds, microseconds or nanoseconds told by size, or data.timestamp_unit), decimal "
     "numbers, and ISO-8601 such as 2024-01-02, 2024-01-02 03:04:05 or 2024-01-02T03:04:05.123Z (an optional Z or "
