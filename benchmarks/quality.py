@@ -25,7 +25,9 @@ The config is read once, when the benchmark starts: every run's config is resolv
 to its worker, so editing the YAML while a benchmark runs changes nothing in it. Each finished run
 is recorded in ``<workdir>/finished.json`` under the hash of its resolved config; a re-run of the
 same command (after a kill, or with more ``--seeds``) reuses those runs instead of training them
-again and says so. Delete that file to retrain after a code change.
+again and says so, and a run killed mid-way continues from its last epoch checkpoint
+(``train.resume``; ``train_seconds`` then counts the time before the kill too). Delete that file to
+retrain after a code change.
 """
 
 from __future__ import annotations
@@ -104,6 +106,10 @@ def train_and_test(config, prepared: Path) -> dict:
     from pipelines.train import run_train
     from recsys_alibi.tracking import metric_key
 
+    # train.resume: a run killed mid-way (a session's end) continues from its last epoch checkpoint in its
+    # output folder, on the same MLflow run, when the benchmark is started again with the same command; the
+    # finished run's key (run_key) is taken from the config as given, without this switch
+    config = config.model_copy(update={"train": config.train.model_copy(update={"resume": True})})
     trained = run_train(config, prepared, progress=False, register=False)
     report = run_evaluate(config, prepared, model_uri=trained.model.uri, output_dir=Path(config.output) / "report")
     history = mlflow.MlflowClient().get_metric_history(trained.run_id, metric_key("val/ndcg_at_10"))
@@ -113,6 +119,7 @@ def train_and_test(config, prepared: Path) -> dict:
         "run_id": trained.run_id,
         "epochs": trained.epochs,
         "train_seconds": round(trained.train_seconds, 1),
+        "resumed_from": trained.resumed_from,  # set: train_seconds counts the sessions before it too
         "best_val_NDCG@10": trained.best_val_ndcg_at_10,
         "metrics": {k: float(v) for k, v in report.result.metrics.items()},
         "val_curve": [float(m.value) for m in sorted(history, key=lambda m: m.step)],

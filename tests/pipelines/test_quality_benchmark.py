@@ -121,3 +121,38 @@ def test_a_finished_run_is_found_after_the_config_gained_a_key_at_its_default():
     assert quality.find_finished(finished, unquoted) is None
     assert quality.find_finished({quality.run_key(config): {"seed": 1}}, config) == {"seed": 1}
 
+
+
+def test_a_run_killed_mid_way_resumes_from_its_checkpoint_and_equals_an_uninterrupted_one(
+    tmp_path, monkeypatch, mlflow_store, one_torch_thread
+):
+    """Real tiny training (one thread): a run killed at the start of epoch 2 is continued by the next
+    ``train_and_test`` of the same config from its epoch-1 ``last.ckpt`` and gives what an uninterrupted run gives;
+    the switch that resumes it leaves the run's key (``run_key``) unchanged."""
+    import pipelines.train
+    from benchmark_scripts import load_module
+    from recsys_alibi.config import load_config
+
+    fixtures = load_module(REPO / "tests" / "training" / "training_fixtures.py", "training_fixtures_for_quality")
+    prepared = fixtures.write_walks(tmp_path / "prepared", n_users=60)
+    tiny = [*fixtures.TINY, *fixtures.NO_ITEM_TABLE, "train.max_epochs=4", "evaluate.batch_size=32", "seed=3"]
+
+    def config(name: str):
+        return load_config(str(REPO / "configs" / "default.yaml"), [*tiny, f"output={tmp_path / name}"])
+
+    full = quality.train_and_test(config("uninterrupted"), prepared)
+    real_callbacks = pipelines.train.training_callbacks
+    monkeypatch.setattr(pipelines.train, "training_callbacks", lambda c: [*real_callbacks(c), fixtures.KillAt(2)])
+    with pytest.raises(fixtures.Killed):
+        quality.train_and_test(config("killed"), prepared)
+    monkeypatch.setattr(pipelines.train, "training_callbacks", real_callbacks)
+    given = config("killed")
+    key = quality.run_key(given)
+    resumed = quality.train_and_test(given, prepared)
+
+    assert full["resumed_from"] is None
+    assert resumed["resumed_from"] is not None and resumed["resumed_from"].endswith("last.ckpt")
+    assert resumed["epochs"] == full["epochs"] == 4
+    assert resumed["val_curve"] == full["val_curve"] and len(full["val_curve"]) == 4  # the epochs before the kill kept
+    assert resumed["metrics"] == full["metrics"]
+    assert given.train.resume is False and quality.run_key(given) == key  # the config given (and keyed) is unchanged
