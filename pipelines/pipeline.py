@@ -83,11 +83,12 @@ class PipelineResult:
     def lineage_line(self) -> str:
         """The data fingerprint and config hash, and whether an earlier run had the same."""
         tags = self.lineage
-        same = (
-            f"same data and config as earlier run(s) {', '.join(self.same_lineage_runs[:3])}"
-            if self.same_lineage_runs
-            else "no earlier run with this data and config"
-        )
+        if self.same_lineage_runs:
+            same = f"same data and config as earlier run(s) {', '.join(self.same_lineage_runs[:3])}"
+        elif self.train.ungated:  # the gated run is itself the earlier run of this data and config
+            same = f"run {self.train.run_id} (an earlier pipeline's, gated now) trained on this data and config"
+        else:
+            same = "no earlier run with this data and config"
         return (
             f"lineage: data sha256 {tags['lineage.data.sha256'][:12]}, config sha256 "
             f"{tags['lineage.config_sha256'][:12]}, version {tags['lineage.project_version']}, "

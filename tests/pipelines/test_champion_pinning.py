@@ -240,6 +240,8 @@ def test_a_version_whose_gate_never_decided_is_gated_by_the_next_run_instead_of_
     assert (f"not trained again: version 1 (model runs:/{first.run_id}/model) was trained and registered by an "
             "earlier pipeline run on this data with this config, which stopped before its gate") in printed
     assert printed.strip().splitlines()[-1].endswith("decision: promoted: no champion yet")
+    lineage = next(line for line in printed.splitlines() if line.startswith("lineage: "))
+    assert lineage.endswith(f"; run {first.run_id} (an earlier pipeline's, gated now) trained on this data and config")
     versions = client().search_model_versions(f"name='{NAME}'")
     assert [str(v.version) for v in versions] == ["1"]  # no second version registered
     tags = client().get_model_version(NAME, "1").tags
