@@ -220,14 +220,17 @@ def table_refusal(path: Path, lines: list[str], widths: set[int]) -> DataError |
         return None
     width = max(widths)
     setting = "data.separator=tab" if tabbed else "\"data.separator=' '\""
-    header = " --set data.has_header=false" if all(is_number(tok) for tok in lines[0].split()) else ""
     shape = f"{width} fields on every line" if len(widths) == 1 else "tab-separated fields"
+    if all(is_number(tok) for tok in lines[0].split()):  # no header: the columns are named by position
+        header, names = " --set data.has_header=false", ("column_1", "column_2", "column_N")
+    else:  # a header of names: the columns are mapped by them
+        header, names = "", ("USER_COLUMN", "ITEM_COLUMN", "TIME_COLUMN")
     return DataError(
         f"cannot infer the format of '{path}': it looks like a table ({shape}, e.g. {lines[0][:60]!r}), not S3-Rec "
         "(one sequence of varying length per line), so it is not read as one; read it as a table with --format csv "
-        f"--set {setting}{header} and map the columns by position (--set data.columns.user_id=column_1 --set "
-        "data.columns.item_id=column_2 --set data.columns.timestamp=column_N, or =null for line order), or pass "
-        "--format s3rec if each line really is one user's item sequence"
+        f"--set {setting}{header} and map the columns{' by position' if header else ' by the header'} (--set "
+        f"data.columns.user_id={names[0]} --set data.columns.item_id={names[1]} --set data.columns.timestamp="
+        f"{names[2]}, or =null for line order), or pass --format s3rec if each line really is one user's item sequence"
     )
 
 

@@ -64,7 +64,11 @@ def test_a_space_table_with_a_header_line_is_refused_in_one_line(tmp_path):
     path = _write(tmp_path / "ratings.txt", "user item rating\n1 2 3.5\n2 3 4.0\n3 1 2.5\n")
     msg = _error(LOOSE, path, tmp_path / "out")
     assert msg.startswith(f"cannot infer the format of '{path}': it looks like a table (3 fields on every line")
-    assert "data.has_header=false" not in msg
+    assert "data.has_header=false" not in msg and "column_1" not in msg  # mapped by the header's names
+    assert "map the columns by the header (--set data.columns.user_id=USER_COLUMN" in msg
+    cfg = DataConfig(format="csv", separator=" ", min_events_per_user=1, min_events_per_item=1,
+                     columns=ColumnMap(user_id="user", item_id="item", timestamp=None))  # the reading it names
+    assert prepare(cfg, path, tmp_path / "read").counts["kept"] == 3
 
 
 def test_the_refusal_names_a_working_table_reading_and_real_s3rec_still_infers(tmp_path):
