@@ -123,6 +123,31 @@ def resolve_paths(input_path: str | Path, what: str = "input", flag: str = "--in
     return [path]
 
 
+EVENT_LOG_NAMES = ("ratings", "u.data", "events", "interactions", "clicks", "reviews", "purchases")  # name starts
+
+
+def mixed_folder_hint(input_path: str | Path) -> str | None:
+    """The advice put before an error of reading the folder ``input_path`` when it holds an event log beside tables
+    of other kinds, or None.
+
+    A dataset's folder (MovieLens: ``ratings.csv`` beside ``movies.csv``, ``u.data`` beside ``u.item``) holds
+    tables other than events, which ``--input`` reads as one event log; the advice names its event log, a file
+    whose name starts with one of :data:`EVENT_LOG_NAMES`. Parts of one log (``day9.csv``,
+    ``events_web.csv`` and ``events_app.csv``) get none.
+    """
+    try:
+        paths = resolve_paths(input_path) if Path(input_path).is_dir() else []
+    except (DataError, OSError):
+        return None
+    logs = [p for p in paths if p.name.lower().startswith(EVENT_LOG_NAMES)]
+    if not logs or len(logs) == len(paths):
+        return None
+    names = ", ".join(p.name for p in paths[:6]) + (", ..." if len(paths) > 6 else "")
+    which = f"'{logs[0]}'" if len(logs) == 1 else "one of " + ", ".join(f"'{p.name}'" for p in logs[:3])
+    return (f"'{input_path}' holds tables of other kinds beside an event log ({names}), all read as events: point "
+            f"--input at the event log ({which})")
+
+
 DOC_NAMES = ("readme", "license", "licence", "copying", "notice", "changelog", "citation")  # name starts, any case
 DOC_SUFFIXES = (".md", ".rst", ".pdf", ".html", ".htm")
 

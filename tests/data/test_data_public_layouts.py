@@ -306,3 +306,37 @@ def test_a_dataset_folder_infers_from_its_data_files_not_its_readme(tmp_path):
     assert [p.name for p in resolve_paths(folder)] == ["ratings.csv"]
     result = prepare(LOOSE, folder, tmp_path / "out")
     assert (result.counts["input_rows"], result.counts["kept"], result.counts["rejected"]) == (3, 3, 0)
+
+
+# a dataset's folder given as --input: its event log is named
+
+
+def test_a_dataset_folder_with_tables_beside_its_ratings_names_the_event_log(tmp_path, capsys):
+    """MovieLens' layout (ratings.csv beside movies.csv and tags.csv): reading the folder as one log fails on the
+    other headers, and the one-line error names the ratings file first; the named file then prepares."""
+    folder = tmp_path / "ml-latest"
+    folder.mkdir()
+    ratings = _write(folder / "ratings.csv", "userId,movieId,rating,timestamp\n" + "".join(
+        f"{1 + k % 3},{10 + k % 10},{1 + k % 5},{1_100_000_000 + k}\n" for k in range(30)))
+    _write(folder / "movies.csv", "movieId,title,genres\n10,Heat (1995),Action|Crime\n")
+    _write(folder / "tags.csv", "userId,movieId,tag,timestamp\n1,10,classic,1100000000\n")
+    assert main(["prepare", "--input", str(folder), "--output", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1
+    assert err[0].startswith(f"error: '{folder}' holds tables of other kinds beside an event log (movies.csv, "
+                             f"ratings.csv, tags.csv), all read as events: point --input at the event log ('{ratings}'); "
+                             "reading the folder as one log failed: ")  # fmt: skip
+    assert main(["prepare", "--input", str(ratings), "--output", str(tmp_path / "out"),
+                 "--set", "data.min_events_per_user=1", "--set", "data.min_events_per_item=1"]) == 0  # fmt: skip
+
+
+def test_parts_of_one_log_get_no_folder_advice(tmp_path, capsys):
+    """Files that are all event logs (day parts, two sources of one log) are read together: an error in one is
+    reported without the dataset-folder advice."""
+    folder = tmp_path / "log"
+    folder.mkdir()
+    _write(folder / "events_web.csv", "user,item,ts\n1,2,3\n")
+    _write(folder / "events_app.csv", "user,item\n1,2\n")
+    assert main(["prepare", "--input", str(folder), "--output", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "has other columns than" in err[0] and "tables of other kinds" not in err[0]
