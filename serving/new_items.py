@@ -34,8 +34,8 @@ from recsys_alibi.config import ItemFeaturesConfig, JobConfig
 from recsys_alibi.data import schema
 from recsys_alibi.data.errors import DataError
 from recsys_alibi.data.feature_rows import feature_rows
-from recsys_alibi.data.item_features import has_item_features, read_item_features
-from recsys_alibi.data.item_table import clean_item_table, id_as, read_item_table
+from recsys_alibi.data.item_features import ITEM_FEATURES_FILE, has_item_features, read_item_features
+from recsys_alibi.data.item_table import RECORD, REJECT_COLUMNS, ROW, SOURCE, clean_item_table, id_as, read_item_table
 from recsys_alibi.data.prepared import cleaned_item_ids
 
 log = logging.getLogger(__name__)
@@ -50,8 +50,8 @@ class NewItems:
         vectors: (M, D) float32 encodings of their features (no id part).
         source: the table read (a prepared directory or a file).
         rejected: table rows rejected (bad id, bad number, duplicate id...).
-        rejects: those rows with their ``reject_reason`` (``prepare``'s item rejects schema), None for a prepared
-            directory's table (rejected when it was prepared).
+        rejects: those rows with their ``reject_reason`` (``prepare``'s item rejects schema; a prepared directory's
+            table was checked when prepared: only ids the model's id type cannot hold, ``bad_item_id``).
         unknown_values: feature values of the new items that the model's vocabularies lack (left out).
     """
 
@@ -73,9 +73,9 @@ class NewItems:
         return sha.hexdigest()
 
 
-def _table_rows(path: Path, decl: ItemFeaturesConfig, id_dtype: pl.DataType) -> tuple[pl.DataFrame, pl.DataFrame | None]:
-    """The accepted rows of a prepared directory's or a file's item table, ids in ``id_dtype``, and a file's rejected
-    rows (None for a prepared directory)."""
+def _table_rows(path: Path, decl: ItemFeaturesConfig, id_dtype: pl.DataType) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """The accepted rows of a prepared directory's or a file's item table, ids in ``id_dtype``, and the rejected rows
+    (``REJECT_COLUMNS``; a prepared table's rows were checked when prepared: only ids ``id_dtype`` cannot hold)."""
     if path.is_dir():
         if not has_item_features(path):
             raise DataError(f"score.items: {path} is a directory without an item table (prepare it with --items)")
@@ -84,16 +84,31 @@ def _table_rows(path: Path, decl: ItemFeaturesConfig, id_dtype: pl.DataType) -> 
         if missing:
             raise DataError(f"score.items: {path}'s item table has no column {missing[0]!r} the model reads "
                             f"(the model was trained on {decl.columns})")  # fmt: skip
-        rows = rows.with_columns(id_as(schema.ITEM_ID, rows.schema[schema.ITEM_ID], id_dtype).alias(schema.ITEM_ID))
+        rows, rejects = _ids_of_the_model(rows, id_dtype, path / ITEM_FEATURES_FILE)
         events = cleaned_item_ids(path, id_dtype)  # a row without an index but with events: the k-core removed it,
         if events is not None:  # so it is not a new item (ShardRanker.for_input)
             rows = rows.filter(pl.col(schema.ITEM_IDX).is_not_null() | ~pl.col(schema.ITEM_ID).is_in(events[schema.ITEM_ID].implode()))
-        return rows.drop_nulls(schema.ITEM_ID), None
-    accepted, rejects = clean_item_table(read_item_table(path), decl, id_dtype)
+    else:
+        rows, rejects = clean_item_table(read_item_table(path), decl, id_dtype)
     if rejects.height:
         reasons = rejects.group_by(schema.REJECT_REASON).len().sort(schema.REJECT_REASON).rows()
         log.warning("score.items: %d rows of %s rejected (%s), not ranked", rejects.height, path,
                     ", ".join(f"{r}: {n}" for r, n in reasons))  # fmt: skip
+    return rows, rejects
+
+
+def _ids_of_the_model(rows: pl.DataFrame, id_dtype: pl.DataType, source: Path) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """A prepared item table's rows with ids in the model's ``id_dtype``, and the rows whose id that type cannot hold
+    (``007`` for an integer-id model: ``bad_item_id``, as in a table file), with the columns of ``REJECT_COLUMNS``."""
+    rows = rows.with_row_index(ROW).with_columns(
+        pl.col(ROW).cast(pl.Int64), id_as(schema.ITEM_ID, rows.schema[schema.ITEM_ID], id_dtype).alias("_id"))
+    bad = rows.filter(pl.col("_id").is_null() & pl.col(schema.ITEM_ID).is_not_null())
+    record = [c for c in bad.columns if c not in (ROW, "_id", schema.ITEM_IDX)]
+    rejects = bad.select(
+        pl.lit(str(source)).alias(SOURCE), pl.col(ROW), pl.col(schema.ITEM_ID).cast(pl.String),
+        pl.lit("bad_item_id").alias(schema.REJECT_REASON), pl.struct(record).struct.json_encode().alias(RECORD),
+    ).cast(REJECT_COLUMNS)  # fmt: skip
+    accepted = rows.filter(pl.col("_id").is_not_null()).drop(schema.ITEM_ID, ROW).rename({"_id": schema.ITEM_ID})
     return accepted, rejects
 
 
@@ -126,7 +141,7 @@ def new_items(model, items: pl.DataFrame, path: str | Path) -> NewItems:
     with torch.no_grad():
         vectors = features.encoder(encoded.to(device)).float()  # (M, D)
     _warn_far_numbers(encoded.numeric, features.encoder, decl.numeric, path)
-    found = NewItems(fresh.get_column(schema.ITEM_ID), vectors, str(path), 0 if rejects is None else rejects.height,
+    found = NewItems(fresh.get_column(schema.ITEM_ID), vectors, str(path), rejects.height,
                      sum(unknown.values()), rejects)  # fmt: skip
     if found.count:  # a table with nothing new says nothing (the summary counts new items where there are any)
         log.info("score.items: %d items of %s are not in the model's vocabulary: vectors from their features alone "

@@ -247,6 +247,34 @@ def test_the_sequences_file_of_a_prepared_dir_reads_its_item_table_as_the_dir_do
     assert "exported 33 item vectors (3 of them new, from their features alone) and 90 user vectors" in capsys.readouterr().out
 
 
+def test_a_prepared_table_with_ids_the_model_cannot_hold_counts_them_as_a_table_file_does(tmp_path, mlflow_store,
+                                                                                          one_torch_thread, capsys):  # fmt: skip
+    """An integer-id model given a prepared directory of text ids (``007``, ``051``: not integers that read back the
+    same) rejects those rows as ``bad_item_id``, counted and kept in ``_input/item_rejects.parquet`` as with the
+    same table given as a file (they were dropped without a count: "its rows rejected: 0")."""
+    _, uri = _trained(tmp_path, capsys)
+    (tmp_path / "text.csv").write_text("user_id,item_id,timestamp\nx1,007,1\nx1,50,2\nx1,051,3\n")
+    table = tmp_path / "text_items.csv"
+    table.write_text("item_id,genre\n007,comedy\n50,comedy\n051,drama\n60,action\n")
+    text_prepared = tmp_path / "text_prep"
+    assert main(["prepare", "--quiet", "--input", str(tmp_path / "text.csv"), "--output", str(text_prepared),
+                 "--items", str(table), *_sets(["data.min_events_per_user=1", "data.min_events_per_item=1",
+                 "data.id_type=str"]), *FEATURES]) == 0  # fmt: skip
+    capsys.readouterr()
+    rejects = {}
+    for name, items in (("dir", text_prepared), ("file", table)):
+        assert main(["score", "--model-uri", uri, "--input", str(tmp_path / "prep"), "--output", str(tmp_path / name),
+                     "--k", "3", "--items", str(items)]) == 0  # fmt: skip
+        assert f"2 from {items}; its rows rejected: 2 (listed in " in capsys.readouterr().out
+        rejects[name] = pl.read_parquet(tmp_path / name / "_input" / "item_rejects.parquet")
+    for found in rejects.values():
+        assert found.sort("item_id").select("item_id", "reject_reason").rows() == [("007", "bad_item_id"),
+                                                                                    ("051", "bad_item_id")]  # fmt: skip
+    assert rejects["dir"].schema == rejects["file"].schema
+    ranked = {name: pl.read_parquet(tmp_path / name / "part-*.parquet") for name in rejects}
+    assert ranked["dir"].equals(ranked["file"]) and set(ranked["dir"]["item_id"].to_list()) >= {50, 60}
+
+
 def test_events_on_new_items_count_as_known_and_a_user_with_only_those_is_listed(tmp_path, mlflow_store,
                                                                                  one_torch_thread, capsys):  # fmt: skip
     """Events on the new items 30, 31, 32 of the item table are on items the job knows: 6 of 8 events on them is
