@@ -239,7 +239,8 @@ class DataConfig(_Section):
         if self.items is not None and not self.item_features.columns and not self.append:
             raise ValueError(
                 "data.items needs its columns declared: set data.item_features.categorical and/or .numeric "
-                "(columns are never guessed)"
+                "(columns are never guessed); to score with an item table, pass score --items PATH, read with the "
+                "model's own declaration"
             )
         return self
 

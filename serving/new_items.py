@@ -179,12 +179,26 @@ def extended_vocabulary(items: pl.DataFrame, extra: NewItems) -> pl.DataFrame:
     return pl.concat([base, added.cast(base.schema)])
 
 
+def _warn_other_declaration(given: ItemFeaturesConfig, model: ItemFeaturesConfig) -> None:
+    """Warn when the config declares item-table columns other than the model's: an item table is always read with the
+    declaration the model was trained with (the columns its encoder knows), so the config's is not used."""
+    ours, theirs = given.model_dump(), model.model_dump()
+    differ = [f"{key} {ours[key]!r} against {theirs[key]!r}" for key in ours if ours[key] != theirs[key]]
+    if given.columns and differ:
+        log.warning("score: data.item_features differs from the model's declaration (%s); item tables are read with "
+                    "the model's, the columns it was trained on", "; ".join(differ))  # fmt: skip
+
+
 def with_default_items(config: JobConfig, model, input_path: str | Path) -> JobConfig:
     """``config`` with ``score.items`` set, when it is unset and the model reads item features, to the prepared
     ``input_path`` that holds an item table (the contract's ``score --items`` default; ``PREPARED/sequences.parquet``
     reads its folder's, as ``ScoreInput.vocabulary`` reads the ``items.parquet`` beside it), else to ``data.items``
     (raw events given with their item table: the table the staged prepare reads)."""
-    if config.score.items is not None or getattr(model, "features", None) is None:
+    features = getattr(model, "features", None)
+    if features is None:
+        return config
+    _warn_other_declaration(config.data.item_features, ItemFeaturesConfig.model_validate(features.declaration))
+    if config.score.items is not None:
         return config
     path = Path(input_path)
     folder = path.parent if path.name == schema.SEQUENCES_FILE and path.is_file() else path

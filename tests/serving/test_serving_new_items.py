@@ -275,6 +275,30 @@ def test_a_prepared_table_with_ids_the_model_cannot_hold_counts_them_as_a_table_
     assert ranked["dir"].equals(ranked["file"]) and set(ranked["dir"]["item_id"].to_list()) >= {50, 60}
 
 
+def test_raw_events_scored_with_data_items_and_another_declaration_warn_and_use_the_models(tmp_path, mlflow_store,
+                                                                                           one_torch_thread, capsys,
+                                                                                           caplog):  # fmt: skip
+    """``score`` of raw events with ``data.items`` and a declaration other than the model's: the table is read with
+    the model's declaration (the columns its encoder knows), as ``--items`` reads it, and a warning names both (the
+    given one was ignored without a word); ``data.items`` without a declaration names ``score --items``."""
+    _, uri = _trained(tmp_path, capsys)
+    events, today = str(tmp_path / "events.csv"), str(tmp_path / "today.csv")
+    base = ["score", "--quiet", "--model-uri", uri, "--input", events, "--k", "3"]
+    assert main([*base, "--output", str(tmp_path / "given"), "--items", today]) == 0
+    other = ["--set", f"data.items={today}", "--set", "data.item_features.categorical=[genre]",
+             "--set", "data.item_features.separator=null"]  # fmt: skip
+    with caplog.at_level("WARNING"):
+        assert main([*base, "--output", str(tmp_path / "declared"), *other]) == 0
+    warned = [r.getMessage() for r in caplog.records if "differs from the model's declaration" in r.getMessage()]
+    assert warned == ["score: data.item_features differs from the model's declaration (separator None against '|'); "
+                      "item tables are read with the model's, the columns it was trained on"]  # fmt: skip
+    ranked = [pl.read_parquet(tmp_path / name / "part-*.parquet") for name in ("given", "declared")]
+    assert ranked[0].equals(ranked[1]) and ranked[0].filter(pl.col("item_id") == 41).height > 0
+    capsys.readouterr()
+    assert main([*base, "--output", str(tmp_path / "undeclared"), "--set", f"data.items={today}"]) == 2
+    assert "to score with an item table, pass score --items PATH" in capsys.readouterr().err
+
+
 def test_events_on_new_items_count_as_known_and_a_user_with_only_those_is_listed(tmp_path, mlflow_store,
                                                                                  one_torch_thread, capsys):  # fmt: skip
     """Events on the new items 30, 31, 32 of the item table are on items the job knows: 6 of 8 events on them is
