@@ -9,6 +9,11 @@ list of the whole catalog (1 = best), and returns the mean over users as a Pytho
   (0 = "no target in this slot"); every row holds at least one rank >= 1 and the ranks of
   one row are distinct, ``MISS_RANK`` aside (``ranking.target_ranks`` guarantees both).
 
+Ranks are integers: an integer dtype, or floats with integral values (``2.0``); the functions
+refuse non-integral (``1.5``), non-finite and boolean ranks, strings, repeated ranks within a
+row and a ``k`` that is not a positive integer below ``MISS_RANK``, each with one
+``ValueError``/``TypeError``. Tensors of any dtype, bfloat16 included, are accepted.
+
 Definitions, for one user with relevant set R (n = |R| targets) and rank r_t of target t:
 - ``HR@K``     1 if any r_t <= K else 0 (hit rate).
 - ``Recall@K`` #{t : r_t <= K} / n. With one target this equals HR@K. The denominator is n
@@ -34,6 +39,8 @@ for tests.
 from __future__ import annotations
 
 import math
+import numbers
+import operator
 from collections.abc import Sequence
 from typing import Any
 
@@ -56,17 +63,32 @@ __all__ = [
 MISS_RANK = 2**62  # the rank of a target that cannot be served (masked): beyond every K, reciprocal rank 0
 
 
+def _as_array(values: Any) -> np.ndarray:
+    """numpy view of a list, array or tensor; torch dtypes numpy lacks (bfloat16) go via float64."""
+    if isinstance(values, torch.Tensor):
+        t = values.detach().cpu()
+        if t.is_floating_point() and t.dtype not in (torch.float16, torch.float32, torch.float64):
+            t = t.to(torch.float64)  # bfloat16 (and float8): exact, numpy has no such dtype
+        return t.numpy()
+    return np.asarray(values)
+
+
 def _rank_matrix(ranks: Any) -> np.ndarray:
     """Return ranks as a (U, T) float64 matrix with ``inf`` for empty slots; validate them.
 
+    Ranks are 1-based integers: integer dtypes, or floats holding integral values (2.0).
+
     Raises:
-        ValueError: empty input, a rank < 1 in 1-D input, a negative rank, a row without any
-            target, or more than 2 dimensions.
+        TypeError: ranks that are not numbers (strings, objects) or are booleans.
+        ValueError: empty input, a non-finite or non-integral rank, a rank < 1 in 1-D input,
+            a negative rank, a repeated rank within one row of 2-D input (``MISS_RANK``
+            aside), a row without any target, or more than 2 dimensions.
     """
-    if isinstance(ranks, torch.Tensor):
-        arr = ranks.detach().cpu().numpy()
-    else:
-        arr = np.asarray(ranks)
+    arr = _as_array(ranks)
+    if arr.dtype.kind == "b":
+        raise TypeError("ranks must be 1-based integer ranks, got booleans")
+    if arr.dtype.kind not in "iuf":
+        raise TypeError(f"ranks must be 1-based integer ranks (numbers), got dtype {arr.dtype}")
     if arr.ndim == 1:
         arr = arr[:, None]
         if arr.size and np.min(arr) < 1:
@@ -75,19 +97,51 @@ def _rank_matrix(ranks: Any) -> np.ndarray:
         raise ValueError(f"ranks must be 1-D (U,) or 2-D (U, T), got shape {arr.shape}")
     if arr.shape[0] == 0:
         raise ValueError("no ranks given: metrics need at least one user")
+    is_float = arr.dtype.kind == "f"
     arr = arr.astype(np.float64)
-    if np.any(arr < 0) or np.any(np.isnan(arr)):
+    if is_float:  # integer dtypes are integral and finite already
+        if not np.all(np.isfinite(arr)):
+            raise ValueError("ranks must be finite (got NaN or inf); ranks are 1-based integers")
+        if np.any(arr != np.floor(arr)):
+            bad = arr[arr != np.floor(arr)][0]
+            raise ValueError(f"ranks must be integers (1-based positions), got {bad}")
+    if np.any(arr < 0):
         raise ValueError("ranks must be >= 1 (0 marks an empty target slot in 2-D input)")
+    if arr.shape[1] > 1:  # the ranks of one row are distinct positions (0 padding and MISS_RANK aside)
+        srt = np.sort(arr, axis=1)
+        same = (srt[:, 1:] == srt[:, :-1]) & (srt[:, 1:] > 0) & (srt[:, 1:] < MISS_RANK)
+        if np.any(same):
+            row = int(np.nonzero(same.any(axis=1))[0][0])
+            raise ValueError(
+                f"ranks of one user must be distinct: row {row} repeats rank {int(srt[row, 1:][same[row]][0])}"
+            )
     arr[arr == 0] = np.inf
     if np.any(np.all(np.isinf(arr), axis=1)):
         raise ValueError("every user needs at least one target rank >= 1")
     return arr
 
 
-def _check_k(k: int) -> int:
-    if int(k) != k or k < 1:
-        raise ValueError(f"k must be a positive integer, got {k}")
-    return int(k)
+def _check_k(k: Any) -> int:
+    """``k`` as a Python int in [1, MISS_RANK); one ValueError/TypeError naming ``k`` otherwise."""
+    if isinstance(k, (bool, np.bool_, str, bytes)) or not (isinstance(k, numbers.Real) or hasattr(k, "__index__")):
+        raise TypeError(f"k must be a positive integer, got {k!r} ({type(k).__name__})")
+    if not isinstance(k, numbers.Real):  # a 0-d integer tensor
+        try:
+            value = operator.index(k)
+        except TypeError:
+            raise TypeError(f"k must be a positive integer, got {k!r} ({type(k).__name__})") from None
+    elif isinstance(k, numbers.Integral):
+        value = int(k)
+    else:
+        kf = float(k)
+        if not (math.isfinite(kf) and kf.is_integer()):
+            raise ValueError(f"k must be a positive integer, got {k!r}")
+        value = int(kf)
+    if value < 1:
+        raise ValueError(f"k must be a positive integer, got {k!r}")
+    if value >= MISS_RANK:  # a cut-off at MISS_RANK would count unservable targets as hits
+        raise ValueError(f"k must be a positive integer below 2**62 (the rank of an unservable target), got {k!r}")
+    return value
 
 
 def _idcg_table(k: int) -> np.ndarray:
@@ -170,10 +224,7 @@ def coverage_at_k(topk_items: Any, n_items: int, k: int | None = None) -> float:
     """
     if n_items < 1:
         raise ValueError(f"n_items must be >= 1, got {n_items}")
-    if isinstance(topk_items, torch.Tensor):
-        arr = topk_items.detach().cpu().numpy()
-    else:
-        arr = np.asarray(topk_items)
+    arr = _as_array(topk_items)
     if arr.ndim != 2:
         raise ValueError(f"topk_items must be 2-D (U, K), got shape {arr.shape}")
     if k is not None:

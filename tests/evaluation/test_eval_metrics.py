@@ -100,3 +100,80 @@ def test_a_cut_off_beyond_any_catalog_costs_no_memory_in_proportion_to_it():
     assert ndcg_at_k([2**40], 2**41) == pytest.approx(1 / math.log2(2**40 + 1))
     two = [[1, 3, 0], [2, 0, 0]]  # hand: (1 / (1 + 1/log2 3) + 1/log2 3) / 2
     assert ndcg_at_k(two, 2**41) == pytest.approx(((1 + 0.5) / (1 + 1 / math.log2(3)) + 1 / math.log2(3)) / 2)
+
+
+def test_bfloat16_and_other_torch_dtypes_give_the_hand_values():
+    # finding 8 (break-api-s67): a bfloat16 tensor raised "Got unsupported ScalarType BFloat16"
+    for dtype in (torch.bfloat16, torch.float16, torch.int32):
+        ranks = torch.tensor([1, 2, 4], dtype=dtype)
+        assert mrr(ranks) == pytest.approx((1 + 1 / 2 + 1 / 4) / 3), dtype
+        assert hit_rate_at_k(ranks, 2) == pytest.approx(2 / 3), dtype
+        assert ndcg_at_k(ranks, 4) == pytest.approx((1 + 1 / math.log2(3) + 1 / math.log2(5)) / 3), dtype
+    two_d = torch.tensor([[3, 1, 0]], dtype=torch.bfloat16)  # hand: DCG 1 + 1/2, IDCG 1 + 1/log2 3
+    assert ndcg_at_k(two_d, 3) == pytest.approx(1.5 / (1 + 1 / math.log2(3)))
+    assert coverage_at_k(torch.tensor([[1, 2]], dtype=torch.bfloat16), 4) == pytest.approx(0.5)
+
+
+def test_integral_floats_are_ranks():
+    assert mrr([2.0, 4.0]) == pytest.approx((1 / 2 + 1 / 4) / 2)
+    assert hit_rate_at_k(np.array([1.0, 3.0]), 2) == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize(
+    "bad,error,match",
+    [
+        ([1.5], ValueError, "ranks must be integers"),  # was HR@1 0.0, NDCG@2 0.757, MRR 0.667
+        (torch.tensor([2.5]), ValueError, "ranks must be integers"),
+        ([[1, 2.5, 0]], ValueError, "ranks must be integers"),
+        ([True, True], TypeError, "booleans"),  # was MRR 1.0
+        (torch.tensor([True]), TypeError, "booleans"),
+        (np.array([[1, 1]]), ValueError, "distinct"),  # was NDCG@10 1.226 > 1
+        ([[4, 0, 4]], ValueError, "distinct"),
+        ([2.0, float("inf")], ValueError, "ranks must be finite"),  # said "at least one target rank >= 1"
+        ([[1, float("inf")]], ValueError, "ranks must be finite"),
+        ([float("nan")], ValueError, "ranks must be finite"),
+        (["1", "2"], TypeError, "ranks must be 1-based integer"),  # was numpy's UFuncTypeError
+        ([None, 1], TypeError, "ranks must be 1-based integer"),
+    ],
+)
+def test_invalid_rank_values_raise_one_clear_error(bad, error, match):
+    for fn in (lambda r: hit_rate_at_k(r, 1), lambda r: ndcg_at_k(r, 2), mrr, lambda r: per_user_metrics(r, [10])):
+        with pytest.raises(error, match=match):
+            fn(bad)
+
+
+def test_unservable_targets_may_repeat_in_a_row():
+    from recsys_alibi.evaluation.metrics import MISS_RANK
+
+    ranks = np.array([[MISS_RANK, MISS_RANK, 0], [3, 0, 0]])  # hand: user 0 misses both, user 1 rank 3
+    assert mrr(ranks) == pytest.approx((0 + 1 / 3) / 2)
+    assert hit_rate_at_k(ranks, 5) == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize(
+    "k,error",
+    [
+        (float("nan"), ValueError),  # was "cannot convert float NaN to integer"
+        (float("inf"), ValueError),  # was OverflowError
+        (None, TypeError),  # was int()'s TypeError
+        (2**70, ValueError),  # was OverflowError in NDCG (and at >= 2**62 misses would count as hits)
+        (2**62, ValueError),
+        ("10", TypeError),
+        (True, TypeError),
+        (0, ValueError),
+        (2.5, ValueError),
+    ],
+)
+def test_bad_k_raises_one_clear_error_naming_k(k, error):
+    for fn in (hit_rate_at_k, ndcg_at_k, recall_at_k, lambda r, k: per_user_metrics(r, [k])):
+        with pytest.raises(error, match="k must be a positive integer"):
+            fn([1, 3], k)
+    if k is not None:  # coverage_at_k's k=None means every column
+        with pytest.raises(error, match="k must be a positive integer"):
+            coverage_at_k([[1, 2]], 4, k=k)
+
+
+def test_k_as_numpy_or_integral_float_still_works():
+    assert hit_rate_at_k([1, 3], np.int64(2)) == pytest.approx(0.5)
+    assert hit_rate_at_k([1, 3], 3.0) == pytest.approx(1.0)
+    assert hit_rate_at_k([1, 3], 2**62 - 1) == pytest.approx(1.0)
