@@ -39,6 +39,8 @@ which is what KV-cache decoding needs.
 from __future__ import annotations
 
 import math
+import numbers
+import operator
 
 import torch
 import torch.nn.functional as F
@@ -46,7 +48,45 @@ from torch import Tensor, nn
 
 from recsys_alibi.config import ModelConfig
 
-__all__ = ["AlibiSlopes", "alibi_bias", "alibi_slopes", "distances", "head_slopes", "wide_slopes"]
+__all__ = [
+    "AlibiSlopes", "alibi_bias", "alibi_slopes", "check_slopes", "distances", "head_slopes", "int_arg", "wide_slopes",
+]  # fmt: skip
+
+
+def int_arg(name: str, value: object) -> int:
+    """``value`` as a Python int: an int, a NumPy integer or a 0-d integer tensor.
+
+    Raises:
+        TypeError: naming ``name``, for anything else (a float such as 2.5 or NaN, a bool, a str, None).
+    """
+    if not isinstance(value, bool):
+        try:
+            return operator.index(value)
+        except TypeError:
+            pass
+    raise TypeError(f"{name} must be an integer, got {value!r} ({type(value).__name__})")
+
+
+def check_slopes(slopes: object) -> None:
+    """Validate ALiBi slopes: a 1-D floating tensor, every entry finite and >= 0 (0: a free head).
+
+    The entries are read only when ``slopes`` is on the CPU (elsewhere that would be a host sync
+    on every attention call).
+
+    Raises:
+        TypeError: ``slopes`` is not a tensor (e.g. a list) or not floating.
+        ValueError: ``slopes`` is not 1-D, or has a negative, infinite or NaN entry.
+    """
+    if not isinstance(slopes, Tensor):
+        raise TypeError(f"slopes must be a torch.Tensor of shape (H,), got {type(slopes).__name__}")
+    if not slopes.is_floating_point():
+        raise TypeError(f"slopes must be a floating tensor, got {slopes.dtype}")
+    if slopes.dim() != 1:
+        raise ValueError(f"slopes must be (H,), got shape {tuple(slopes.shape)}")
+    if slopes.device.type == "cpu" and slopes.numel():
+        lo, hi = torch.aminmax(slopes.detach())
+        if not (float(lo) >= 0 and float(hi) < math.inf):  # NaN fails both
+            raise ValueError(f"slopes must be finite and >= 0, got {slopes.detach().tolist()}")
 
 
 def _power_of_two_slopes(n: int, max_bias: float) -> list[float]:
@@ -70,20 +110,29 @@ def alibi_slopes(n_heads: int, max_bias: float = 8.0) -> Tensor:
         max_bias: the exponent of the smallest slope, ``2^-max_bias`` (8 in the paper), > 0.
 
     Returns:
-        (H,) float32 on the CPU, computed in float64 and rounded once.
+        (H,) float32 on the CPU, computed in float64 and rounded once; every entry > 0.
 
     Raises:
-        ValueError: ``n_heads < 1`` or ``max_bias <= 0``.
+        TypeError: ``n_heads`` is not an integer (2.5, "4", None, True) or ``max_bias`` is not a
+            real number.
+        ValueError: ``n_heads < 1``, ``max_bias <= 0`` or NaN, or ``max_bias`` so large (>= 150)
+            that the smallest slope ``2^-max_bias`` rounds to 0 in float32.
     """
+    n_heads = int_arg("n_heads", n_heads)
     if n_heads < 1:
         raise ValueError(f"n_heads must be >= 1, got {n_heads}")
+    if isinstance(max_bias, bool) or not isinstance(max_bias, numbers.Real):
+        raise TypeError(f"max_bias must be a real number, got {max_bias!r} ({type(max_bias).__name__})")
     if not max_bias > 0:
         raise ValueError(f"max_bias must be > 0, got {max_bias}")
     c = 2 ** int(math.floor(math.log2(n_heads)))
     slopes = _power_of_two_slopes(c, max_bias)
     if c < n_heads:
         slopes += _power_of_two_slopes(2 * c, max_bias)[0::2][: n_heads - c]
-    return torch.tensor(slopes, dtype=torch.float64).to(torch.float32)
+    out = torch.tensor(slopes, dtype=torch.float64).to(torch.float32)
+    if bool((out == 0).any()):  # a silent free head otherwise
+        raise ValueError(f"max_bias={max_bias} is too large: slope 2^-{max_bias} rounds to 0 in float32 (use < 150)")
+    return out
 
 
 def wide_slopes(n_heads: int, long_context: int) -> Tensor:
@@ -181,9 +230,11 @@ def distances(
         (q_len, k_len) int64; queries are the last ``q_len`` of the ``k_len`` positions.
 
     Raises:
+        TypeError: ``q_len`` or ``k_len`` is not an integer.
         ValueError: ``q_len < 1`` or ``k_len < q_len``.
     """
-    k_len = q_len if k_len is None else k_len
+    q_len = int_arg("q_len", q_len)
+    k_len = q_len if k_len is None else int_arg("k_len", k_len)
     if q_len < 1 or k_len < q_len:
         raise ValueError(f"need 1 <= q_len <= k_len, got q_len={q_len}, k_len={k_len}")
     i = torch.arange(k_len - q_len, k_len, device=device)[:, None]  # (Lq, 1)
@@ -204,11 +255,14 @@ def alibi_bias(
 
     Entry ``[h, r, j]`` with query position ``i = k_len - q_len + r`` is ``-slopes[h] * (i - j)``
     for ``j <= i`` and ``-inf`` for ``j > i`` when ``causal``; ``-slopes[h] * |i - j|`` when not.
-    With ``bias_clamp`` the finite entries are ``max(-slope * dist, -bias_clamp)``.
-    Differentiable with respect to ``slopes`` (learnable slopes).
+    With ``bias_clamp`` the finite entries are ``max(-slope * dist, -bias_clamp)``. The product
+    is computed in float64 for 16-bit slopes (in their own dtype for float32/float64) and
+    rounded once to ``slopes.dtype``, so the distance is never rounded first; in float16 a
+    magnitude above 65504 rounds to ``-inf``. Differentiable with respect to ``slopes``
+    (learnable slopes).
 
     Args:
-        slopes: (H,) floating, e.g. from :func:`alibi_slopes`.
+        slopes: (H,) floating, every entry finite and >= 0, e.g. from :func:`alibi_slopes`.
         q_len: number of queries Lq, the last Lq positions.
         k_len: number of keys Lk (default ``q_len``).
         causal: mask keys after the query with ``-inf``.
@@ -218,16 +272,19 @@ def alibi_bias(
         (H, Lq, Lk) in ``slopes.dtype`` on ``slopes.device``.
 
     Raises:
-        ValueError: ``slopes`` is not 1-D, bad lengths, or ``bias_clamp <= 0``.
+        TypeError: ``slopes`` is not a floating tensor, or ``q_len`` / ``k_len`` not integers.
+        ValueError: ``slopes`` is not 1-D or has a negative or non-finite entry (checked on
+            the CPU), bad lengths, or ``bias_clamp <= 0``.
     """
-    if slopes.dim() != 1:
-        raise ValueError(f"slopes must be (H,), got shape {tuple(slopes.shape)}")
+    check_slopes(slopes)
     if bias_clamp is not None and not bias_clamp > 0:
         raise ValueError(f"bias_clamp must be > 0, got {bias_clamp}")
     d = distances(q_len, k_len, causal=causal, device=slopes.device)  # (Lq, Lk)
-    bias = -slopes[:, None, None] * d.abs().to(slopes.dtype)  # (H, Lq, Lk)
+    ct = torch.float64 if slopes.element_size() < 4 else slopes.dtype  # exact for 16-bit slopes
+    bias = -slopes.to(ct)[:, None, None] * d.abs().to(ct)  # (H, Lq, Lk)
     if bias_clamp is not None:
         bias = bias.clamp(min=-bias_clamp)
+    bias = bias.to(slopes.dtype)
     if causal:
         bias = bias.masked_fill(d < 0, float("-inf"))
     return bias

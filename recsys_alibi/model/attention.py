@@ -167,7 +167,9 @@ def alibi_attention(
             of :class:`recsys_alibi.model.alibi.AlibiSlopes` (gradients flow into it).
         causal: mask keys after the query (``j > i``).
         lengths: (B,) int, valid positions per row, right padding: keys ``>= length`` are masked
-            and output rows ``>= length`` are zeros.
+            and output rows ``>= length`` are zeros; the masked keys and values are zeroed first,
+            so NaN or inf there never reaches a valid row (not with ``mask``: the model's layers
+            pass finite padding).
         window: mask keys with ``i - j >= window`` (``|i - j| >= window`` when not causal).
         backend: "auto" | "flex" | "sdpa" | "eager" (see :func:`resolve_backend`). A backend
             that cannot run falls back to sdpa with one logged warning.
@@ -187,10 +189,21 @@ def alibi_attention(
         (B, H, Lq, D) in ``q.dtype``. Rows with no visible key are zeros, never NaN.
 
     Raises:
-        ValueError: shapes or arguments out of range, unknown backend, or a ``mask`` that does
-            not fit q, k or comes with visibility arguments of its own.
+        TypeError: a non-integer ``window`` / ``sinks``, ``lengths`` or ``seq_ids`` of a
+            non-integer dtype, slopes not a floating tensor (e.g. a list), q not floating, k or v
+            of another dtype than q.
+        ValueError: shapes or arguments out of range (head size D < 1, v's D not q's, slopes
+            negative or not finite: read on the CPU only), unknown backend, or a ``mask`` that
+            does not fit q, k or comes with visibility arguments of its own.
     """
+    check_call(q, k, v, slopes, bias_clamp)  # before anything reads them (the backend choice)
     if mask is None:
+        if lengths is not None:  # validate, then zero the padded keys and values (0 * NaN is NaN)
+            pad = MaskSpec.from_inputs(
+                q, k, v, slopes, causal=causal, lengths=lengths, window=window,
+                seq_ids=seq_ids, sinks=sinks, bias_clamp=bias_clamp,
+            ).padded_keys(k.device)  # fmt: skip
+            k, v = k.masked_fill(pad, 0.0), v.masked_fill(pad, 0.0)
         kw = dict(
             causal=causal, lengths=lengths, window=window, seq_ids=seq_ids,
             sinks=sinks, bias_clamp=bias_clamp, scale=scale,
@@ -200,7 +213,6 @@ def alibi_attention(
         return BACKENDS[name](q, k, v, slopes, **kw)
     if lengths is not None or window is not None or seq_ids is not None or sinks or backend != "auto":
         raise ValueError("pass the visibility rules and backend either to batch_mask or to alibi_attention, not both")
-    check_call(q, k, v, slopes, bias_clamp)
     spec = mask.spec
     if (q.shape[0], q.shape[2], k.shape[2]) != (mask.batch, spec.q_len, spec.k_len):
         got = (q.shape[0], q.shape[2], k.shape[2])

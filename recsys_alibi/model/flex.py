@@ -32,6 +32,7 @@ from collections.abc import Mapping
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch._dynamo.exc import FailOnRecompileLimitHit
 from torch.nn.attention.flex_attention import flex_attention
 
 from recsys_alibi.model.block_mask import FlexMask, bucket_batch, build_flex_mask, round_up
@@ -85,17 +86,28 @@ class FlexAlibi:
         kernel_options: used instead of :func:`pinned_kernel_options` on CUDA when given.
         compiled: False runs flex_attention uncompiled (it materialises the scores: a reference
             for tests of every specialisation in float64, never a fast path).
+        recompile_limit: graphs dynamo may compile for flex_attention in this process (one per
+            padded shape and specialisation). Past it a call that needs a new graph raises
+            dynamo's ``FailOnRecompileLimitHit`` (which :func:`flex_alibi_attention` answers with
+            sdpa and one warning) instead of running flex uncompiled, which would materialise
+            the L x L scores.
     """
 
     def __init__(
-        self, max_cached_masks: int = 16, kernel_options: Mapping[str, int] | None = None, compiled: bool = True
+        self,
+        max_cached_masks: int = 16,
+        kernel_options: Mapping[str, int] | None = None,
+        compiled: bool = True,
+        recompile_limit: int = 64,
     ) -> None:
         self._compiled = torch.compile(flex_attention, dynamic=False) if compiled else flex_attention
+        self.recompile_limit = recompile_limit
         self._masks: OrderedDict[tuple, FlexMask] = OrderedDict()
         self._max_masks = max_cached_masks
         self._warned: set[str] = set()
         self.kernel_options = None if kernel_options is None else dict(kernel_options)
         self.failed: set[tuple] = set()  # signatures that failed to compile or run
+        self.over_limit: set[tuple] = set()  # calls that needed a graph past recompile_limit
 
     def warn_once(self, key: str, message: str) -> None:
         """Log ``message`` as a warning the first time ``key`` is seen."""
@@ -151,8 +163,9 @@ class FlexAlibi:
             kernel_options = self.kernel_options
         if kernel_options is None:
             kernel_options = pinned_kernel_options(q.device, d, q.dtype)
-        # one graph per padded shape and specialisation; allow more than dynamo's default 8
-        with torch._dynamo.config.patch(recompile_limit=64):
+        # one graph per padded shape and specialisation; allow more than dynamo's default 8, and
+        # past that raise (the caller falls back to sdpa) rather than run flex_attention uncompiled
+        with torch._dynamo.config.patch(recompile_limit=self.recompile_limit, fail_on_recompile_limit_hit=True):
             out = self._compiled(
                 qp, kp, vp, score_mod=score_mod, block_mask=mask.block_mask, scale=scale,
                 kernel_options=dict(kernel_options) or None,
@@ -195,8 +208,10 @@ def flex_alibi_attention(
         kernel_options: flex kernel options instead of the pinned ones (CUDA).
 
     Falls back when gradients are needed on CPU (no flex backward there in torch 2.13), for float64 inputs (no
-    Inductor kernel), or when compiling fails for a shape (remembered: that shape is not tried again; the
-    warning gives the error's first line).
+    Inductor kernel), when compiling fails for a shape (remembered: that shape is not tried again; the
+    warning gives the error's first line), and for calls that would need a new compiled graph once the
+    runner's ``recompile_limit`` is reached (graphs already compiled keep running; one warning). Empty
+    inputs (B or H = 0) go to sdpa without compiling and without a warning.
 
     Returns:
         (B, H, Lq, D) in ``q.dtype``; padded and empty rows are zeros.
@@ -217,9 +232,12 @@ def flex_alibi_attention(
     if q.dtype == torch.float64:  # Inductor lowers no float64 flex kernel: its failure is an 85-line IR dump
         runner.warn_once("float64", "flex attention has no float64 kernel; using sdpa for float64 inputs")
         return sdpa_attention(q, k, v, fallback_slopes, scale=scale, **kw)
+    if q.numel() == 0:  # nothing to compute (flex cannot compile H = 0)
+        return sdpa_attention(q, k, v, fallback_slopes, scale=scale, **kw)
     b, h, lq, d = q.shape
     signature = (bucket_batch(b), h, round_up(lq), round_up(spec.k_len), d, q.dtype, str(q.device))
-    if signature not in runner.failed:
+    graph = (signature, spec.causal, spec.q_offset != 0, bias_clamp, scale, with_bias)  # what picks a graph
+    if signature not in runner.failed and graph not in runner.over_limit:
         try:
             fm = runner.mask_for(spec, b, q.device) if mask is None else mask
             out = runner(
@@ -227,6 +245,14 @@ def flex_alibi_attention(
                 kernel_options=kernel_options,
             )  # fmt: skip
             return zero_rows_of(out, spec.zero_rows(spec.q_positions(q.device)))
+        except FailOnRecompileLimitHit:  # not a property of the shape: its compiled graphs keep running
+            runner.over_limit.add(graph)  # not tried again (each try logs dynamo's warning)
+            runner.warn_once(
+                "recompile-limit",
+                f"flex attention reached its limit of {runner.recompile_limit} compiled graphs in this process; "
+                "using sdpa for calls that would need a new one",
+            )
+            return sdpa_attention(q, k, v, fallback_slopes, scale=scale, **kw)
         except Exception as err:  # compile/codegen failures surface as many exception types
             runner.failed.add(signature)
             runner.warn_once(

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from recsys_alibi.model.alibi import check_slopes, int_arg
+
 __all__ = ["MaskSpec", "check_call", "positions_in_sequence", "zero_rows_of"]
 
 
@@ -46,20 +48,36 @@ def positions_in_sequence(seq_ids: Tensor) -> Tensor:
 
 
 def check_call(q: Tensor, k: Tensor, v: Tensor, slopes: Tensor, bias_clamp: float | None) -> None:
-    """Validate the tensors of an attention call: q (B, H, Lq, D), k and v (B, H, Lk, D),
-    slopes (H,), ``bias_clamp`` > 0 or None.
+    """Validate the tensors of an attention call: q (B, H, Lq, D) floating with D >= 1, k and v
+    (B, H, Lk, D) of q's dtype and device, slopes (H,) floating, finite and >= 0
+    (:func:`recsys_alibi.model.alibi.check_slopes`: values read on the CPU only), ``bias_clamp``
+    > 0 or None. H = 0 or B = 0 is allowed (an empty result).
 
     Raises:
+        TypeError: a non-tensor argument, a q that is not floating, k or v of another dtype
+            than q, slopes not a floating tensor.
         ValueError: naming the argument that does not fit.
     """
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         shapes = f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
         raise ValueError(f"q, k, v must be (B, H, L, D); got {shapes}")
+    if not q.is_floating_point():
+        raise TypeError(f"q must be a floating tensor, got {q.dtype}")
+    if k.dtype != q.dtype or v.dtype != q.dtype:
+        raise TypeError(f"k and v must have q's dtype {q.dtype}; got k {k.dtype}, v {v.dtype}")
+    if k.device != q.device or v.device != q.device:
+        raise ValueError(f"k and v must be on q's device {q.device}; got k {k.device}, v {v.device}")
     b, h, lq, d = q.shape
     lk = k.shape[2]
-    if k.shape != (b, h, lk, d) or v.shape[:3] != (b, h, lk):
+    if d < 1:
+        raise ValueError(f"the head size D of q, k, v must be >= 1, got q {tuple(q.shape)}")
+    if k.shape != (b, h, lk, d) or v.shape != (b, h, lk, d):
         shapes = f"{tuple(k.shape)}, {tuple(v.shape)}"
         raise ValueError(f"k, v must be (B, H, Lk, D) matching q {tuple(q.shape)}; got {shapes}")
+    check_slopes(slopes)
     if slopes.shape != (h,):
         raise ValueError(f"slopes must be (H,) = ({h},), got {tuple(slopes.shape)}")
     if bias_clamp is not None and not bias_clamp > 0:
@@ -106,6 +124,7 @@ class MaskSpec:
         Args: as :func:`recsys_alibi.model.attention.alibi_attention`.
 
         Raises:
+            TypeError: as :func:`check_call` and :meth:`build` (dtypes, non-integer arguments).
             ValueError: shapes that do not match (B, H, Lq, D) / (B, H, Lk, D) / (H,), Lq > Lk,
                 lengths outside [0, Lk] (checked on CPU only: no device sync), window < 1,
                 sinks < 0, bias_clamp <= 0, seq_ids not (B, Lk).
@@ -140,17 +159,22 @@ class MaskSpec:
         on the host (the ranker's ``encode``; the sdpa and eager backends still check per call).
 
         Raises:
+            TypeError: window, sinks, Lq or Lk not an integer (2.5, NaN); lengths or seq_ids
+                not of an integer dtype (float lengths are not truncated).
             ValueError: window < 1, sinks < 0, lengths not (B,) or outside [0, Lk] (checked on
                 CPU only: no device sync), seq_ids not (B, Lk).
         """
+        q_len, k_len = int_arg("Lq", q_len), int_arg("Lk", k_len)
         if q_len < 1 or k_len < q_len:
             raise ValueError(f"need 1 <= Lq <= Lk (queries are the last Lq positions); got Lq={q_len}, Lk={k_len}")
+        window = None if window is None else int_arg("window", window)
         if window is not None and window < 1:
             raise ValueError(f"window must be >= 1 or None, got {window}")
+        sinks = int_arg("sinks", sinks)
         if sinks < 0:
             raise ValueError(f"sinks must be >= 0, got {sinks}")
         if lengths is not None:
-            lengths = torch.as_tensor(lengths, device=device).to(torch.int64)
+            lengths = _integer_tensor("lengths", lengths, device)
             if lengths.shape != (batch,):
                 raise ValueError(f"lengths must be (B,) = ({batch},), got {tuple(lengths.shape)}")
             on_cpu = check_lengths and lengths.device.type == "cpu" and lengths.numel() > 0
@@ -158,7 +182,7 @@ class MaskSpec:
                 raise ValueError(f"lengths must lie in [0, Lk={k_len}]")
         pos_in_seq = None
         if seq_ids is not None:
-            seq_ids = torch.as_tensor(seq_ids, device=device).to(torch.int64)
+            seq_ids = _integer_tensor("seq_ids", seq_ids, device)
             if seq_ids.shape != (batch, k_len):
                 raise ValueError(f"seq_ids must be (B, Lk) = ({batch}, {k_len}), got {tuple(seq_ids.shape)}")
             pos_in_seq = positions_in_sequence(seq_ids)
@@ -251,6 +275,13 @@ class MaskSpec:
             zero = pad if zero is None else zero | pad
         return None if zero is None else zero[:, None, :, None]
 
+    def padded_keys(self, device: torch.device) -> Tensor | None:
+        """(B, 1, Lk, 1) bool, the keys at or beyond each row's length (masked for every query),
+        or None without ``lengths``."""
+        if self.lengths is None:
+            return None
+        return (torch.arange(self.k_len, device=device)[None, :] >= self.lengths[:, None])[:, None, :, None]
+
     def additive_mask(
         self,
         slopes: Tensor,
@@ -289,6 +320,14 @@ class MaskSpec:
         else:
             mask = (dist * neg_slopes).clamp(min=-bias_clamp) + blocked
         return mask.to(dtype), empty
+
+
+def _integer_tensor(name: str, value: Tensor, device: torch.device) -> Tensor:
+    """``value`` as an int64 tensor on ``device``; TypeError (naming ``name``) unless its dtype is integer."""
+    t = torch.as_tensor(value, device=device)
+    if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
+        raise TypeError(f"{name} must be an integer tensor, got {t.dtype}")
+    return t.to(torch.int64)
 
 
 def zero_rows_of(out: Tensor, *masks: Tensor | None) -> Tensor:

@@ -101,14 +101,21 @@ def causal_flash_cpu(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float
     bit for bit and the gradients to fp32 round-off (tests/model/test_causal_flash.py), at about
     half the score FLOPs for long windows (docs/benchmarks.md, "Epoch cost").
 
+    The kernel reads its inputs as if their last dim had stride 1, returns NaN for
+    ``scale=0`` and dies (SIGFPE) on empty inputs (H = 0): such k, q or v are made contiguous
+    first, and a zero scale or an empty input goes to the public function with the same mask.
+
     Args:
-        q, k, v: (B, H, L, D) float32 or bfloat16 on the CPU (the same dtype).
+        q, k, v: (B, H, L, D) float32 or bfloat16 on the CPU (the same dtype), any strides.
         mask: (1 | B, H, L, L) additive mask in q's dtype, ``-inf`` at ``j > i``.
         scale: score scale, None: ``1 / sqrt(D)``.
 
     Returns:
         (B, H, L, D) in q's dtype; differentiable in q, k, v (not in ``mask``).
     """
+    if scale == 0 or q.numel() == 0:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+    q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
     return _FLASH_CPU(q, k, v, 0.0, True, attn_mask=mask, scale=scale)[0]
 
 
@@ -119,7 +126,12 @@ def _key_range(spec: MaskSpec, first: int, last: int) -> tuple[int, int]:
         hi = min(hi, last + 1)
     if spec.window is not None:
         if not spec.causal:
-            hi = min(hi, last + spec.window)
+            # sinks beyond the window stay visible: those of a row are 0 .. sinks-1; a packed
+            # sequence of a query at <= last starts at <= last, so its sinks lie below last + sinks
+            reach = last + spec.window
+            if spec.sinks:
+                reach = max(reach, spec.sinks if spec.seq_ids is None else last + spec.sinks)
+            hi = min(hi, reach)
         if spec.sinks == 0:
             lo = max(0, first - spec.window + 1)
     return lo, hi

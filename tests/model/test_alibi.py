@@ -132,3 +132,57 @@ def test_learnable_slopes_may_fall_to_zero_and_free_heads_stay_zero() -> None:
     assert soft().tolist() == [1 / 4, 1 / 16, 1 / 64, 0.0] and bool((soft()[:3] > 0).all())
     with pytest.raises(ValueError, match="init"):
         AlibiSlopes(2, init=torch.tensor([0.5, -0.1]))
+
+
+# break-api-s67 findings 3, 10 and 11 (bias and slope rows), against float64 references
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_low_precision_bias_is_the_float64_product_rounded_once(dtype) -> None:
+    # finding 3: the distance was rounded to the slope dtype first (bf16: -298 for -0.3 * 987), and
+    # fp16 distances above 65504 gave -inf, NaN for a slope of 0
+    slopes = torch.tensor([0.3, 0.5, 0.0, 1 / 3], dtype=dtype)
+    for causal in (True, False):
+        got = alibi_bias(slopes, 3, 70000, causal=causal)
+        i = torch.arange(70000 - 3, 70000, dtype=torch.float64)[:, None]
+        j = torch.arange(70000, dtype=torch.float64)[None, :]
+        want = (-slopes.double()[:, None, None] * (i - j).abs()).to(dtype)
+        if causal:
+            want = want.masked_fill(j > i, -math.inf)
+        assert got.dtype == dtype and torch.equal(got, want)
+        assert not got.isnan().any() and torch.all((got[2] == 0) | (got[2] == -math.inf))  # free head: never NaN
+    assert math.isfinite(got[1, 0, 0].item())  # -0.5 * 69997: was -inf in float16
+    if dtype == torch.bfloat16:
+        assert alibi_bias(slopes, 1, 988)[0, 0, 0].item() == -296.0  # -0.30078125 * 987 = -296.87 (was -298)
+
+
+@pytest.mark.parametrize(
+    "call, error, match",
+    [
+        (lambda: alibi_slopes(2.5), TypeError, "n_heads"),
+        (lambda: alibi_slopes("4"), TypeError, "n_heads"),
+        (lambda: alibi_slopes(None), TypeError, "n_heads"),
+        (lambda: alibi_slopes(True), TypeError, "n_heads"),
+        (lambda: alibi_slopes(4, "8"), TypeError, "max_bias"),
+        (lambda: alibi_slopes(1, 200), ValueError, "max_bias"),
+        (lambda: alibi_slopes(8, 1200), ValueError, "max_bias"),
+        (lambda: alibi_slopes(4, math.inf), ValueError, "max_bias"),
+        (lambda: alibi_bias(alibi_slopes(1), 2.5, 5), TypeError, "q_len"),
+        (lambda: alibi_bias(alibi_slopes(1), 2, 5.0), TypeError, "k_len"),
+        (lambda: alibi_bias(torch.tensor([math.inf]), 2), ValueError, "slopes"),
+        (lambda: alibi_bias(torch.tensor([math.nan]), 2), ValueError, "slopes"),
+        (lambda: alibi_bias(torch.tensor([0.5, -0.25]), 2), ValueError, "slopes"),
+        (lambda: alibi_bias(torch.tensor([1, 2]), 3), TypeError, "slopes"),
+        (lambda: alibi_bias([0.5], 3), TypeError, "slopes"),
+    ],
+)
+def test_bad_slope_and_bias_arguments_raise_one_error_naming_them(call, error, match) -> None:
+    with pytest.raises(error, match=match):
+        call()
+
+
+def test_largest_max_bias_keeps_every_slope_positive() -> None:
+    slopes = alibi_slopes(4, 149.0)  # 2^-149: the smallest float32 above 0
+    want = [2.0 ** (-149.0 * h / 4) for h in range(1, 5)]
+    assert slopes.tolist() == [float(torch.tensor(w, dtype=torch.float64).float()) for w in want]
+    assert bool((slopes > 0).all())

@@ -11,7 +11,12 @@ import functools
 import inspect
 import logging
 import math
+import os
+import subprocess
+import sys
+import warnings
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -34,7 +39,9 @@ B, H, L, D = 2, 3, 130, 16
 TOL = dict(atol=1e-5, rtol=1e-5)
 
 
-def reference(q, k, v, slopes, *, causal=True, lengths=None, window=None, seq_ids=None, sinks=0, bias_clamp=None):
+def reference(
+    q, k, v, slopes, *, causal=True, lengths=None, window=None, seq_ids=None, sinks=0, bias_clamp=None, scale=None
+):
     """Float64 ALiBi attention with the visibility and bias of every (query, key) pair written
     out by plain Python loops, then one explicit softmax per batch row."""
     q, k, v, slopes = q.double(), k.double(), v.double(), slopes.double()
@@ -62,7 +69,8 @@ def reference(q, k, v, slopes, *, causal=True, lengths=None, window=None, seq_id
         bias = -slopes[:, None, None] * torch.tensor(dist, dtype=torch.float64)  # (H, Lq, Lk)
         if bias_clamp is not None:
             bias = bias.clamp(min=-bias_clamp)
-        scores = q[b] @ k[b].transpose(-1, -2) / math.sqrt(d) + bias  # (H, Lq, Lk)
+        factor = 1 / math.sqrt(d) if scale is None else scale
+        scores = q[b] @ k[b].transpose(-1, -2) * factor + bias  # (H, Lq, Lk)
         live = vis.any(-1, keepdim=True)  # (Lq, 1)
         scores = scores.masked_fill(~vis, -math.inf).masked_fill(~live, 0.0)
         weights = scores.softmax(-1) * live  # empty rows: zero weights
@@ -504,3 +512,155 @@ def test_flex_on_float64_says_one_line_and_equals_eager(caplog):
     lines = [r.getMessage() for r in caplog.records if r.name == "recsys_alibi.model.flex"]
     assert lines == ["flex attention has no float64 kernel; using sdpa for float64 inputs"]
     assert not flex_runner().failed
+
+
+# break-api-s67 findings: each against the float64 loop reference above
+
+
+def _strided(b, h, length, d, seed):
+    """q, k, v of shape (B, H, L, D) whose last dim is not unit-stride (a stride-2 slice, a transposed
+    (B, H, D, L) tensor, a stride-3 slice)."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(b, h, length, 2 * d, generator=g)[..., ::2]
+    k = torch.randn(b, h, d, length, generator=g).transpose(2, 3)
+    v = torch.randn(b, h, length, 3 * d, generator=g)[..., ::3]
+    assert q.stride(-1) == 2 and k.stride(-1) == length and v.stride(-1) == 3
+    return q, k, v
+
+
+@pytest.mark.parametrize("backend", ["auto", "sdpa"])
+@pytest.mark.parametrize("rules", [{}, {"lengths": [9, 4], "window": 3}])
+def test_inputs_without_unit_last_stride_give_reference_values_and_gradients(backend, rules):
+    # finding 1: the causal CPU kernel (fixed slopes, Lq == Lk) read its inputs as unit-stride: errors of ~1
+    kw = {key: torch.tensor(val) if key == "lengths" else val for key, val in rules.items()}
+    q, k, v = (t.requires_grad_() for t in _strided(2, 3, 9, 5, seed=3))
+    slopes = alibi_slopes(3)
+    out = alibi_attention(q, k, v, slopes, backend=backend, **kw)
+    g = torch.randn(out.shape, generator=torch.Generator().manual_seed(4))
+    grads = torch.autograd.grad(out, (q, k, v), g)
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    want = reference(q64, k64, v64, slopes, **kw)
+    want_grads = torch.autograd.grad(want, (q64, k64, v64), g.double())
+    torch.testing.assert_close(out.double(), want, **TOL)
+    for got_g, want_g in zip(grads, want_grads):
+        torch.testing.assert_close(got_g.double(), want_g, **TOL)
+    with torch.no_grad():  # bfloat16 too (the same kernel)
+        got16 = alibi_attention(*(t.detach().bfloat16() for t in (q, k, v)), slopes, backend=backend, **kw)
+    torch.testing.assert_close(got16.double(), want.detach(), atol=0.05, rtol=0.05)
+
+
+@pytest.mark.parametrize("backend", ["eager", "sdpa", "auto"])
+def test_scale_zero_attends_by_the_bias_alone(backend):
+    # finding 4: scale=0.0 gave NaN on the causal Lq == Lk kernel path
+    q, k, v = _inputs(lq=7, lk=7)
+    slopes = alibi_slopes(H)
+    for lq in (7, 3):
+        got = alibi_attention(q[:, :, -lq:], k, v, slopes, backend=backend, scale=0.0)
+        torch.testing.assert_close(got.double(), reference(q[:, :, -lq:], k, v, slopes, scale=0.0), **TOL)
+
+
+def test_zero_heads_or_rows_give_an_empty_result_on_every_backend():
+    # finding 6: H = 0 killed the interpreter (SIGFPE in the CPU kernel); run apart so a crash fails one test
+    code = """
+import torch
+from recsys_alibi.model.attention import alibi_attention
+for shape in [(2, 0, 7, 5), (0, 2, 7, 5)]:
+    q = torch.randn(shape)
+    for backend in ["eager", "sdpa", "auto", "flex"]:
+        out = alibi_attention(q, q, q, torch.full((shape[1],), 0.5), backend=backend)
+        assert out.shape == shape and out.dtype == q.dtype, (backend, out.shape)
+print("ok")
+"""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", (done.returncode, done.stderr[-2000:])
+
+
+@pytest.mark.parametrize("chunk", [1, 2, 4])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"window": 1, "sinks": 2},
+        {"window": 2, "sinks": 5, "lengths": [13, 8]},
+        {"window": 1, "sinks": 3, "seq_ids": [[1] * 6 + [2] * 7, [3] * 4 + [4] * 5 + [0] * 4]},
+    ],
+)
+def test_chunked_sdpa_keeps_sink_keys_beyond_the_window(chunk, kw):
+    # finding 2: non-causal query chunks only reached keys < last + window, dropping sinks beyond them
+    kw = {key: torch.tensor(val) if key in ("lengths", "seq_ids") else val for key, val in kw.items()}
+    q, k, v = _inputs(lq=13, lk=13)
+    slopes = alibi_slopes(H)
+    got = sdpa_attention(q, k, v, slopes, causal=False, query_chunk=chunk, **kw)
+    torch.testing.assert_close(got.double(), reference(q, k, v, slopes, causal=False, **kw), **TOL)
+
+
+@pytest.mark.parametrize("backend", ["eager", "sdpa", "auto"])
+@pytest.mark.parametrize("causal", [True, False])
+def test_nan_and_inf_in_padded_keys_and_values_stay_out_of_valid_rows(backend, causal):
+    # finding 12: masking was additive (-inf) and 0 * NaN = NaN in P @ V
+    q, k, v = _inputs()
+    lengths = torch.tensor([130, 37])
+    want = reference(q, k, v, alibi_slopes(H), causal=causal, lengths=lengths)
+    k, v = k.clone(), v.clone()
+    k[1, :, 37:] = float("nan")
+    v[1, :, 40:] = float("inf")
+    got = alibi_attention(q, k, v, alibi_slopes(H), causal=causal, lengths=lengths, backend=backend)
+    torch.testing.assert_close(got.double(), want, **TOL)
+
+
+_Q = torch.randn(1, 2, 4, 3)
+
+
+@pytest.mark.parametrize(
+    "call, error, match",
+    [
+        (lambda: alibi_attention(_Q, _Q, _Q, alibi_slopes(2), window=float("nan")), TypeError, "window"),
+        (lambda: alibi_attention(_Q, _Q, _Q, alibi_slopes(2), window=2.5), TypeError, "window"),
+        (lambda: alibi_attention(_Q, _Q, _Q, alibi_slopes(2), window=2, sinks=1.5), TypeError, "sinks"),
+        (lambda: alibi_attention(_Q, _Q, _Q, alibi_slopes(2), lengths=torch.tensor([2.7])), TypeError, "lengths"),
+        (lambda: alibi_attention(_Q, _Q, _Q, [0.5, 0.25]), TypeError, "slopes"),
+        (lambda: alibi_attention(_Q, _Q, _Q, torch.tensor([1, 2])), TypeError, "slopes"),
+        (lambda: alibi_attention(_Q, _Q, _Q, torch.tensor([0.5, float("inf")])), ValueError, "slopes"),
+        (lambda: alibi_attention(_Q, _Q, _Q, torch.tensor([0.5, float("nan")])), ValueError, "slopes"),
+        (lambda: alibi_attention(_Q, _Q, _Q, torch.tensor([0.5, -0.1])), ValueError, "slopes"),
+        (lambda: alibi_attention(_Q, _Q.half(), _Q.half(), alibi_slopes(2)), TypeError, "k and v"),
+        (lambda: alibi_attention(_Q.long(), _Q.long(), _Q.long(), alibi_slopes(2)), TypeError, "q must be"),
+        (lambda: alibi_attention(*(_Q[..., :0],) * 3, alibi_slopes(2), backend="eager"), ValueError, "head size"),
+        (lambda: alibi_attention(_Q, _Q, torch.randn(1, 2, 4, 5), alibi_slopes(2), backend="sdpa"), ValueError, "k, v"),
+        (lambda: alibi_attention(_Q, _Q, torch.randn(1, 2, 4, 5), alibi_slopes(2), backend="eager"), ValueError, "k, v"),
+    ],
+)
+def test_bad_arguments_raise_one_error_naming_them(call, error, match):
+    # findings 10 and 11 (attention rows): accepted silently (NaN window zeroed every row, 2.7 became 2) or raw errors
+    with pytest.raises(error, match=match):
+        call()
+
+
+def test_integral_arguments_of_other_int_types_still_work():
+    q, k, v = _inputs(lq=9, lk=9)
+    kw = dict(lengths=torch.tensor([9, 4], dtype=torch.int32), window=np.int64(3), sinks=torch.tensor(1))
+    got = alibi_attention(q, k, v, alibi_slopes(H), backend="sdpa", **kw)
+    want = reference(q, k, v, alibi_slopes(H), lengths=[9, 4], window=3, sinks=1)
+    torch.testing.assert_close(got.double(), want, **TOL)
+
+
+def test_flex_past_its_recompile_limit_falls_back_to_sdpa_with_one_warning(monkeypatch, caplog):
+    # finding 5: past dynamo's recompile limit flex ran uncompiled (L x L scores) with only torch's warning.
+    # The limit is lowered to 1 graph so that the second specialisation reaches it (one compile at most).
+    runner = flex_runner()
+    monkeypatch.setattr(runner, "recompile_limit", 1)
+    monkeypatch.setattr(runner, "over_limit", set())
+    runner._warned.discard("recompile-limit")
+    caplog.set_level(logging.WARNING, logger="recsys_alibi.model.flex")
+    q, k, v = _inputs(lq=8, lk=8)
+    slopes = alibi_slopes(H)
+    specialisations = [{}, {"causal": False}, {"bias_clamp": 0.3}, {"causal": False}]
+    with warnings.catch_warnings(record=True) as caught, torch.no_grad():
+        warnings.simplefilter("always")
+        outs = [alibi_attention(q, k, v, slopes, backend="flex", **kw) for kw in specialisations]
+    for out, kw in zip(outs, specialisations):
+        torch.testing.assert_close(out.double(), reference(q, k, v, slopes, **kw), **TOL)
+    assert not [w for w in caught if "without torch.compile" in str(w.message)]  # never the unfused path
+    lines = [r.getMessage() for r in caplog.records if r.name == "recsys_alibi.model.flex"]
+    assert len(lines) == 1 and "limit of 1 compiled graphs" in lines[0] and "sdpa" in lines[0]
+    assert not runner.failed  # a limit is no failure of the shape
