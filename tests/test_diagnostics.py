@@ -87,9 +87,29 @@ def test_underflow_distance_rejects_bad_slopes(bad):
         underflow_distance(bad, torch.float32)
 
 
+def test_underflow_distance_in_float64_equals_brute_force():
+    # break-api-s67 finding 7: the contract rule is defined for any dtype; float64 was refused
+    d = torch.arange(0, 5000, dtype=torch.float64)
+    e = torch.exp(-0.5 * d)
+    assert int(torch.nonzero(e == 0)[0]) == 1491  # brute force
+    assert underflow_distance(0.5, torch.float64) == 1491
+    assert underflow_distance(0.5, "float64") == 1491
+    assert subnormal_distance(0.5, torch.float64) == int(torch.nonzero(e < torch.finfo(torch.float64).smallest_normal)[0])
+    assert subnormal_distance(0.5, torch.float64) == 1417
+    for slope in _all_scheme_slopes()[::7] + [1.0, 3.7, 1e6]:
+        limit = int(760 / slope) + 16  # exp(-760) is zero in float64
+        x = -slope * torch.arange(limit + 1, dtype=torch.float64)
+        assert underflow_distance(slope, torch.float64) == int(torch.nonzero(torch.exp(x) == 0)[0]), slope
+        normal = torch.exp(x) < torch.finfo(torch.float64).smallest_normal
+        assert subnormal_distance(slope, torch.float64) == int(torch.nonzero(normal)[0]), slope
+
+
 def test_underflow_distance_rejects_bad_dtypes_and_tiny_slopes():
-    with pytest.raises(ValueError, match="dtype"):
-        underflow_distance(0.5, torch.float64)
+    for bad in (torch.int8, torch.complex64, "float8"):
+        with pytest.raises(ValueError, match="dtype"):
+            underflow_distance(0.5, bad)
+    with pytest.raises(ValueError, match="dtype"):  # the backends' paths stay the three attention dtypes
+        softmax_paths(torch.float64)
     with pytest.raises(ValueError, match="2\\*\\*53"):
         underflow_distance(1e-300, torch.float32)
     assert resolve_dtype("bfloat16") is torch.bfloat16 and resolve_dtype(torch.float16) is torch.float16
@@ -357,3 +377,4 @@ def test_zero_share_is_the_pair_count_in_closed_form_and_costs_nothing_at_a_huge
     for length, zero_d, window, sinks in [(10, 3, None, 0), (29, 5, 10, 3), (12, 11, 4, 7), (7, 2, 1, 0), (40, 30, 5, 2)]:
         assert zero_share(zero_d, length, window, sinks) == pytest.approx(by_counting(zero_d, length, window, sinks))
     assert zero_share(5, 10**11) == pytest.approx(1 - (5 * 10**11 - 10) / (10**11 * (10**11 + 1) / 2), rel=1e-12)
+

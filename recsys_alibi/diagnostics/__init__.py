@@ -34,12 +34,13 @@ from recsys_alibi.diagnostics.distances import (
     underflow_distance,
     zero_share,
 )
-from recsys_alibi.diagnostics.paths import DTYPES, SOFTMAX_PATHS, SoftmaxPath, exp_path, resolve_dtype, softmax_paths
+from recsys_alibi.diagnostics.paths import DTYPES, EXP_DTYPES, SOFTMAX_PATHS, SoftmaxPath, exp_path, resolve_dtype, softmax_paths
 from recsys_alibi.diagnostics.probe import probe_zero_share
 from recsys_alibi.diagnostics.report import DiagnosisReport, HeadDiagnosis, PathRemedy, diagnose, diagnose_heads
 
 __all__ = [
     "DTYPES",
+    "EXP_DTYPES",
     "SOFTMAX_PATHS",
     "DiagnosisReport",
     "HeadDiagnosis",

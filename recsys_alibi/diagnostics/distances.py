@@ -77,10 +77,11 @@ def underflow_distance(slope: float, dtype: torch.dtype) -> int:
 
     Args:
         slope: ALiBi slope m_h >= 0 (per position).
-        dtype: torch.float16, torch.bfloat16 or torch.float32.
+        dtype: torch.float16, torch.bfloat16, torch.float32 or torch.float64 (or its name).
 
     Returns:
-        The distance in positions (items). E.g. slope 1/2: 35 (fp16), 186 (bf16), 208 (fp32).
+        The distance in positions (items). E.g. slope 1/2: 35 (fp16), 186 (bf16), 208 (fp32),
+        1491 (fp64).
 
     Raises:
         ValueError: slope not finite and >= 0, unsupported dtype, or no underflow up to 2**53
@@ -97,7 +98,7 @@ def subnormal_distance(slope: float, dtype: torch.dtype) -> int:
     ``dtype`` (``torch.finfo(dtype).smallest_normal``), ``x`` as in :func:`underflow_distance`.
 
     From here on the weight ratio has lost precision (subnormal) or is already zero in kernels
-    that flush subnormals. E.g. slope 1/2: 20 (fp16), 175 (bf16), 175 (fp32).
+    that flush subnormals. E.g. slope 1/2: 20 (fp16), 175 (bf16), 175 (fp32), 1417 (fp64).
 
     Raises:
         ValueError: as :func:`underflow_distance`.

@@ -23,25 +23,28 @@ from typing import Any, Literal
 
 import torch
 
-__all__ = ["DTYPES", "SOFTMAX_PATHS", "Floor", "SoftmaxPath", "dtype_name", "exp_path", "resolve_dtype", "softmax_paths"]
+__all__ = ["DTYPES", "EXP_DTYPES", "SOFTMAX_PATHS", "Floor", "SoftmaxPath", "dtype_name", "exp_path", "resolve_dtype", "softmax_paths"]
 
 DTYPES: dict[str, torch.dtype] = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+# the contract rule (``exp_path``, ``underflow_distance``) is defined for float64 too; the backends' paths
+# (``softmax_paths``, ``diagnose``) are not: attention runs (autocast) in the three dtypes above
+EXP_DTYPES: dict[str, torch.dtype] = {**DTYPES, "float64": torch.float64}
 
 Floor = Literal["zero", "normal"]
 
 
-def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
-    """``"bfloat16"`` | ``torch.bfloat16`` (also float16, float32) -> the torch dtype.
+def resolve_dtype(dtype: str | torch.dtype, allowed: dict[str, torch.dtype] = DTYPES) -> torch.dtype:
+    """``"bfloat16"`` | ``torch.bfloat16`` (also float16, float32; ``allowed=EXP_DTYPES``: float64) -> the torch dtype.
 
     Raises:
         ValueError: any other dtype.
     """
     if isinstance(dtype, torch.dtype):
-        if dtype in DTYPES.values():
+        if dtype in allowed.values():
             return dtype
-    elif str(dtype).removeprefix("torch.") in DTYPES:
-        return DTYPES[str(dtype).removeprefix("torch.")]
-    raise ValueError(f"unsupported dtype {dtype!r}; use one of {', '.join(DTYPES)}")
+    elif str(dtype).removeprefix("torch.") in allowed:
+        return allowed[str(dtype).removeprefix("torch.")]
+    raise ValueError(f"unsupported dtype {dtype!r}; use one of {', '.join(allowed)}")
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -90,7 +93,8 @@ class SoftmaxPath:
         fi = torch.finfo(self.weight_dtype)
         if self.floor == "normal":
             return math.log(fi.smallest_normal)
-        return math.log(fi.smallest_normal * fi.eps / 2)  # half the smallest subnormal
+        # half the smallest subnormal, in logs: for float64 the product itself rounds to 0
+        return math.log(fi.smallest_normal) + math.log(fi.eps) - math.log(2)
 
     def log_z(self, slope: float, row_len: int | None = None) -> float:
         """``ln Z`` of a row of ``row_len`` keys (None: infinitely many); 0 when not normalised."""
@@ -138,8 +142,11 @@ class SoftmaxPath:
 
 
 def exp_path(dtype: str | torch.dtype, floor: Floor = "zero") -> SoftmaxPath:
-    """The contract rule: ``x = -slope * d`` in float64, cast to ``dtype``, ``exp`` in ``dtype``."""
-    dt = resolve_dtype(dtype)
+    """The contract rule: ``x = -slope * d`` in float64, cast to ``dtype``, ``exp`` in ``dtype``.
+
+    ``dtype``: float16, bfloat16, float32 or float64 (``EXP_DTYPES``).
+    """
+    dt = resolve_dtype(dtype, EXP_DTYPES)
     return SoftmaxPath(
         name="exp", device="any", dtype=dt, bias_dtype=dt, exp_dtype=dt, weight_dtype=dt, floor=floor,
         normalized=False, bias_compute_dtype=torch.float64, note="torch.exp of the bias alone, no normaliser",
