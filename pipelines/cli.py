@@ -164,7 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("diagnose", help="ALiBi numerics per head, dtype and length")
     _common(p)
-    p.add_argument("--heads", type=int)
+    p.add_argument("--heads", type=int, help="attention heads, 1..256 (one table row each)")
     p.add_argument("--max-len", type=int, help="length in items (with --model-uri: diagnose the model at this length)")
     p.add_argument("--dtype", choices=["float16", "bfloat16", "float32"], default="bfloat16")
     p.add_argument("--model-uri")

@@ -25,6 +25,17 @@ log = logging.getLogger(__name__)
 
 HEALTH_ROWS = 2  # synthetic histories in the health batch
 HEALTH_MAX_LEN = 1024  # longest synthetic history, items (weights are B x H x L x L per layer)
+# most heads one diagnosis reports (one table row each, ~0.05 s per head and growing with H; 256 takes
+# ~10-15 s on one CPU core): more than any published ALiBi model has (BLOOM: 112); --heads 100000 ran unbounded
+MAX_HEADS = 256
+
+
+def _check_heads(n_heads: int, source: str) -> None:
+    if n_heads > MAX_HEADS:
+        raise ConfigError(
+            f"{source}={n_heads}: diagnose reports one row per head and takes at most {MAX_HEADS} heads "
+            f"(a table of {n_heads} would take minutes)"
+        )
 
 
 def _autocast(dtype: torch.dtype):
@@ -88,12 +99,14 @@ def run_diagnose(
 
     Raises:
         ValueError: unknown dtype; ModelUriError: the model cannot be loaded; ConfigError: ``model.max_len``
-            is ``auto`` and no model is given.
+            is ``auto`` and no model is given, more than ``MAX_HEADS`` (256) heads (config or model), or
+            ``length`` beyond a learned-position model's ``max_len`` (it cannot run on longer histories).
     """
     dt = resolve_dtype(dtype)
     health = None
     if model_uri is None:
         cfg, slopes = config.model, None
+        _check_heads(cfg.n_heads, "model.n_heads")
         if cfg.max_len == "auto":
             raise ConfigError(
                 "model.max_len=auto is set from the data at train time: give --max-len N, or --model-uri of a trained model"
@@ -108,6 +121,12 @@ def run_diagnose(
         setup_tracking(config.tracking, reading=model_uri)
         model = load_ranker(model_uri).model
         cfg = model.cfg
+        _check_heads(cfg.n_heads, "the model's n_heads")
+        if cfg.position == "learned" and length is not None and int(length) > cfg.max_len:
+            raise ConfigError(
+                f"--max-len {int(length)}: the model's learned positions cover {cfg.max_len} items and it cannot run "
+                f"on longer histories; give --max-len {cfg.max_len} or less"
+            )
         with torch.no_grad():
             slopes = model.slopes().detach().cpu().to(torch.float64)  # (H,)
         if cfg.position != "alibi":

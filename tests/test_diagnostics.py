@@ -378,3 +378,46 @@ def test_zero_share_is_the_pair_count_in_closed_form_and_costs_nothing_at_a_huge
         assert zero_share(zero_d, length, window, sinks) == pytest.approx(by_counting(zero_d, length, window, sinks))
     assert zero_share(5, 10**11) == pytest.approx(1 - (5 * 10**11 - 10) / (10**11 * (10**11 + 1) / 2), rel=1e-12)
 
+
+def test_cli_diagnose_refuses_more_heads_than_it_can_tabulate_quickly(capsys):
+    # break-api-s67 finding 13: --heads 100000 ran > 120 s with no bound
+    import time
+
+    from pipelines.cli import main
+
+    for heads in ("257", "100000"):
+        start = time.perf_counter()
+        assert main(["diagnose", "--heads", heads, "--max-len", "10"]) == 2
+        assert time.perf_counter() - start < 5
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and f"model.n_heads={heads}" in err and "at most 256 heads" in err
+    from pipelines.diagnose import MAX_HEADS
+
+    assert MAX_HEADS == 256
+
+
+def test_diagnose_learned_position_model_beyond_its_length_names_the_given_max_len(mlflow_store, tmp_path, capsys):
+    # break-api-s67 finding 13: --max-len 5000 was refused as "got a history of 1024" (HEALTH_MAX_LEN)
+    import mlflow
+    import polars as pl
+
+    from pipelines.cli import main
+    from pipelines.diagnose import run_diagnose
+    from recsys_alibi.config import ConfigError, ModelConfig
+    from recsys_alibi.model.transformer import AlibiRanker
+    from recsys_alibi.tracking import log_ranker, setup_tracking
+
+    config = load_config()
+    setup_tracking(config.tracking)
+    model = AlibiRanker(ModelConfig(d_model=8, n_heads=2, n_layers=1, max_len=200, position="learned"), n_items=10)
+    items = pl.DataFrame({"item_idx": pl.Series(range(1, 11), dtype=pl.Int32), "item_id": list(range(10)),
+                          "count": pl.Series([1] * 10, dtype=pl.Int64)})  # fmt: skip
+    with mlflow.start_run():
+        logged = log_ranker(model, items, None, tmp_path / "model")
+    with pytest.raises(ConfigError, match="--max-len 5000: the model's learned positions cover 200 items"):
+        run_diagnose(config, dtype="float32", model_uri=logged.uri, length=5000)
+    assert main(["diagnose", "--model-uri", logged.uri, "--max-len", "5000"]) == 2
+    err = capsys.readouterr().err
+    assert "--max-len 5000" in err and "1024" not in err
+    within = run_diagnose(config, dtype="float32", model_uri=logged.uri, length=150)  # within its positions: runs
+    assert within.max_len == 150 and within.health["length"] == 150
