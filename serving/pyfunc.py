@@ -10,7 +10,8 @@ per user; an empty frame, e.g. an empty Spark partition, or one whose every hist
 ============= ==============================================================================
 ``user_id``   raw user id (integer or string), not null, one row per user
 ``item_id``   list of raw item ids (integers or strings, the model's vocabulary type or text
-              of it), oldest first; an empty list is allowed (the user gets no rows)
+              of it), oldest first; an empty list is allowed: the user gets no rows (skipped,
+              reason ``no_events``; see "Users without rows" below)
 ``timestamp`` list of times, one per item; required only when the model reads time gaps
               (``model.time_gap_buckets`` > 0), ignored otherwise. Read as ``prepare``
               reads raw timestamps (docs/data.md, "Timestamps"): integers are seconds, or
@@ -28,6 +29,14 @@ sequences Parquet and its vocabulary of the raw ids seen) and read back with
 :class:`serving.rank.ShardRanker`, so unknown items (dropped, as in ``score``), users left with no
 known item (not ranked), seen-item exclusion, top-K ties, long histories (context window with
 sinks) and the raw-id mapping follow the same rules and give the same rows.
+
+Users without rows: a user with an empty history (``no_events``), with no item the model knows
+(``no_known_item``) or whose every catalog item is seen and excluded (``every_item_seen``) is not
+ranked, as in ``score``; the long format has no row to carry that, so such a user is absent from the
+returned frame (a Spark ``mapInArrow`` schema stays the rankings'). Each ``predict`` with such users
+logs one warning with their count per reason, and ``RankerPyfunc.predict_with_skipped`` (reached with
+``mlflow.pyfunc.load_model(URI).get_raw_model()``) returns them as ``score`` lists them in
+``_skipped/``: ``user_id``, ``reason``, ``input_events``.
 
 The logged model carries both flavours: ``pytorch`` (what ``score`` loads) and this
 ``python_function`` flavour (``loader_module = serving.pyfunc``: the project must be importable
@@ -62,10 +71,13 @@ from recsys_alibi.config import DataConfig, ScoreConfig
 from recsys_alibi.data import schema
 from recsys_alibi.data.ingest import DataError
 from recsys_alibi.data.timestamps import seconds_of_lists, usable_seconds
-from serving.inputs import open_input
+from serving.inputs import SKIP_NO_EVENTS, open_input
 from serving.rank import ShardRanker
 
 log = logging.getLogger(__name__)
+
+# what a None history is told: [] is accepted, and the user is then skipped (no rows), as score skips it
+_EMPTY_HISTORY = "give [] for a user without events (that user gets no rows: skipped as no_events)"
 
 LOADER_MODULE = "serving.pyfunc"
 PARAMS = ("k", "exclude_seen")
@@ -170,14 +182,14 @@ def histories_frame(model_input: Any, *, needs_time: bool, timestamp_unit: str =
     frame = frame.with_columns(_int64_ids(users, schema.USER_ID, users.dtype))
     items = frame.get_column(schema.ITEM_ID)
     if items.dtype == pl.Null:  # every cell None
-        raise _input_error(schema.ITEM_ID, f"{items.len()} null list(s); give [] for a user without events")
+        raise _input_error(schema.ITEM_ID, f"{items.len()} null list(s); {_EMPTY_HISTORY}")
     if not isinstance(items.dtype, pl.List):
         raise _input_error(schema.ITEM_ID, f"must be a list of raw item ids per user, got {items.dtype}")
     inner = items.dtype.inner
     if not (inner.is_integer() or inner in (pl.String, pl.Null)):
         raise _input_error(schema.ITEM_ID, f"raw item ids must be integers or strings, got {inner}")
     if items.null_count():
-        raise _input_error(schema.ITEM_ID, f"{items.null_count()} null list(s); give [] for a user without events")
+        raise _input_error(schema.ITEM_ID, f"{items.null_count()} null list(s); {_EMPTY_HISTORY}")
     if items.list.eval(pl.element().is_null().any()).explode().any():
         raise _input_error(schema.ITEM_ID, "null item ids inside lists; drop those events")
     frame = frame.with_columns(_int64_ids(items, schema.ITEM_ID, inner))
@@ -304,7 +316,9 @@ class RankerPyfunc:
                 ``recsys_alibi.evaluation.ranking``, as ``score`` applies it).
 
         Returns:
-            pandas frame ``user_id``, ``rank`` int32, ``item_id``, ``score`` float32 (long format).
+            pandas frame ``user_id``, ``rank`` int32, ``item_id``, ``score`` float32 (long format). A
+            user with an empty history ``[]`` or no known item gets no rows (logged as a warning;
+            :meth:`predict_with_skipped` lists them with the reason).
 
         Raises:
             DataError: malformed input (one line naming the column), or no item of the input in the
@@ -316,22 +330,54 @@ class RankerPyfunc:
 
     def predict_polars(self, model_input: Any, params: dict[str, Any] | None = None) -> pl.DataFrame:
         """:meth:`predict` returning a Polars frame (as the part files hold it)."""
+        return self.predict_with_skipped(model_input, params)[0]
+
+    def predict_with_skipped(
+        self, model_input: Any, params: dict[str, Any] | None = None
+    ) -> tuple[pl.DataFrame, pl.DataFrame]:
+        """:meth:`predict_polars` and the users of the input that got no rows, with why.
+
+        The rankings' long format has no place for a user without rows, so the pyfunc, like ``score``,
+        leaves them out of the rankings; ``score`` lists them in ``_skipped/``, this returns the same list
+        (and :meth:`predict` logs one warning with their count per reason).
+
+        Returns:
+            ``(rankings, skipped)``: ``skipped`` has ``user_id``, ``reason`` (``no_events``: an empty
+            history ``[]``, also once events of unusable times are dropped; ``no_known_item``: no item of
+            the history is in the model's vocabulary; ``every_item_seen``: seen-item exclusion left
+            nothing to recommend) and ``input_events`` Int64, as ``score``'s ``_skipped/`` parts.
+        """
         k, exclude_seen = self._params(params or {})
         ranker = self._ranker(k, exclude_seen)
         frame = histories_frame(model_input, needs_time=ranker.time_gap_buckets > 0)
+        users = frame.get_column(schema.USER_ID)
         if frame.height == 0 or frame.get_column(schema.ITEM_ID).list.len().sum() == 0:  # or only empty histories
-            return ranker.empty(frame.get_column(schema.USER_ID).dtype)
+            skipped = pl.DataFrame({  # an empty batch's item_id may have no list type: every count is 0 anyway
+                schema.USER_ID: users,
+                "reason": pl.Series([SKIP_NO_EVENTS] * frame.height, dtype=pl.String),
+                "input_events": pl.Series(np.zeros(frame.height, dtype=np.int64), dtype=pl.Int64),
+            })  # fmt: skip
+            _warn_skipped(skipped, frame.height)
+            return ranker.empty(users.dtype), skipped
         with tempfile.TemporaryDirectory(prefix="recsys-alibi-pyfunc-") as tmp:
             source = ranker.for_input(open_input(write_prepared(frame, Path(tmp) / "input"), self.items, DataConfig(),
                                                  Path(tmp) / "_input", time_gap_buckets=ranker.time_gap_buckets,
                                                  name=PREDICT_INPUT, new_item_ids=ranker.new_item_ids))  # fmt: skip
             step = self.score.shard_users
-            parts = []
+            parts, skips = [], []
             for start in range(0, source.n_users, step):
                 shard = source.read_shard(start, step)
-                parts.append(ranker.rank(shard.user_ids, shard.histories, shard.gaps, new_seen=shard.new_seen,
-                                         withheld=source.withheld)[0])  # fmt: skip
-        return pl.concat(parts).sort(schema.USER_ID, schema.RANK)
+                part = ranker.rank(shard.user_ids, shard.histories, shard.gaps, new_seen=shard.new_seen,
+                                   withheld=source.withheld)[0]  # fmt: skip
+                parts.append(part)
+                skips.append(shard.skipped(part.get_column(schema.USER_ID).unique()))
+        skipped = pl.concat(skips)
+        _warn_skipped(skipped, frame.height)
+        return pl.concat(parts).sort(schema.USER_ID, schema.RANK), skipped
+
+    def get_raw_model(self) -> RankerPyfunc:
+        """This object (``mlflow.pyfunc.load_model(URI).get_raw_model()``), for :meth:`predict_with_skipped`."""
+        return self
 
     def _params(self, params: dict[str, Any]) -> tuple[int, bool]:
         """``(k, exclude_seen)`` by :data:`PARAM_RULES`; raises :class:`PyfuncParamError`."""
@@ -344,6 +390,16 @@ class RankerPyfunc:
         if not isinstance(exclude_seen, (bool, np.bool_)):
             raise PyfuncParamError("exclude_seen", exclude_seen)
         return int(k), bool(exclude_seen)
+
+
+def _warn_skipped(skipped: pl.DataFrame, n_users: int) -> None:
+    """One warning per predict with users that got no rows: how many, per reason."""
+    if skipped.height == 0:
+        return
+    counts = skipped.group_by("reason").len().sort("reason")
+    why = ", ".join(f"{r}: {n}" for r, n in counts.iter_rows())
+    log.warning("pyfunc predict: %d of %d user(s) got no rows (%s), as score lists them in _skipped/; "
+                "RankerPyfunc.predict_with_skipped returns them with the reason", skipped.height, n_users, why)  # fmt: skip
 
 
 def example_input(items: pl.DataFrame, *, with_time: bool, n_events: int = 5):

@@ -235,3 +235,36 @@ def test_pyfunc_takes_every_listed_input_type_and_an_empty_batch_gives_empty_ran
         got = pyfunc.predict(given, params={"k": 5})
         assert list(got.columns) == columns and len(got) == 0, name
         assert pa.RecordBatch.from_pandas(got, schema=out_schema, preserve_index=False).num_rows == 0  # the recipe
+
+
+def test_pyfunc_users_without_rows_are_reported_with_the_reason_score_gives(tmp_path, mlflow_store, caplog):
+    """break-api-s67 finding 14: a user whose history is [] was absent from the output with no word, while a
+    None history's error told the caller to "give [] for a user without events". Such users still get no
+    rows (the long format has none to give; score lists them in _skipped/), now logged and listed."""
+    import logging
+
+    import pandas as pd
+
+    _register(tiny_model(), vocabulary(), tmp_path / "w")
+    loaded = mlflow.pyfunc.load_model(CHAMPION)
+    frame = pd.DataFrame({schema.USER_ID: ["a", "b", "c"], schema.ITEM_ID: [[1001, 1002, 1003], [], [99_001, 99_002]]})
+    with caplog.at_level(logging.WARNING, logger="serving.pyfunc"):
+        got = loaded.predict(frame, params={"k": 3})
+    assert got[schema.USER_ID].tolist() == ["a"] * 3 and got[schema.RANK].tolist() == [1, 2, 3]
+    warned = [r.getMessage() for r in caplog.records if "got no rows" in r.getMessage()]
+    assert warned == ["pyfunc predict: 2 of 3 user(s) got no rows (no_events: 1, no_known_item: 1), as score lists "
+                      "them in _skipped/; RankerPyfunc.predict_with_skipped returns them with the reason"]
+    rankings, skipped = loaded.get_raw_model().predict_with_skipped(frame, {"k": 3})
+    assert_same_rankings(rankings, pl.from_pandas(got))
+    assert skipped.sort(schema.USER_ID).to_dicts() == [
+        {schema.USER_ID: "b", "reason": "no_events", "input_events": 0},
+        {schema.USER_ID: "c", "reason": "no_known_item", "input_events": 2},
+    ]
+    only_empty = pd.DataFrame({schema.USER_ID: [7, 8], schema.ITEM_ID: [[], []]})
+    rankings, skipped = loaded.get_raw_model().predict_with_skipped(only_empty, {"k": 3})
+    assert rankings.height == 0 and skipped.to_dicts() == [
+        {schema.USER_ID: 7, "reason": "no_events", "input_events": 0},
+        {schema.USER_ID: 8, "reason": "no_events", "input_events": 0},
+    ]
+    with pytest.raises(DataError, match=r"give \[\] for a user without events \(that user gets no rows: skipped as no_events\)"):
+        loaded.predict(pd.DataFrame({schema.USER_ID: ["a", "b"], schema.ITEM_ID: [[1001], None]}), params={"k": 3})
