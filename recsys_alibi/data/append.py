@@ -179,11 +179,27 @@ def _check_settings(base: Base, now: dict, out: Path) -> None:
     now = json.loads(json.dumps(now))  # as stored: lists, plain numbers
     was = base.state["settings"]
     for key, value in now.items():
+        if key == "raw_columns" and _same_raw_columns(was.get(key), value, now.get("format")):
+            continue
         if was.get(key) != value:
             raise DataError(
                 f"cannot append to {out}: it was prepared with {key} {was.get(key)!r}, this input has {value!r}; "
                 f"append events read with the directory's settings, {REDO}"
             )
+
+
+def _same_raw_columns(was: list | None, now: list, fmt: str | None) -> bool:
+    """Whether the input's raw ``[name, dtype]`` columns read as the directory's: the same names and types, in the
+    same order for text formats (a CSV header's order is its reading), in any order for Parquet (its columns are
+    found by name); a ``Null`` column (a file with no rows, as pandas and Polars write an empty frame) takes any
+    type, as a full prepare of that file beside the others reads it."""
+    if was is None:
+        return False
+    if fmt == "parquet":
+        was, now = sorted(was), sorted(now)
+    return len(was) == len(now) and all(
+        w_name == n_name and (w_type == n_type or n_type == "Null") for (w_name, w_type), (n_name, n_type) in zip(was, now)
+    )
 
 
 def _counts(stats: dict) -> dict[str, int]:

@@ -464,7 +464,8 @@ def _clean_and_write(
         "partitions": ingested.n_parts,
         PREPARE_ID_KEY: tag[PREPARE_ID_KEY],
         STATE_KEY: {
-            "settings": settings(cfg, source),
+            # an append keeps the directory's (its input matched them; an empty day's Null columns must not replace them)
+            "settings": settings(cfg, source) if base is None else base.state["settings"],
             "text_ids": list(ingested.text_ids),
             "int_ids": ingested.int_ids,
             "cleaned_rows": n_after_dedup,

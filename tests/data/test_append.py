@@ -403,3 +403,27 @@ def test_a_day_without_events_appends_nothing_and_is_no_error(tmp_path):
     assert result.appended and result.stats["appended"] == {"input_rows": 0, "new_users": 0, "new_items": 0, "new_events": 0}
     assert read_sequences(out)["item_idx"].to_list() == [[1, 2]]
     assert not append(cfg, tmp_path / "day2.txt", out).appended  # recorded: a re-run changes nothing
+
+
+def test_parquet_days_with_columns_in_another_order_or_null_typed_and_empty_append_as_a_full_prepare(tmp_path):
+    """Parquet columns are found by name, and an empty frame written by pandas or Polars has Null columns: such days
+    append (they were refused as other raw_columns, and an empty day's Null types replaced the directory's, so the
+    next normal day was refused) and give what a full prepare of every day gives. A CSV header in another order, or
+    another type in a day with rows, is still refused (the first test of raw_columns above, and the last case here)."""
+    cfg = DataConfig(min_events_per_user=2, min_events_per_item=2)
+    days = tmp_path / "days"
+    days.mkdir()
+    pl.DataFrame({"user_id": [1, 1, 2, 2], "item_id": [7, 11, 7, 11], "timestamp": [100, 200, 150, 250]}).write_parquet(days / "day1.parquet")
+    pl.DataFrame({"user_id": [], "item_id": [], "timestamp": []}).write_parquet(days / "day2.parquet")  # Null columns
+    pl.DataFrame({"item_id": [7, 11], "timestamp": [5, 6], "user_id": [3, 3]}).write_parquet(days / "day3.parquet")
+    pl.DataFrame({"user_id": [4, 4], "item_id": [7, 11], "timestamp": [7, 8]}).write_parquet(days / "day4.parquet")
+    out = tmp_path / "appended"
+    prepare(cfg, days / "day1.parquet", out)
+    for day in ("day2", "day3", "day4"):
+        assert append(cfg, days / f"{day}.parquet", out).appended
+    prepare(cfg, days, tmp_path / "full")
+    _assert_same(_by_raw_ids(out), _by_raw_ids(tmp_path / "full"))
+    assert read_sequences(out).sort("user_id")["timestamp"].to_list() == [[100, 200], [150, 250], [5, 6], [7, 8]]
+    pl.DataFrame({"user_id": [5], "item_id": ["7"], "timestamp": [9]}).write_parquet(tmp_path / "text.parquet")
+    with pytest.raises(DataError, match="raw_columns"):
+        append(cfg, tmp_path / "text.parquet", out)
