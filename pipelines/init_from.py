@@ -166,7 +166,15 @@ def load_warm_start(config: JobConfig, prepared_dir: Path, uri: str) -> WarmStar
         state = imprint_new_rows(state, loaded.model, config, prepared_dir, rows)
     kept = items.height - unknown
     new_users = new_events = None
-    if loaded.run_id is not None:
+    counts = items.get_column("count").to_numpy()  # events per item, in item_idx order (1..N)
+    unknown_share = float(counts[rows[1:] == 0].sum() / max(int(counts.sum()), 1))
+    if unknown_share > config.score.max_unknown_share:  # another catalog: integer ids overlap by chance
+        log.warning("warning: %.0f%% of this data's events are on items %s never saw (%d of %d items), more than "
+                    "score.max_unknown_share=%g: it is probably not an earlier model of this data (integer ids of two "
+                    "catalogs overlap by chance), so its item rows are matched by id alone; warm start from a model of "
+                    "this log, or train from scratch", 100 * unknown_share, uri, unknown, items.height,
+                    config.score.max_unknown_share)  # fmt: skip
+    elif loaded.run_id is not None:
         now = data_counts(prepared_dir)
         parent = _parent_counts(loaded.run_id)
         if parent is not None:

@@ -86,6 +86,24 @@ def test_a_parent_trained_on_more_data_gets_no_negative_counts(tmp_path, mlflow_
     assert "lineage.new_users" not in tags and "lineage.new_events" not in tags and tags["lineage.dropped_items"] == "3"
 
 
+def test_a_parent_of_another_catalog_is_warned_about_and_gets_no_growth_counts(tmp_path, mlflow_store, capsys, caplog):
+    """A parent that knows 10 of this data's 30 items (ids of two logs overlapping by chance) while this data has
+    more users and events: about two thirds of the events are on items it never saw, more than
+    score.max_unknown_share=0.5, so a warning says it is probably no earlier model of this data and the line says
+    n/a instead of reporting the difference of counts as growth (it said "30 new users, 240 new events")."""
+    small, other = _walks(tmp_path / "small", 10, 10), _walks(tmp_path / "other", 40, 30)
+    assert main(_train(small, tmp_path / "job")) == 0
+    (parent,) = _runs()
+    capsys.readouterr()
+    assert main(_train(other, tmp_path / "job", f"train.init_from=runs:/{parent.info.run_id}/model",
+                       "train.warm.max_epochs=1")) == 0  # fmt: skip
+    assert "10 items kept, 20 new, 0 dropped; n/a new users, n/a new events" in capsys.readouterr().out
+    warned = [r.getMessage() for r in caplog.records if "probably not an earlier model" in r.getMessage()]
+    assert len(warned) == 1 and "(20 of 30 items), more than score.max_unknown_share=0.5" in warned[0]
+    tags = _runs()[-1].data.tags
+    assert "lineage.new_users" not in tags and tags["lineage.new_items"] == "20"
+
+
 def parent_state_keys():
     """The state-dict keys of the TINY model (what InitialWeights loads)."""
     from recsys_alibi.config import load_config
