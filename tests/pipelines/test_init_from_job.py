@@ -68,17 +68,21 @@ def test_warm_run_records_its_parent_and_what_is_new(tmp_path, mlflow_store, cap
     assert len(_runs()) == 2
 
 
+def _warm_from(parent_data: Path, data: Path, job: Path, capsys) -> str:
+    """Train on ``parent_data``, then one warm epoch on ``data`` from that run's model: what the second run printed."""
+    assert main(_train(parent_data, job)) == 0
+    (parent,) = _runs()
+    capsys.readouterr()
+    assert main(_train(data, job, f"train.init_from=runs:/{parent.info.run_id}/model", "train.warm.max_epochs=1")) == 0
+    return capsys.readouterr().out
+
+
 def test_a_parent_trained_on_more_data_gets_no_negative_counts(tmp_path, mlflow_store, capsys, caplog):
     """A champion from another log (42 users) warm-starts a run on 30 users: "-12 new users" would be nonsense,
     so the line says n/a and no lineage.new_* count is tagged; the item counts are still exact. A warning says the
     parent is no earlier model of this data (the README's daily loop once warm-started from make pipeline's model)."""
     day1, day2 = _walks(tmp_path / "day1", 30, 10), _walks(tmp_path / "day2", 42, 13)
-    assert main(_train(day2, tmp_path / "job")) == 0
-    (parent,) = _runs()
-    capsys.readouterr()
-    assert main(_train(day1, tmp_path / "job", f"train.init_from=runs:/{parent.info.run_id}/model",
-                       "train.warm.max_epochs=1")) == 0  # fmt: skip
-    printed = capsys.readouterr().out
+    printed = _warm_from(day2, day1, tmp_path / "job", capsys)
     assert "10 items kept, 0 new, 3 dropped; n/a new users, n/a new events" in printed
     warned = [r.getMessage() for r in caplog.records if "more than this data holds" in r.getMessage()]
     assert len(warned) == 1 and "trained on 42 users and " in warned[0] and "own tracking.registered_model" in warned[0]
@@ -92,12 +96,8 @@ def test_a_parent_of_another_catalog_is_warned_about_and_gets_no_growth_counts(t
     score.max_unknown_share=0.5, so a warning says it is probably no earlier model of this data and the line says
     n/a instead of reporting the difference of counts as growth (it said "30 new users, 240 new events")."""
     small, other = _walks(tmp_path / "small", 10, 10), _walks(tmp_path / "other", 40, 30)
-    assert main(_train(small, tmp_path / "job")) == 0
-    (parent,) = _runs()
-    capsys.readouterr()
-    assert main(_train(other, tmp_path / "job", f"train.init_from=runs:/{parent.info.run_id}/model",
-                       "train.warm.max_epochs=1")) == 0  # fmt: skip
-    assert "10 items kept, 20 new, 0 dropped; n/a new users, n/a new events" in capsys.readouterr().out
+    printed = _warm_from(small, other, tmp_path / "job", capsys)
+    assert "10 items kept, 20 new, 0 dropped; n/a new users, n/a new events" in printed
     warned = [r.getMessage() for r in caplog.records if "probably not an earlier model" in r.getMessage()]
     assert len(warned) == 1 and "(20 of 30 items), more than score.max_unknown_share=0.5" in warned[0]
     tags = _runs()[-1].data.tags
