@@ -23,8 +23,8 @@ numbers per column) and the table files read.
 Vocabularies are numbered like items: a full prepare by descending count, ties by ascending value;
 an append keeps every existing value at its index (also a value no item holds any more, count 0)
 and numbers new values after the feature's last index in that order. An append's table updates
-the earlier one: its rows replace the earlier rows of the same ids (counted as ``updated``), new ids
-are added; an append without a table keeps the earlier rows. The declaration must stay the same
+the earlier one: its rows replace the earlier rows of the same ids (counted as ``updated`` where
+their values changed), new ids are added; an append without a table keeps the earlier rows. The declaration must stay the same
 (:class:`DataError` otherwise).
 """
 
@@ -162,7 +162,7 @@ def write_item_features(
     if cfg.items is not None:
         table = read_item_table(cfg.items)
         accepted, new_rejects = clean_item_table(table, feats, id_dtype)
-        updated = rows.join(accepted.select(ITEM_ID), on=ITEM_ID, how="semi").height
+        updated = _changed_rows(rows, accepted.select(rows.columns))
         rows = pl.concat([rows.join(accepted.select(ITEM_ID), on=ITEM_ID, how="anti"), accepted.select(rows.columns)])
         rejects = pl.concat([rejects, new_rejects])
         sources, read_rows, new_rejected = [*sources, str(cfg.items)], read_rows + table.frame.height, new_rejects.height
@@ -223,6 +223,16 @@ def _removed_words(removed: int) -> str:
 def has_item_features(directory: str | Path) -> bool:
     """Whether the prepared directory holds an item table (``prepare --items``)."""
     return (Path(directory) / ITEM_FEATURES_FILE).is_file()
+
+
+def _changed_rows(rows: pl.DataFrame, accepted: pl.DataFrame) -> int:
+    """How many of ``accepted`` replace a row of ``rows`` (the same item id) with other values: a table that repeats
+    yesterday's rows unchanged (a catalog snapshot) updates none."""
+    def record(frame: pl.DataFrame) -> pl.DataFrame:
+        return frame.select(ITEM_ID, pl.struct(pl.exclude(ITEM_ID)).struct.json_encode().alias("_values"))
+
+    both = record(accepted).join(record(rows), on=ITEM_ID, how="inner", suffix="_before")
+    return both.filter(pl.col("_values") != pl.col("_values_before")).height
 
 
 def read_item_features(directory: str | Path, prepare_id: str | None = None) -> tuple[pl.DataFrame, pl.DataFrame, ItemFeaturesConfig]:

@@ -101,6 +101,11 @@ def test_vocabularies_kept_across_appends(inputs):
     append(_cfg(None), inputs / "day3.csv", inputs / "prep")
     rows, again, _ = read_item_features(inputs / "prep")
     assert again.equals(vocab) and rows.filter(pl.col("item_id") == 21).get_column("item_idx").to_list() == [5]
+    # the same table again (a catalog snapshot) with one row changed: 1 updated, not every row of it (was 3)
+    (inputs / "day4.csv").write_text("user_id,item_id,timestamp\n6,20,300\n")
+    (inputs / "third.csv").write_text("item_id,genre,year\n20,Western|Noir|Drama,2001\n11,Action,1992\n21,Noir,1999\n")
+    result = append(_cfg(inputs / "third.csv"), inputs / "day4.csv", inputs / "prep")
+    assert result.stats["item_table"]["updated"] == 1
 
 
 def test_an_append_with_a_table_and_no_declaration_takes_the_directorys(inputs, capsys):
