@@ -695,7 +695,11 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(2)
     args.workdir.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("MLFLOW_TRACKING_URI", f"sqlite:///{args.workdir.resolve() / 'mlflow.db'}")
-    setup_tracking(config.tracking)
+    try:  # the store is created complete or not at all (a kill here leaves none); a half-made one: one line
+        setup_tracking(config.tracking)
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
     seeds = args.seeds or [config.seed]
     command = command_line("benchmarks/replay.py", argv)
     doc = json.loads(args.output.read_text()) if args.output.exists() else {}

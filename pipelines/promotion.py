@@ -36,7 +36,7 @@ from recsys_alibi.data.errors import first_line
 from recsys_alibi.data.sequences import vocabulary_difference
 from recsys_alibi.data.time_gaps import sequences_for
 from pipelines.registry_lock import promotion_lock
-from recsys_alibi.tracking import metric_key, tracking_uri
+from recsys_alibi.tracking import metric_key, ready_store, tracking_uri
 from serving.inputs import vocabulary_remap
 
 log = logging.getLogger(__name__)
@@ -281,9 +281,17 @@ class Champion:
 def pin_champion(config: JobConfig) -> Champion:
     """:class:`Champion` of ``tracking.registered_model`` / ``tracking.champion_alias`` now (MLflow's tracking URI set).
 
+    A SQLite store that does not exist yet is created complete first, a half-made one refused
+    (:func:`recsys_alibi.tracking.ready_store`): the warm start of ``train`` reads the champion before
+    anything else opens the store.
+
     Raises:
         ChampionLookupError: the store failed to answer (:func:`current_champion`).
+        StoreError: the SQLite store is half-made (one line, exit 2).
     """
+    import mlflow
+
+    ready_store(mlflow.get_tracking_uri())
     name, alias = config.tracking.registered_model, config.tracking.champion_alias
     held = current_champion(name, alias)
     if held is None:

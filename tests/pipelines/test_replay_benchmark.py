@@ -623,6 +623,26 @@ def test_bad_arguments_are_one_error_line_and_exit_2_before_any_training(replay_
     assert not (replay_dir / "replay.json").exists() and not (replay_dir / "work").exists()
 
 
+def test_a_half_made_workdir_store_is_one_error_line_and_exit_2_and_kept(replay_dir, monkeypatch, capsys):
+    """``<workdir>/mlflow.db`` left half-made by a kill during its creation in place (break-daily-s67 finding 1):
+    one line naming it, exit 2, the file kept; the replay's own store is created complete or not at all
+    (tests/test_tracking_store_setup.py)."""
+    from stopped_store import kill_during_migration
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI")  # the replay's default store: <workdir>/mlflow.db
+    monkeypatch.setattr(replay, "train_arm", lambda *a: pytest.fail("trained on a half-made store"))
+    kill_during_migration(replay_dir / "work", "old", "batch")
+    store = replay_dir / "work" / "mlflow.db"
+    before = store.read_bytes()
+    with pytest.raises(SystemExit) as stopped:
+        replay.main(_args(1, ["scratch", "warm", "stale"]))
+    assert stopped.value.code == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and err[0].startswith(f"error: the MLflow store {store} is half-made: "), err
+    assert "it holds no runs, experiments or models: delete it and run again" in err[0]
+    assert store.read_bytes() == before and not (replay_dir / "replay.json").exists()
+
+
 def test_a_default_output_beside_a_committed_replay_goes_under_runs():
     """replay_popularity / prior / horizon / cold without --output: beside the replay, except for a replay in
     docs/results/ (the committed figures), whose files go to runs/ of the checkout under the same name."""
