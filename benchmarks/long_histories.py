@@ -126,10 +126,11 @@ def run_one(config, prepared: Path, label: str, threads: int | None) -> tuple[di
     # one output folder per run: runs side by side never share checkpoints or reports
     name = f"schedule{'_'.join(f'{e}x{w}' for e, w in schedule)}" if schedule else f"max_len{config.model.max_len}"
     run_dir = "-".join(filter(None, [label.replace(" ", "_"), f"seed{config.seed}", name]))
+    from run_marker import resuming_if_same  # benchmarks/run_marker.py (this script's folder is on sys.path)
+
     # train.resume: a run killed mid-way (a session's end) continues from its last epoch checkpoint in this
-    # folder, on the same MLflow run, when the benchmark is started again with the same command
-    config = config.model_copy(update={"output": str(Path(config.output) / "long-histories" / run_dir),
-                                       "train": config.train.model_copy(update={"resume": True})})  # fmt: skip
+    # folder, on the same MLflow run, when the benchmark is started again with the same config
+    config = resuming_if_same(config.model_copy(update={"output": str(Path(config.output) / "long-histories" / run_dir)}))
     trained = run_train(config, prepared, progress=False, register=False)
     job = run_evaluate(config, prepared, model_uri=trained.model.uri,
                        output_dir=Path(config.output) / "report")  # fmt: skip

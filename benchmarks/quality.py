@@ -106,10 +106,12 @@ def train_and_test(config, prepared: Path) -> dict:
     from pipelines.train import run_train
     from recsys_alibi.tracking import metric_key
 
+    from run_marker import resuming_if_same  # benchmarks/run_marker.py (this script's folder is on sys.path)
+
     # train.resume: a run killed mid-way (a session's end) continues from its last epoch checkpoint in its
-    # output folder, on the same MLflow run, when the benchmark is started again with the same command; the
-    # finished run's key (run_key) is taken from the config as given, without this switch
-    config = config.model_copy(update={"train": config.train.model_copy(update={"resume": True})})
+    # output folder, on the same MLflow run, when the benchmark is started again with the same config (another
+    # config starts a new run); the finished run's key (run_key) is taken from the config as given
+    config = resuming_if_same(config)
     trained = run_train(config, prepared, progress=False, register=False)
     report = run_evaluate(config, prepared, model_uri=trained.model.uri, output_dir=Path(config.output) / "report")
     history = mlflow.MlflowClient().get_metric_history(trained.run_id, metric_key("val/ndcg_at_10"))

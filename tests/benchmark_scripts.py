@@ -4,6 +4,7 @@ on ``sys.path``)."""
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -19,5 +20,8 @@ def load_module(path: Path, name: str) -> ModuleType:
 
 
 def load_benchmark(stem: str, name: str | None = None) -> ModuleType:
-    """``benchmarks/<stem>.py`` executed as a fresh module called ``name`` (default ``stem``)."""
+    """``benchmarks/<stem>.py`` executed as a fresh module called ``name`` (default ``stem``), with ``benchmarks/`` on
+    ``sys.path`` as a script run puts it (its sibling modules, e.g. ``run_marker``, import by name)."""
+    if str(BENCHMARKS) not in sys.path:
+        sys.path.append(str(BENCHMARKS))
     return load_module(BENCHMARKS / f"{stem}.py", name or stem)

@@ -146,6 +146,13 @@ def test_a_run_killed_mid_way_resumes_from_its_checkpoint_and_equals_an_uninterr
     with pytest.raises(fixtures.Killed):
         quality.train_and_test(config("killed"), prepared)
     monkeypatch.setattr(pipelines.train, "training_callbacks", real_callbacks)
+    # another config first (a re-run with --set model.d_model=32): a new run, not a refused resume (was exit 1)
+    monkeypatch.setattr(pipelines.train, "training_callbacks", lambda c: [*real_callbacks(c), fixtures.KillAt(2)])
+    with pytest.raises(fixtures.Killed):
+        quality.train_and_test(config("other"), prepared)
+    monkeypatch.setattr(pipelines.train, "training_callbacks", real_callbacks)
+    wider = load_config(str(REPO / "configs" / "default.yaml"), [*tiny, f"output={tmp_path / 'other'}", "model.d_model=32"])
+    assert quality.train_and_test(wider, prepared)["resumed_from"] is None
     given = config("killed")
     key = quality.run_key(given)
     resumed = quality.train_and_test(given, prepared)
