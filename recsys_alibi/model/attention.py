@@ -16,6 +16,7 @@ ALiBi: Press, Smith & Lewis, "Train Short, Test Long", ICLR 2022. Sink tokens: X
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
@@ -193,10 +194,12 @@ def alibi_attention(
             non-integer dtype, slopes not a floating tensor (e.g. a list), q not floating, k or v
             of another dtype than q.
         ValueError: shapes or arguments out of range (head size D < 1, v's D not q's, slopes
-            negative or not finite: read on the CPU only), unknown backend, or a ``mask`` that
+            negative or not finite: read on the CPU only; a NaN or infinite ``scale``), unknown backend, or a ``mask`` that
             does not fit q, k or comes with visibility arguments of its own.
     """
     check_call(q, k, v, slopes, bias_clamp)  # before anything reads them (the backend choice)
+    if scale is not None and not math.isfinite(scale):
+        raise ValueError(f"scale must be a finite number (None: 1 / sqrt(D)), got {scale}")
     if mask is None:
         if lengths is not None:  # validate, then zero the padded keys and values (0 * NaN is NaN)
             pad = MaskSpec.from_inputs(

@@ -78,6 +78,8 @@ def check_call(q: Tensor, k: Tensor, v: Tensor, slopes: Tensor, bias_clamp: floa
         shapes = f"{tuple(k.shape)}, {tuple(v.shape)}"
         raise ValueError(f"k, v must be (B, H, Lk, D) matching q {tuple(q.shape)}; got {shapes}")
     check_slopes(slopes)
+    if slopes.device != q.device:
+        raise ValueError(f"slopes must be on q's device {q.device}, got {slopes.device}")
     if slopes.shape != (h,):
         raise ValueError(f"slopes must be (H,) = ({h},), got {tuple(slopes.shape)}")
     if bias_clamp is not None and not bias_clamp > 0:

@@ -101,9 +101,9 @@ def causal_flash_cpu(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float
     bit for bit and the gradients to fp32 round-off (tests/model/test_causal_flash.py), at about
     half the score FLOPs for long windows (docs/benchmarks.md, "Epoch cost").
 
-    The kernel reads its inputs as if their last dim had stride 1, returns NaN for
-    ``scale=0`` and dies (SIGFPE) on empty inputs (H = 0): such k, q or v are made contiguous
-    first, and a zero scale or an empty input goes to the public function with the same mask.
+    The kernel reads its inputs as if their last dim had stride 1, returns NaN for a scale
+    <= 0 and dies (SIGFPE) on empty inputs (H = 0): such k, q or v are made contiguous first,
+    and a scale <= 0 or an empty input goes to the public function with the same mask.
 
     Args:
         q, k, v: (B, H, L, D) float32 or bfloat16 on the CPU (the same dtype), any strides.
@@ -113,7 +113,7 @@ def causal_flash_cpu(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float
     Returns:
         (B, H, L, D) in q's dtype; differentiable in q, k, v (not in ``mask``).
     """
-    if scale == 0 or q.numel() == 0:
+    if (scale is not None and scale <= 0) or q.numel() == 0:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
     return _FLASH_CPU(q, k, v, 0.0, True, attn_mask=mask, scale=scale)[0]

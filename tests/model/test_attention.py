@@ -552,11 +552,16 @@ def test_inputs_without_unit_last_stride_give_reference_values_and_gradients(bac
 @pytest.mark.parametrize("backend", ["eager", "sdpa", "auto"])
 def test_scale_zero_attends_by_the_bias_alone(backend):
     # finding 4: scale=0.0 gave NaN on the causal Lq == Lk kernel path
+    # a negative scale too (was NaN after the first fix); a NaN or infinite one is refused on every backend
     q, k, v = _inputs(lq=7, lk=7)
     slopes = alibi_slopes(H)
     for lq in (7, 3):
-        got = alibi_attention(q[:, :, -lq:], k, v, slopes, backend=backend, scale=0.0)
-        torch.testing.assert_close(got.double(), reference(q[:, :, -lq:], k, v, slopes, scale=0.0), **TOL)
+        for scale in (0.0, -1.0):
+            got = alibi_attention(q[:, :, -lq:], k, v, slopes, backend=backend, scale=scale)
+            torch.testing.assert_close(got.double(), reference(q[:, :, -lq:], k, v, slopes, scale=scale), **TOL)
+    for scale in (float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="scale must be a finite number"):
+            alibi_attention(q, k, v, slopes, backend=backend, scale=scale)
 
 
 def test_zero_heads_or_rows_give_an_empty_result_on_every_backend():
@@ -628,6 +633,7 @@ _Q = torch.randn(1, 2, 4, 3)
         (lambda: alibi_attention(*(_Q[..., :0],) * 3, alibi_slopes(2), backend="eager"), ValueError, "head size"),
         (lambda: alibi_attention(_Q, _Q, torch.randn(1, 2, 4, 5), alibi_slopes(2), backend="sdpa"), ValueError, "k, v"),
         (lambda: alibi_attention(_Q, _Q, torch.randn(1, 2, 4, 5), alibi_slopes(2), backend="eager"), ValueError, "k, v"),
+        (lambda: alibi_attention(_Q, _Q, _Q, alibi_slopes(2).to("meta")), ValueError, "slopes must be on q's device"),
     ],
 )
 def test_bad_arguments_raise_one_error_naming_them(call, error, match):
