@@ -150,7 +150,6 @@ def run_prepare(config: JobConfig, input_path: str | Path | None, output_dir: st
         OutputPathError: ``output_dir`` is or is inside the input (or ``data.items``), holds it at a name
             it writes, or holds another kind of output (:func:`pipelines.collisions.check_apart`).
     """
-    from recsys_alibi.data.formats import mixed_folder_hint
     from recsys_alibi.data.ingest import DataError
     from recsys_alibi.data.prepare import prepare
 
@@ -163,14 +162,8 @@ def run_prepare(config: JobConfig, input_path: str | Path | None, output_dir: st
                         "no item table: pass --items PATH (generate writes items.parquet beside the events), or "
                         "--set 'data.item_features={}' --set model.item_features.enabled=false")
     fmt = None if config.data.format == "auto" else config.data.format
-    try:
-        if config.data.append:
-            from recsys_alibi.data.append import append
+    if config.data.append:
+        from recsys_alibi.data.append import append
 
-            return append(config.data, input_path, output_dir, fmt=fmt)
-        return prepare(config.data, input_path, output_dir, fmt=fmt)
-    except DataError as err:  # a dataset's folder given as the input: name its event log
-        hint = mixed_folder_hint(input_path) if type(err) is DataError else None
-        if hint is None:
-            raise
-        raise DataError(f"{hint}; reading the folder as one log failed: {err}") from None
+        return append(config.data, input_path, output_dir, fmt=fmt)
+    return prepare(config.data, input_path, output_dir, fmt=fmt)

@@ -123,29 +123,37 @@ def resolve_paths(input_path: str | Path, what: str = "input", flag: str = "--in
     return [path]
 
 
-EVENT_LOG_NAMES = ("ratings", "u.data", "events", "interactions", "clicks", "reviews", "purchases")  # name starts
+# names of a dataset's lookup tables (items, users, id mappings): MovieLens u.item / movies.dat / tags.csv,
+# SASRec's sas_to_original_items.txt; matched on the lower-case file name up to its first dot after the stem
+LOOKUP_TABLE_NAME = re.compile(
+    r"^(u\.(item|user|genre|info|occupation)|(movies|items?|users?|tags|links|genres?|genome[-_]\w+)"
+    r"|[^.]*(_to_|mapping|metadata|vocab|features)[^.]*)(\.|$)"
+)
 
 
-def mixed_folder_hint(input_path: str | Path) -> str | None:
-    """The advice put before an error of reading the folder ``input_path`` when it holds an event log beside tables
-    of other kinds, or None.
+class DatasetFolderError(DataError):
+    """An input folder that holds a dataset's lookup tables beside its event log (:func:`check_no_lookup_tables`)."""
 
-    A dataset's folder (MovieLens: ``ratings.csv`` beside ``movies.csv``, ``u.data`` beside ``u.item``) holds
-    tables other than events, which ``--input`` reads as one event log; the advice names its event log, a file
-    whose name starts with one of :data:`EVENT_LOG_NAMES`. Parts of one log (``day9.csv``,
-    ``events_web.csv`` and ``events_app.csv``) get none.
+
+def check_no_lookup_tables(input_path: str | Path, paths: list[Path]) -> None:
+    """Refuse an input folder whose files are an event log beside lookup tables named as such (``movies.dat``,
+    ``u.item``, ``sas_to_original_items.txt``): a folder is read as one event log, so their rows would become
+    events, silently where they parse in the log's format. A folder of such tables only, or of log parts, passes.
+
+    Raises:
+        DatasetFolderError: naming the tables and the event log to point ``--input`` at.
     """
-    try:
-        paths = resolve_paths(input_path) if Path(input_path).is_dir() else []
-    except (DataError, OSError):
-        return None
-    logs = [p for p in paths if p.name.lower().startswith(EVENT_LOG_NAMES)]
-    if not logs or len(logs) == len(paths):
-        return None
-    names = ", ".join(p.name for p in paths[:6]) + (", ..." if len(paths) > 6 else "")
+    if isinstance(input_path, (list, tuple)) or not Path(input_path).is_dir():
+        return
+    tables = [p for p in paths if LOOKUP_TABLE_NAME.match(p.name.lower())]
+    if not tables or len(tables) == len(paths):
+        return
+    logs = [p for p in paths if p not in tables]
+    names = ", ".join(p.name for p in tables[:6]) + (", ..." if len(tables) > 6 else "")
     which = f"'{logs[0]}'" if len(logs) == 1 else "one of " + ", ".join(f"'{p.name}'" for p in logs[:3])
-    return (f"'{input_path}' holds tables of other kinds beside an event log ({names}), all read as events: point "
-            f"--input at the event log ({which})")
+    raise DatasetFolderError(f"'{input_path}' holds tables that are not events beside the event log ({names}), and a "
+                             f"folder is read as one log: point --input at the event log ({which}), or move those "
+                             "tables out of the folder")
 
 
 DOC_NAMES = ("readme", "license", "licence", "copying", "notice", "changelog", "citation")  # name starts, any case

@@ -35,6 +35,7 @@ from recsys_alibi.data.formats import (
     FORMAT_HELP,
     FORMATS,
     MOVIELENS_CSV_HEADER,
+    check_no_lookup_tables,
     format_reason,
     head_bytes,
     header_separator,
@@ -115,6 +116,7 @@ def scan_source(
             or byte where it can), empty input, missing column.
     """
     paths = list(input_path) if isinstance(input_path, (list, tuple)) else resolve_paths(input_path)
+    check_no_lookup_tables(input_path, paths)
     fmt = fmt or cfg.format
     for path in paths:  # bzip2, xz, zstd, zip under any name, any format: refused before anything reads them
         compressed = unread_compression(path)

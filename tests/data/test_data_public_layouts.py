@@ -311,9 +311,10 @@ def test_a_dataset_folder_infers_from_its_data_files_not_its_readme(tmp_path):
 # a dataset's folder given as --input: its event log is named
 
 
-def test_a_dataset_folder_with_tables_beside_its_ratings_names_the_event_log(tmp_path, capsys):
-    """MovieLens' layout (ratings.csv beside movies.csv and tags.csv): reading the folder as one log fails on the
-    other headers, and the one-line error names the ratings file first; the named file then prepares."""
+def test_a_dataset_folder_with_tables_beside_its_ratings_is_refused_naming_the_event_log(tmp_path, capsys):
+    """MovieLens' layout (ratings.csv beside movies.csv and tags.csv) is refused before reading, naming the ratings
+    file; the named file then prepares. A SASRec log beside its id-mapping file (two integer columns, which parse as
+    SASRec lines) was read as one log without a word: 2 mapping lines became events here."""
     folder = tmp_path / "ml-latest"
     folder.mkdir()
     ratings = _write(folder / "ratings.csv", "userId,movieId,rating,timestamp\n" + "".join(
@@ -322,21 +323,26 @@ def test_a_dataset_folder_with_tables_beside_its_ratings_names_the_event_log(tmp
     _write(folder / "tags.csv", "userId,movieId,tag,timestamp\n1,10,classic,1100000000\n")
     assert main(["prepare", "--input", str(folder), "--output", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1
-    assert err[0].startswith(f"error: '{folder}' holds tables of other kinds beside an event log (movies.csv, "
-                             f"ratings.csv, tags.csv), all read as events: point --input at the event log ('{ratings}'); "
-                             "reading the folder as one log failed: ")  # fmt: skip
+    assert err == [f"error: '{folder}' holds tables that are not events beside the event log (movies.csv, tags.csv), "
+                   f"and a folder is read as one log: point --input at the event log ('{ratings}'), or move those "
+                   "tables out of the folder"]  # fmt: skip
     assert main(["prepare", "--input", str(ratings), "--output", str(tmp_path / "out"),
                  "--set", "data.min_events_per_user=1", "--set", "data.min_events_per_item=1"]) == 0  # fmt: skip
+    sasrec = tmp_path / "sasrec"
+    sasrec.mkdir()
+    _write(sasrec / "ml.txt", "".join(f"{1 + k % 3} {10 + k % 10}\n" for k in range(30)))
+    _write(sasrec / "sas_to_original_items.txt", "1 1193\n2 661\n")
+    with pytest.raises(DataError, match=r"\(sas_to_original_items.txt\), and a folder is read as one log"):
+        prepare(LOOSE, sasrec, tmp_path / "sas", fmt="sasrec")
 
 
 def test_parts_of_one_log_get_no_folder_advice(tmp_path, capsys):
     """Files that are all event logs (day parts, two sources of one log) are read together: an error in one is
-    reported without the dataset-folder advice."""
+    reported as it is, not as a dataset's folder."""
     folder = tmp_path / "log"
     folder.mkdir()
     _write(folder / "events_web.csv", "user,item,ts\n1,2,3\n")
     _write(folder / "events_app.csv", "user,item\n1,2\n")
     assert main(["prepare", "--input", str(folder), "--output", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "has other columns than" in err[0] and "tables of other kinds" not in err[0]
+    assert len(err) == 1 and "has other columns than" in err[0] and "not events" not in err[0]
