@@ -179,14 +179,16 @@ def extended_vocabulary(items: pl.DataFrame, extra: NewItems) -> pl.DataFrame:
     return pl.concat([base, added.cast(base.schema)])
 
 
-def _warn_other_declaration(given: ItemFeaturesConfig, model: ItemFeaturesConfig) -> None:
-    """Warn when the config declares item-table columns other than the model's: an item table is always read with the
-    declaration the model was trained with (the columns its encoder knows), so the config's is not used."""
+def _warn_other_declaration(given: ItemFeaturesConfig, model: ItemFeaturesConfig) -> bool:
+    """Warn, and say True, when the config declares item-table columns other than the model's: an item table is
+    always read with the declaration the model was trained with (the columns its encoder knows), not the config's."""
     ours, theirs = given.model_dump(), model.model_dump()
     differ = [f"{key} {ours[key]!r} against {theirs[key]!r}" for key in ours if ours[key] != theirs[key]]
     if given.columns and differ:
         log.warning("score: data.item_features differs from the model's declaration (%s); item tables are read with "
                     "the model's, the columns it was trained on", "; ".join(differ))  # fmt: skip
+        return True
+    return False
 
 
 def with_default_items(config: JobConfig, model, input_path: str | Path) -> JobConfig:
@@ -197,7 +199,9 @@ def with_default_items(config: JobConfig, model, input_path: str | Path) -> JobC
     features = getattr(model, "features", None)
     if features is None:
         return config
-    _warn_other_declaration(config.data.item_features, ItemFeaturesConfig.model_validate(features.declaration))
+    declared = ItemFeaturesConfig.model_validate(features.declaration)
+    if _warn_other_declaration(config.data.item_features, declared):  # the staged prepare reads with the model's too
+        config = config.model_copy(update={"data": config.data.model_copy(update={"item_features": declared})})
     if config.score.items is not None:
         return config
     path = Path(input_path)

@@ -292,8 +292,11 @@ def test_raw_events_scored_with_data_items_and_another_declaration_warn_and_use_
     warned = [r.getMessage() for r in caplog.records if "differs from the model's declaration" in r.getMessage()]
     assert warned == ["score: data.item_features differs from the model's declaration (separator None against '|'); "
                       "item tables are read with the model's, the columns it was trained on"]  # fmt: skip
-    ranked = [pl.read_parquet(tmp_path / name / "part-*.parquet") for name in ("given", "declared")]
-    assert ranked[0].equals(ranked[1]) and ranked[0].filter(pl.col("item_id") == 41).height > 0
+    # a declaration the table cannot satisfy (genre as a number) is not used either: it was refused by the staged prepare
+    swapped = ["--set", f"data.items={today}", "--set", "data.item_features.numeric=[genre]"]
+    assert main([*base, "--output", str(tmp_path / "swapped"), *swapped]) == 0
+    ranked = [pl.read_parquet(tmp_path / name / "part-*.parquet") for name in ("given", "declared", "swapped")]
+    assert ranked[0].equals(ranked[1]) and ranked[0].equals(ranked[2]) and ranked[0].filter(pl.col("item_id") == 41).height > 0
     capsys.readouterr()
     assert main([*base, "--output", str(tmp_path / "undeclared"), "--set", f"data.items={today}"]) == 2
     assert "to score with an item table, pass score --items PATH" in capsys.readouterr().err
