@@ -236,7 +236,10 @@ def flex_alibi_attention(
         return sdpa_attention(q, k, v, fallback_slopes, scale=scale, **kw)
     b, h, lq, d = q.shape
     signature = (bucket_batch(b), h, round_up(lq), round_up(spec.k_len), d, q.dtype, str(q.device))
-    graph = (signature, spec.causal, spec.q_offset != 0, bias_clamp, scale, with_bias)  # what picks a graph
+    # what picks a graph: the shape and every rule the mask and score functions close over (a window, sinks,
+    # packing, padding), so a call past the limit does not bar a graph compiled before it for another rule
+    graph = (signature, spec.causal, spec.q_offset != 0, spec.window, spec.sinks, spec.seq_ids is not None,
+             spec.lengths is not None, bias_clamp, scale, with_bias)  # fmt: skip
     if signature not in runner.failed and graph not in runner.over_limit:
         try:
             fm = runner.mask_for(spec, b, q.device) if mask is None else mask

@@ -670,3 +670,28 @@ def test_flex_past_its_recompile_limit_falls_back_to_sdpa_with_one_warning(monke
     lines = [r.getMessage() for r in caplog.records if r.name == "recsys_alibi.model.flex"]
     assert len(lines) == 1 and "limit of 1 compiled graphs" in lines[0] and "sdpa" in lines[0]
     assert not runner.failed  # a limit is no failure of the shape
+
+
+def test_flex_past_its_recompile_limit_keeps_running_the_graphs_compiled_before(monkeypatch):
+    # verify-s67 D4: the over-limit record left the window out of a graph's key, so the graph compiled for window 3
+    # was barred once window 5 hit the limit (sdpa ran instead: right values, not the compiled kernel)
+    runner = flex_runner()
+    monkeypatch.setattr(runner, "recompile_limit", 1)
+    monkeypatch.setattr(runner, "over_limit", set())
+    calls = []
+    real_call = type(runner).__call__
+
+    def counted(self, *args, **kwargs):
+        calls.append(kwargs.get("bias_clamp"))
+        return real_call(self, *args, **kwargs)
+
+    monkeypatch.setattr(type(runner), "__call__", counted)
+    q, k, v = _inputs(lq=8, lk=8)
+    slopes = alibi_slopes(H)
+    with torch.no_grad():
+        outs = [alibi_attention(q, k, v, slopes, backend="flex", window=3)]
+        barred_first = len(runner.over_limit)  # 1 where this process had used up the limit before (other tests)
+        outs += [alibi_attention(q, k, v, slopes, backend="flex", window=w) for w in (5, 3)]
+    for out, w in zip(outs, (3, 5, 3)):
+        torch.testing.assert_close(out.double(), reference(q, k, v, slopes, window=w), **TOL)
+    assert len(calls) == 3 - barred_first  # window 3's graph is tried again exactly when it ran the first time
