@@ -36,7 +36,8 @@ from recsys_alibi.data.errors import first_line
 from recsys_alibi.data.sequences import vocabulary_difference
 from recsys_alibi.data.time_gaps import sequences_for
 from pipelines.registry_lock import promotion_lock
-from recsys_alibi.tracking import metric_key, ready_store, tracking_uri
+from recsys_alibi.tracking import metric_key, tracking_uri
+from recsys_alibi.tracking_store import ready_store
 from serving.inputs import vocabulary_remap
 
 log = logging.getLogger(__name__)
@@ -282,7 +283,7 @@ def pin_champion(config: JobConfig) -> Champion:
     """:class:`Champion` of ``tracking.registered_model`` / ``tracking.champion_alias`` now (MLflow's tracking URI set).
 
     A SQLite store that does not exist yet is created complete first, a half-made one refused
-    (:func:`recsys_alibi.tracking.ready_store`): the warm start of ``train`` reads the champion before
+    (:func:`recsys_alibi.tracking_store.ready_store`): the warm start of ``train`` reads the champion before
     anything else opens the store.
 
     Raises:

@@ -14,7 +14,8 @@ from mlflow import MlflowClient
 
 from pipelines.cli import main
 from recsys_alibi.config import TrackingConfig
-from recsys_alibi.tracking import StoreError, ready_store, setup_tracking
+from recsys_alibi.tracking import setup_tracking
+from recsys_alibi.tracking_store import StoreError, ready_store
 from stopped_store import kill_during_migration
 
 
