@@ -693,6 +693,12 @@ def main(argv: list[str] | None = None) -> None:
         print(f"error: the log after the --start {args.start} quantile holds no whole period of --period-days "
               f"{args.period_days} before its last event: nothing to compare", file=sys.stderr)  # fmt: skip
         raise SystemExit(2)
+    ts = events["timestamp"].to_numpy()
+    empty = [k for k in range(1, last + 1) if not ((ts >= bounds[k]) & (ts < bounds[k + 1])).any()]
+    if empty:  # a step with nothing to test (the metrics need one user): said before anything is trained
+        print(f"error: step {empty[0]}'s period of --period-days {args.period_days} holds no event "
+              f"({len(empty)} of {last} steps are empty): nothing to test there; give longer periods", file=sys.stderr)  # fmt: skip
+        raise SystemExit(2)
     args.workdir.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("MLFLOW_TRACKING_URI", f"sqlite:///{args.workdir.resolve() / 'mlflow.db'}")
     try:  # the store is created complete or not at all (a kill here leaves none); a half-made one: one line

@@ -604,10 +604,11 @@ def test_replay_tables_follow_the_arms_and_comparisons_of_the_json():
 @pytest.mark.parametrize("bad", [["--start", "1.5"], ["--start", "0"], ["--period-days", "-3"], ["--period-days", "0"],
                                  ["--steps", "0"], ["--reuse", "scratch"], ["--reuse", "=old.json"],
                                  ["--set", "train.nosuchkey=1"], ["--input", "no-such.parquet"],
-                                 ["--period-days", "1000"]])  # fmt: skip
+                                 ["--period-days", "1000"], ["--period-days", "0.001"]])  # fmt: skip
 def test_bad_arguments_are_one_error_line_and_exit_2_before_any_training(replay_dir, monkeypatch, capsys, bad):
     """A bad option, config or log: one ``error:`` line (argparse's usage line above it for an option), exit 2, no
-    traceback, nothing trained or written; ``--period-days 1000``: the log holds no step to compare."""
+    traceback, nothing trained or written; ``--period-days 1000``: the log holds no step to compare; ``0.001`` (86
+    s): a step whose period holds no event (a traceback of the metrics once their step came, verify-s67 D9)."""
     monkeypatch.setattr(replay, "train_arm", lambda *a: pytest.fail("trained despite a bad argument"))
     args = _args(1, ["scratch", "warm", "stale"])
     if bad[0] in ("--start", "--period-days", "--steps", "--input"):  # replace the option's value
