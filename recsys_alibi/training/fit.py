@@ -137,9 +137,10 @@ def fit_ranker(
             if trainer.state.status != TrainerStatus.INTERRUPTED:
                 raise
             signal_name, code = ("SIGTERM", 143) if trainer.received_sigterm else ("Ctrl-C (SIGINT)", 130)
+            how = "same command" if train.resume else "same command with --resume (train.resume=true)"
             log.error("error: training stopped by %s in epoch %d: nothing was evaluated, registered or scored; the "
-                      "same command with --resume (train.resume=true) continues from %s", signal_name,
-                      trainer.current_epoch, checkpoint_dir / "last.ckpt")  # fmt: skip
+                      "%s continues from %s", signal_name, trainer.current_epoch, how,
+                      checkpoint_dir / "last.ckpt")  # fmt: skip
             raise SystemExit(code) from None
     seconds = clock.total()
     warn_unreached(train.context_schedule, trainer.current_epoch)

@@ -63,8 +63,8 @@ def prepared(tmp_path_factory) -> Path:
     return write_walks(tmp_path_factory.mktemp("walks") / "prepared", n_users=120)
 
 
-def _fit(prepared: Path, out: Path, *callbacks: L.Callback, resume: Path | None = None):
-    config = tiny_config(out, *SCHEDULE)
+def _fit(prepared: Path, out: Path, *callbacks: L.Callback, resume: Path | None = None, overrides: tuple = ()):
+    config = tiny_config(out, *SCHEDULE, *overrides)
     datamodule = SequenceDataModule(prepared, config.model, config.train, config.seed)
     fit = fit_ranker(config, datamodule, out / "ckpt", callbacks=list(callbacks), progress=False, resume_from=resume)
     return fit, datamodule
@@ -272,3 +272,9 @@ def test_a_fit_stopped_by_sigterm_exits_143_with_one_line(prepared, tmp_path, ca
     assert stopped.value.code == 143
     (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("error: training stopped")]
     assert "stopped by SIGTERM" in line and "--resume" in line and str(tmp_path / "ckpt" / "last.ckpt") in line
+    # a run that resumes on its own (train.resume=true: quality.py, long_histories.py) is told the same command
+    caplog.clear()
+    with pytest.raises(SystemExit):
+        _fit(prepared, tmp_path / "again", _TermAfterFirstEpoch(), overrides=("train.resume=true",))
+    (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("error: training stopped")]
+    assert "the same command continues from" in line and "--resume" not in line
