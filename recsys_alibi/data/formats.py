@@ -131,17 +131,13 @@ LOOKUP_TABLE_NAME = re.compile(
 )
 
 
-class DatasetFolderError(DataError):
-    """An input folder that holds a dataset's lookup tables beside its event log (:func:`check_no_lookup_tables`)."""
-
-
 def check_no_lookup_tables(input_path: str | Path, paths: list[Path]) -> None:
     """Refuse an input folder whose files are an event log beside lookup tables named as such (``movies.dat``,
     ``u.item``, ``sas_to_original_items.txt``): a folder is read as one event log, so their rows would become
     events, silently where they parse in the log's format. A folder of such tables only, or of log parts, passes.
 
     Raises:
-        DatasetFolderError: naming the tables and the event log to point ``--input`` at.
+        DataError: naming the tables and the event log to point ``--input`` at.
     """
     if isinstance(input_path, (list, tuple)) or not Path(input_path).is_dir():
         return
@@ -151,9 +147,8 @@ def check_no_lookup_tables(input_path: str | Path, paths: list[Path]) -> None:
     logs = [p for p in paths if p not in tables]
     names = ", ".join(p.name for p in tables[:6]) + (", ..." if len(tables) > 6 else "")
     which = f"'{logs[0]}'" if len(logs) == 1 else "one of " + ", ".join(f"'{p.name}'" for p in logs[:3])
-    raise DatasetFolderError(f"'{input_path}' holds tables that are not events beside the event log ({names}), and a "
-                             f"folder is read as one log: point --input at the event log ({which}), or move those "
-                             "tables out of the folder")
+    raise DataError(f"'{input_path}' holds tables that are not events beside the event log ({names}), and a folder "
+                    f"is read as one log: point --input at the event log ({which}), or move those tables out of it")
 
 
 DOC_NAMES = ("readme", "license", "licence", "copying", "notice", "changelog", "citation")  # name starts, any case

@@ -325,7 +325,7 @@ def test_a_dataset_folder_with_tables_beside_its_ratings_is_refused_naming_the_e
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"error: '{folder}' holds tables that are not events beside the event log (movies.csv, tags.csv), "
                    f"and a folder is read as one log: point --input at the event log ('{ratings}'), or move those "
-                   "tables out of the folder"]  # fmt: skip
+                   "tables out of it"]  # fmt: skip
     assert main(["prepare", "--input", str(ratings), "--output", str(tmp_path / "out"),
                  "--set", "data.min_events_per_user=1", "--set", "data.min_events_per_item=1"]) == 0  # fmt: skip
     sasrec = tmp_path / "sasrec"
