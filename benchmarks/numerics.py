@@ -81,8 +81,9 @@ def run_paths(output: Path, n_heads: int = 8, length: int = 1024, max_bias: floa
                         "predicted": predicted_w, "seconds": 0.0})  # fmt: skip
         records.append({"dtype": dtype, "backend": "exp", "length": length, "measured": None,
                         "predicted": [h.zero_share for h in report.heads["exp"]], "seconds": 0.0})  # fmt: skip
+    machine = machine_line(torch.get_num_threads())  # reads /proc/cpuinfo: once, not per record
     for r in records:
-        r.update(command=command, machine=machine_line(torch.get_num_threads()))
+        r.update(command=command, machine=machine)
     output.mkdir(parents=True, exist_ok=True)
     write_text_atomic(output / "paths.json", json.dumps(records, indent=2))
     write_text_atomic(output / "paths.md", paths_markdown(records, n_heads, length, max_bias))
@@ -471,6 +472,7 @@ def run_probe(output: Path, plan: Sequence[tuple[str, str, int]], json_path: Pat
     path = json_path or output / "probe.json"
     records = json.loads(path.read_text()) if path.exists() else []
     done = {(r["run"], r["setting"], r["seed"]) for r in records}
+    machine = machine_line()  # reads /proc/cpuinfo: once, not per record
     for precision, setting, seed in dict.fromkeys(plan):  # in order, each run once
         if (precision, setting, seed) in done:
             continue
@@ -478,7 +480,7 @@ def run_probe(output: Path, plan: Sequence[tuple[str, str, int]], json_path: Pat
         new = run_probe_one(setting, precision, output, seed)
         for r in new:
             r["run_wall_seconds"] = time.perf_counter() - started
-            r.update(command=command, machine=machine_line(), torch_threads=torch.get_num_threads())
+            r.update(command=command, machine=machine, torch_threads=torch.get_num_threads())
         records += new
         done.add((precision, setting, seed))  # a plan may name a run twice
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -74,7 +74,8 @@ def load_from(uri: str, candidates: list[str]):
     """
     import mlflow
 
-    from recsys_alibi.tracking import ModelUriError, load_ranker, local_store_path
+    from recsys_alibi.tracking import ModelUriError, load_ranker
+    from recsys_alibi.tracking_store import local_store_path
 
     for store in candidates:
         local = local_store_path(store)

@@ -152,7 +152,7 @@ def load_warm_start(config: JobConfig, prepared_dir: Path, uri: str) -> WarmStar
     from recsys_alibi.tracking import load_ranker
     from recsys_alibi.training.warm_features import warm_features
     from recsys_alibi.training.warm_start import warm_state_dict
-    from serving.inputs import vocabulary_remap
+    from serving.inputs import unknown_events, vocabulary_remap
 
     loaded = load_ranker(uri)
     items = read_items(prepared_dir)
@@ -166,8 +166,8 @@ def load_warm_start(config: JobConfig, prepared_dir: Path, uri: str) -> WarmStar
         state = imprint_new_rows(state, loaded.model, config, prepared_dir, rows)
     kept = items.height - unknown
     new_users = new_events = None
-    counts = items.get_column("count").to_numpy()  # events per item, in item_idx order (1..N)
-    unknown_share = float(counts[rows[1:] == 0].sum() / max(int(counts.sum()), 1))
+    unseen, total = unknown_events(items, rows != 0)  # events on items the parent never saw (rows[i] == 0: new)
+    unknown_share = unseen / max(total, 1)
     if unknown_share > config.score.max_unknown_share:  # another catalog: integer ids overlap by chance
         log.warning("warning: %.0f%% of this data's events are on items %s never saw (%d of %d items), more than "
                     "score.max_unknown_share=%g: it is probably not an earlier model of this data (integer ids of two "

@@ -69,11 +69,12 @@ def check_champion(config: JobConfig):
 
     from pipelines.promotion import Champion, check_champion_run, pin_champion
     from recsys_alibi.data.errors import first_line
-    from recsys_alibi.tracking import ModelUriError, local_store_path, quiet_artifacts, tracking_uri
+    from recsys_alibi.tracking import ModelUriError, quiet_artifacts, tracking_uri
+    from recsys_alibi.tracking_store import sqlite_store_path
 
     tracking = config.tracking
     uri = tracking_uri(tracking)
-    store = local_store_path(uri) if uri.startswith("sqlite:") else None
+    store = sqlite_store_path(uri)
     if store is not None and not store.exists():
         return Champion(tracking.registered_model, tracking.champion_alias, None)
     mlflow.set_tracking_uri(uri)

@@ -340,7 +340,7 @@ def tag_incomplete(config: JobConfig, version: str, err: BaseException) -> None:
     """Tag a pending version with why its gate did not finish (best effort: the store may be what failed)."""
     import mlflow
 
-    first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+    first = first_line(err) if str(err).strip() else ""
     reason = (f"the gate did not finish ({type(err).__name__}: {first})"[:4900] + "; a pipeline run again with the "
               "same data and config gates this version instead of training another")  # fmt: skip
     try:

@@ -36,7 +36,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from recsys_alibi.config import ConfigError
-from recsys_alibi.tracking import local_store_path
+from recsys_alibi.tracking_store import local_store_path
 
 log = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ from urllib.parse import urlparse
 import polars as pl
 
 from recsys_alibi.config import ConfigError, JobConfig, TrackingConfig
-from recsys_alibi.tracking_store import local_store_path, ready_locked_store, store_setup_lock
+from recsys_alibi.tracking_store import ready_locked_store, sqlite_store_path, store_setup_lock
 
 log = logging.getLogger(__name__)
 
@@ -170,7 +170,7 @@ def setup_tracking(cfg: TrackingConfig, reading: str | None = None) -> str:
 
     uri = tracking_uri(cfg)
     check_tracking_uri(uri, tracking_uri_origin())
-    store = local_store_path(uri) if uri.startswith("sqlite:") else None
+    store = sqlite_store_path(uri)
     if reading is not None and urlparse(reading).scheme in ("runs", "models") and store is not None and not store.exists():
         raise ModelUriError(
             f"cannot load model '{reading}': there is no tracking store at {uri} (none was created here); run "

@@ -28,7 +28,7 @@ def store_setup_lock(uri: str) -> Iterator[None]:
     doing that at once fail with "table ... already exists", and two creating the same experiment
     fail with "already exists". Other stores (a server) do this themselves.
     """
-    store = local_store_path(uri) if uri.startswith("sqlite:") else None
+    store = sqlite_store_path(uri)
     if store is None:
         yield
         return
@@ -60,7 +60,7 @@ def ready_store(uri: str) -> None:
     Raises:
         StoreError: the store is half-made or no SQLite database (one line naming it and the fix).
     """
-    store = local_store_path(uri) if uri.startswith("sqlite:") else None
+    store = sqlite_store_path(uri)
     if store is None:
         return
     with store_setup_lock(uri):
@@ -88,9 +88,11 @@ def ready_locked_store(store: Path) -> None:
         raise StoreError(problem)
 
 
-def _remove_sqlite_files(path: Path) -> None:
-    """``path`` and the journal files SQLite keeps beside it (none of them a store anyone uses)."""
-    for name in (path.name, f"{path.name}-journal", f"{path.name}-wal", f"{path.name}-shm"):
+def _remove_sqlite_files(path: Path, *, journals_only: bool = False) -> None:
+    """``path`` (unless ``journals_only``) and the journal files SQLite keeps beside it (none of them a store anyone
+    uses)."""
+    journals = (f"{path.name}-journal", f"{path.name}-wal", f"{path.name}-shm")
+    for name in journals if journals_only else (path.name, *journals):
         with contextlib.suppress(FileNotFoundError):
             path.with_name(name).unlink()
 
@@ -112,9 +114,7 @@ def _create_store(store: Path, temp: Path) -> None:
         os.fsync(handle.fileno())
     # a journal left beside a store that is gone (deleted by hand with its creation stopped) would be "rolled
     # back" into the new one by the next SQLite that opens it
-    for name in (f"{store.name}-journal", f"{store.name}-wal", f"{store.name}-shm"):
-        with contextlib.suppress(FileNotFoundError):
-            store.with_name(name).unlink()
+    _remove_sqlite_files(store, journals_only=True)
     os.replace(temp, store)
     with contextlib.suppress(OSError):  # the rename itself survives a power cut (a directory fsync, where it works)
         directory = os.open(store.parent, os.O_RDONLY)
@@ -199,6 +199,11 @@ def _store_state(store: Path) -> _StoreState | None:
         raise StoreError(f"the MLflow store {store.absolute()} is no SQLite database MLflow can open ({err}); move "
                          "it away, or point tracking.uri / MLFLOW_TRACKING_URI at another store") from None  # fmt: skip
     return _StoreState(store, head, revision, leftovers, rows)
+
+
+def sqlite_store_path(uri: str) -> Path | None:
+    """The database file of a ``sqlite:///PATH`` store; None for any other store (a server, PostgreSQL, files)."""
+    return local_store_path(uri) if uri.startswith("sqlite:") else None
 
 
 def local_store_path(uri: str) -> Path | None:

@@ -240,6 +240,14 @@ def select_events(sequences: FlatSequences, keep: np.ndarray) -> FlatSequences:
     return FlatSequences(values=sequences.values[keep].astype(np.int64), offsets=offsets)
 
 
+def unknown_events(items: pl.DataFrame, known_idx: np.ndarray) -> tuple[int, int]:
+    """``(events on unknown items, all events)`` of a vocabulary with ``item_idx`` and ``count`` (events per item);
+    ``known_idx`` (M + 1,) bool by ``item_idx``: the items a model knows."""
+    counts = items.select(schema.ITEM_IDX, pl.col(schema.COUNT).fill_null(0).cast(pl.Int64))
+    known = pl.Series(known_idx[counts.get_column(schema.ITEM_IDX).to_numpy()])
+    return int(counts.get_column(schema.COUNT).filter(~known).sum()), int(counts.get_column(schema.COUNT).sum())
+
+
 def _check_unknown_share(input_items: pl.DataFrame, known_idx: np.ndarray, model_n_items: int, max_share: float,
                          shown: str) -> None:  # fmt: skip
     """Refuse an input whose events are mostly on items the model does not know: integer ids of two catalogs
@@ -252,10 +260,8 @@ def _check_unknown_share(input_items: pl.DataFrame, known_idx: np.ndarray, model
     """
     if schema.COUNT not in input_items.columns:
         return
-    counts = input_items.select(schema.ITEM_IDX, pl.col(schema.COUNT).fill_null(0).cast(pl.Int64))
-    known = pl.Series(known_idx[counts.get_column(schema.ITEM_IDX).to_numpy()])
-    total = int(counts.get_column(schema.COUNT).sum())
-    unknown = int(counts.get_column(schema.COUNT).filter(~known).sum())
+    unknown, total = unknown_events(input_items, known_idx)
+    known = known_idx[input_items.get_column(schema.ITEM_IDX).to_numpy()]
     if total and unknown / total > max_share:
         raise DataError(
             f"{unknown / total:.0%} of the events of {shown} ({unknown:,} of {total:,}) are on items the model does not "

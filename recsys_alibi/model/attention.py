@@ -202,9 +202,9 @@ def alibi_attention(
         raise ValueError(f"scale must be a finite number (None: 1 / sqrt(D)), got {scale}")
     if mask is None:
         if lengths is not None:  # validate, then zero the padded keys and values (0 * NaN is NaN)
-            pad = MaskSpec.from_inputs(
-                q, k, v, slopes, causal=causal, lengths=lengths, window=window,
-                seq_ids=seq_ids, sinks=sinks, bias_clamp=bias_clamp,
+            pad = MaskSpec.build(  # the inputs were checked above (check_call): the rules only
+                q.shape[0], q.shape[2], k.shape[2], q.device, causal=causal, lengths=lengths, window=window,
+                seq_ids=seq_ids, sinks=sinks,
             ).padded_keys(k.device)  # fmt: skip
             k, v = k.masked_fill(pad, 0.0), v.masked_fill(pad, 0.0)
         kw = dict(
